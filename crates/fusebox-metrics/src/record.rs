@@ -1,0 +1,151 @@
+//! The typed recording API. Callers pass spec vocabulary (event types, actions, reason
+//! codes …) as strings; each is bounded before it becomes a label value.
+
+use std::time::Duration;
+
+use crate::labels::INSTANCE_STATES;
+use crate::registry::Metrics;
+
+/// Gauges are i64 inside; a count beyond that is not a real count, so clamp.
+fn gauge_value(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Metrics {
+    /// An event was applied (`event_type` from guard.md §2).
+    pub fn event(&self, tenant: &str, event_type: &str) {
+        let labels = self.with_tenant(&[self.event_types.bound(event_type)], tenant);
+        self.events.with_label_values(&labels).inc();
+    }
+
+    /// An event was refused as bad input, for `reason` (a short snake_case code).
+    pub fn event_rejected(&self, reason: &str) {
+        self.events_rejected
+            .with_label_values(&[self.rejection_reasons.bound(reason)])
+            .inc();
+    }
+
+    /// A decision was returned. `reason` is `None` for plain `execute`/`continue`.
+    pub fn decision(&self, tenant: &str, action: &str, reason: Option<&str>) {
+        let values = [
+            self.actions.bound(action),
+            self.reasons.bound(reason.unwrap_or("none")),
+        ];
+        let labels = self.with_tenant(&values, tenant);
+        self.decisions.with_label_values(&labels).inc();
+        if action == "use_completed_result" {
+            self.ledger_hits.inc();
+        }
+    }
+
+    /// A run reached `terminal_state` for `reason`.
+    pub fn run_stopped(&self, tenant: &str, terminal_state: &str, reason: &str) {
+        let values = [
+            self.terminal_states.bound(terminal_state),
+            self.reasons.bound(reason),
+        ];
+        let labels = self.with_tenant(&values, tenant);
+        self.runs_stopped.with_label_values(&labels).inc();
+    }
+
+    /// A guard detector fired and caused `action` (`warn`, `block` or `stop`).
+    pub fn detector_fired(&self, detector: &str, action: &str) {
+        self.detector_fires
+            .with_label_values(&[self.detectors.bound(detector), self.actions.bound(action)])
+            .inc();
+    }
+
+    /// A message was parked on the dead-letter subject.
+    pub fn dlq_message(&self) {
+        self.dlq.inc();
+    }
+
+    pub fn observe_gate_latency(&self, elapsed: Duration) {
+        self.gate_latency.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn observe_log_commit(&self, elapsed: Duration) {
+        self.log_commit.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn set_runs_active(&self, runs: u64) {
+        self.runs_active.set(gauge_value(runs));
+    }
+
+    /// How long the start-up rebuild (snapshot + log tail) took.
+    pub fn set_replay_duration(&self, elapsed: Duration) {
+        self.replay.set(elapsed.as_secs_f64());
+    }
+
+    pub fn set_nats_connected(&self, connected: bool) {
+        self.nats_connected.set(i64::from(connected));
+    }
+
+    pub fn set_snapshot_age(&self, age: Duration) {
+        self.snapshot_age.set(age.as_secs_f64());
+    }
+
+    pub fn set_log_size_bytes(&self, bytes: u64) {
+        self.log_size.set(gauge_value(bytes));
+    }
+
+    pub fn set_consumer_lag(&self, messages: u64) {
+        self.consumer_lag.set(gauge_value(messages));
+    }
+
+    /// The last sweep's managed instances per state. States not listed are set to 0,
+    /// so an instance that left a state does not linger in it; names outside EC2's six
+    /// states are not counted.
+    pub fn set_watchdog_instances(&self, counts: &[(&str, u64)]) {
+        for state in INSTANCE_STATES {
+            let n: u64 = counts
+                .iter()
+                .filter(|(s, _)| s == state)
+                .map(|(_, n)| n)
+                .sum();
+            self.watchdog_instances
+                .with_label_values(&[*state])
+                .set(gauge_value(n));
+        }
+    }
+
+    /// The watchdog terminated an instance in `region` for `reason`
+    /// (`deadline`, `max_lifetime`, `run_ended`, `leftover`).
+    pub fn watchdog_termination(&self, reason: &str, region: &str) {
+        self.watchdog_terminations
+            .with_label_values(&[
+                self.termination_reasons.bound(reason),
+                self.regions.bound(region),
+            ])
+            .inc();
+    }
+
+    /// A cloud API call `op` (e.g. `describe_instances`) failed after its retries.
+    pub fn watchdog_api_error(&self, op: &str) {
+        self.watchdog_api_errors
+            .with_label_values(&[self.api_ops.bound(op)])
+            .inc();
+    }
+
+    /// Age of the oldest managed live instance; `None` when there is none.
+    pub fn set_watchdog_oldest_instance_age(&self, age: Option<Duration>) {
+        self.watchdog_oldest_age
+            .set(age.map_or(0.0, |a| a.as_secs_f64()));
+    }
+
+    /// Seconds until the earliest known deadline (negative once passed); `None` when
+    /// no deadline is known.
+    pub fn set_watchdog_next_deadline(&self, seconds_until: Option<f64>) {
+        self.watchdog_next_deadline
+            .set(seconds_until.unwrap_or(f64::NAN));
+    }
+
+    /// A sweep stopped terminating because it hit the blast-radius limit.
+    pub fn watchdog_blast_radius_limited(&self) {
+        self.watchdog_blast_radius.inc();
+    }
+
+    pub fn set_watchdog_protected_instances(&self, instances: u64) {
+        self.watchdog_protected.set(gauge_value(instances));
+    }
+}
