@@ -1,0 +1,158 @@
+//! Graceful stop (guard contract §4.5): closing a run latches it with a report, and every
+//! later decision of the run is built from that report.
+
+use serde_json::Value;
+
+use crate::decision::{
+    Action, Decision, Detector, Reason, ResumeCondition, StopReport, TerminalState,
+};
+use crate::event::Event;
+use crate::message;
+use crate::run::{RunState, RunStatus};
+
+/// A decision for `event` with nothing but the action filled in.
+pub(crate) fn decision(event: &Event, call_id: Option<&str>, action: Action) -> Decision {
+    Decision {
+        v: 1,
+        tenant: event.tenant.clone(),
+        run: event.run.clone(),
+        seq: event.seq,
+        event_id: event.id.clone(),
+        call_id: call_id.map(str::to_owned),
+        action,
+        reason: None,
+        detector: None,
+        count: None,
+        message: None,
+        wait_ms: None,
+        result: None,
+        report: None,
+    }
+}
+
+/// Where an event sits in its run, for `fired_guards`: its seq, else its ordinal.
+pub(crate) fn position(run: &RunState, event: &Event) -> u64 {
+    event.seq.unwrap_or(run.counters.events)
+}
+
+fn resume_condition(terminal: TerminalState, reason: Reason) -> ResumeCondition {
+    match (terminal, reason) {
+        (TerminalState::Completed, _) => ResumeCondition::None,
+        (TerminalState::NeedsHuman | TerminalState::Cancelled, _) => ResumeCondition::HumanApproval,
+        (
+            _,
+            Reason::StepBudget
+            | Reason::TimeBudget
+            | Reason::TokenBudget
+            | Reason::CostBudget
+            | Reason::TurnBudget
+            | Reason::ToolErrorLimit
+            | Reason::InvalidModelOutput,
+        ) => ResumeCondition::NewRun,
+        _ => ResumeCondition::VerifiedPreconditionChange,
+    }
+}
+
+/// What closes a run, and why.
+pub(crate) struct Closing {
+    pub terminal: TerminalState,
+    pub reason: Reason,
+    pub detector: Option<Detector>,
+    pub count: Option<u32>,
+    pub detail: Option<String>,
+}
+
+impl Closing {
+    pub fn guard(reason: Reason) -> Self {
+        Closing {
+            terminal: TerminalState::StoppedLoopGuard,
+            reason,
+            detector: None,
+            count: None,
+            detail: None,
+        }
+    }
+
+    pub fn detector(reason: Reason, detector: Detector, count: u32) -> Self {
+        Closing {
+            detector: Some(detector),
+            count: Some(count),
+            ..Closing::guard(reason)
+        }
+    }
+
+    pub fn new(terminal: TerminalState, reason: Reason, detail: Option<String>) -> Self {
+        Closing {
+            terminal,
+            reason,
+            detector: None,
+            count: None,
+            detail,
+        }
+    }
+}
+
+/// Latches the run with a report and returns the decision that carries it: `stop`, or
+/// `complete` for a run that reached its goal.
+pub(crate) fn close(
+    run: &mut RunState,
+    event: &Event,
+    call_id: Option<&str>,
+    closing: Closing,
+) -> Decision {
+    let at = position(run, event);
+    if closing.terminal != TerminalState::Completed {
+        let guard = closing
+            .detector
+            .map(Detector::as_str)
+            .unwrap_or(closing.reason.as_str());
+        run.note_fired(guard, "stop", at);
+    }
+    let report = StopReport {
+        terminal_state: closing.terminal,
+        reason: closing.reason,
+        completed_steps: run.counters.steps,
+        progress_version: run.progress_version,
+        completed_operations: run.completed_operations.clone(),
+        last_safe_checkpoint: run.last_safe_checkpoint.clone(),
+        unmet_precondition: run.unmet_precondition.clone(),
+        resume_condition: resume_condition(closing.terminal, closing.reason),
+        fired_guards: run.fired_guards.clone(),
+        detail: closing.detail,
+    };
+    let action = if closing.terminal == TerminalState::Completed {
+        Action::Complete
+    } else {
+        Action::Stop
+    };
+    let mut decided = decision(event, call_id, action);
+    decided.reason = Some(closing.reason);
+    decided.detector = closing.detector;
+    decided.count = closing.count;
+    decided.message = Some(message::stop(&report));
+    decided.report = Some(Box::new(report.clone()));
+    run.status = RunStatus::Closed(Box::new(report));
+    decided
+}
+
+/// The answer of a closed run to anything that asks it to go on: the same report, with
+/// `run_closed` as the reason when the run had finished normally.
+pub(crate) fn latched(report: &StopReport, event: &Event, call_id: Option<&str>) -> Decision {
+    let mut decided = decision(event, call_id, Action::Stop);
+    decided.reason = Some(match report.terminal_state {
+        TerminalState::Completed => Reason::RunClosed,
+        _ => report.reason,
+    });
+    decided.message = Some(message::stop(report));
+    decided.report = Some(Box::new(report.clone()));
+    decided
+}
+
+/// The stored result a `use_completed_result` answer carries.
+pub(crate) fn stored_result(output: Option<&crate::event::Output>) -> Value {
+    match output {
+        Some(crate::event::Output::Json(value)) => value.clone(),
+        Some(crate::event::Output::Hash(hash)) => serde_json::json!({ "output_hash": hash }),
+        None => Value::Null,
+    }
+}

@@ -1,0 +1,259 @@
+//! What the guard answers (guard contract §3): gate decisions for `tool_call`, observe
+//! decisions for everything else, and the stop report.
+//!
+//! Field order in the structs is the field order on the wire; replay compares decisions
+//! byte for byte, so it must never depend on anything but these declarations.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    // Gate actions (tool_call).
+    Execute,
+    Warn,
+    UseCompletedResult,
+    Block,
+    Stop,
+    // Observe actions (everything else).
+    Continue,
+    Complete,
+    RetryAfter,
+    WaitForChangedPrecondition,
+    PollBounded,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Execute => "execute",
+            Action::Warn => "warn",
+            Action::UseCompletedResult => "use_completed_result",
+            Action::Block => "block",
+            Action::Stop => "stop",
+            Action::Continue => "continue",
+            Action::Complete => "complete",
+            Action::RetryAfter => "retry_after",
+            Action::WaitForChangedPrecondition => "wait_for_changed_precondition",
+            Action::PollBounded => "poll_bounded",
+        }
+    }
+
+    /// May the tool run? Only `execute` and `warn` let it.
+    pub fn lets_tool_run(self) -> bool {
+        matches!(self, Action::Execute | Action::Warn)
+    }
+
+    /// A refusal of a call: `block` or `stop` at the gate.
+    pub fn refuses(self) -> bool {
+        matches!(self, Action::Block | Action::Stop)
+    }
+
+    pub const ALL: [Action; 10] = [
+        Action::Execute,
+        Action::Warn,
+        Action::UseCompletedResult,
+        Action::Block,
+        Action::Stop,
+        Action::Continue,
+        Action::Complete,
+        Action::RetryAfter,
+        Action::WaitForChangedPrecondition,
+        Action::PollBounded,
+    ];
+}
+
+/// The stable reason codes (metrics and dashboards use them as label values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    StepBudget,
+    TimeBudget,
+    TokenBudget,
+    CostBudget,
+    TurnBudget,
+    ToolErrorLimit,
+    SameCallRepeat,
+    PingPong,
+    ArgChurn,
+    NoProgress,
+    PollNoProgress,
+    UnknownTool,
+    GlobalCircuitBreaker,
+    CompactionLoopPersisted,
+    ConsecutiveBlocks,
+    OperationInFlight,
+    PreconditionUnchanged,
+    RetryTooSoon,
+    InvalidModelOutput,
+    ModelRefusal,
+    Cancelled,
+    RunClosed,
+    Completed,
+    PermissionDenied,
+    PolicyBlocked,
+    NeedsHuman,
+    Fatal,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::StepBudget => "step_budget",
+            Reason::TimeBudget => "time_budget",
+            Reason::TokenBudget => "token_budget",
+            Reason::CostBudget => "cost_budget",
+            Reason::TurnBudget => "turn_budget",
+            Reason::ToolErrorLimit => "tool_error_limit",
+            Reason::SameCallRepeat => "same_call_repeat",
+            Reason::PingPong => "ping_pong",
+            Reason::ArgChurn => "arg_churn",
+            Reason::NoProgress => "no_progress",
+            Reason::PollNoProgress => "poll_no_progress",
+            Reason::UnknownTool => "unknown_tool",
+            Reason::GlobalCircuitBreaker => "global_circuit_breaker",
+            Reason::CompactionLoopPersisted => "compaction_loop_persisted",
+            Reason::ConsecutiveBlocks => "consecutive_blocks",
+            Reason::OperationInFlight => "operation_in_flight",
+            Reason::PreconditionUnchanged => "precondition_unchanged",
+            Reason::RetryTooSoon => "retry_too_soon",
+            Reason::InvalidModelOutput => "invalid_model_output",
+            Reason::ModelRefusal => "model_refusal",
+            Reason::Cancelled => "cancelled",
+            Reason::RunClosed => "run_closed",
+            Reason::Completed => "completed",
+            Reason::PermissionDenied => "permission_denied",
+            Reason::PolicyBlocked => "policy_blocked",
+            Reason::NeedsHuman => "needs_human",
+            Reason::Fatal => "fatal",
+        }
+    }
+}
+
+/// The loop detectors of guard contract §4.3 (the `detector` field of a decision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Detector {
+    ExactRepeat,
+    PingPong,
+    ArgChurn,
+    PollNoProgress,
+    NoProgress,
+    UnknownTool,
+    GlobalCircuitBreaker,
+    ConsecutiveBlocks,
+    PostCompaction,
+}
+
+impl Detector {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Detector::ExactRepeat => "exact_repeat",
+            Detector::PingPong => "ping_pong",
+            Detector::ArgChurn => "arg_churn",
+            Detector::PollNoProgress => "poll_no_progress",
+            Detector::NoProgress => "no_progress",
+            Detector::UnknownTool => "unknown_tool",
+            Detector::GlobalCircuitBreaker => "global_circuit_breaker",
+            Detector::ConsecutiveBlocks => "consecutive_blocks",
+            Detector::PostCompaction => "post_compaction",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TerminalState {
+    StoppedLoopGuard,
+    NeedsHuman,
+    Failed,
+    Cancelled,
+    Completed,
+}
+
+impl TerminalState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TerminalState::StoppedLoopGuard => "STOPPED_LOOP_GUARD",
+            TerminalState::NeedsHuman => "NEEDS_HUMAN",
+            TerminalState::Failed => "FAILED",
+            TerminalState::Cancelled => "CANCELLED",
+            TerminalState::Completed => "COMPLETED",
+        }
+    }
+}
+
+/// What must change before a closed run may go on (the report's `resume_condition`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeCondition {
+    /// A progress version above the report's, or a new approval id / credential scope.
+    VerifiedPreconditionChange,
+    /// A human must act: a new approval id or credential scope.
+    HumanApproval,
+    /// A budget is spent; budgets survive a resume, so only a new run goes on.
+    NewRun,
+    /// The run ended normally; nothing to resume.
+    None,
+}
+
+/// Every stop carries one: enough for an operator to act without reading the log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StopReport {
+    pub terminal_state: TerminalState,
+    pub reason: Reason,
+    pub completed_steps: u64,
+    pub progress_version: Option<u64>,
+    pub completed_operations: Vec<String>,
+    pub last_safe_checkpoint: Option<String>,
+    pub unmet_precondition: Option<String>,
+    pub resume_condition: ResumeCondition,
+    pub fired_guards: Vec<String>,
+    /// The producer's own words where a code was folded into a stable reason: the raw
+    /// FATAL code, the `run_finished` status, the cancel reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// One decision: the same JSON in replay output, on `fusebox.decisions.*`, and as the
+/// gate's reply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub v: u32,
+    pub tenant: String,
+    pub run: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    pub event_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    pub action: Action,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detector: Option<Detector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<Box<StopReport>>,
+}
+
+impl Decision {
+    /// Worth publishing on `fusebox.decisions.*` and printing in replay output of
+    /// non-gate events: anything but a plain `execute` / `continue`.
+    pub fn is_notable(&self) -> bool {
+        !matches!(self.action, Action::Execute | Action::Continue) || self.message.is_some()
+    }
+
+    /// A stop report rides on this decision: publish it on the kill switch.
+    pub fn stop_report(&self) -> Option<&StopReport> {
+        self.report.as_deref()
+    }
+}

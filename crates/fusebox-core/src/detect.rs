@@ -1,0 +1,284 @@
+//! Loop detection at the gate (guard contract §4.3): each detector looks at the run's
+//! window and the incoming call and may warn or block it.
+//!
+//! Every detector measures a pattern count `c` and blocks at its threshold `T`. It warns
+//! from `max(evidence, min(warning_threshold, T - 1))` up to `T - 1`, where `evidence` is
+//! the smallest count that already contains a repeat without progress: a warning on the
+//! second read of a screen that changed in between would teach the model to ignore
+//! warnings, and a warning that never comes before a block leaves it blind.
+
+use crate::decision::{Action, Detector, Reason};
+use crate::event::{Effect, ResultKind};
+use crate::fingerprint::Fingerprint;
+use crate::message;
+use crate::run::{Outcome, RunState};
+
+/// A detector's verdict on one call.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Verdict {
+    pub action: Action,
+    pub reason: Reason,
+    pub detector: Option<Detector>,
+    pub count: Option<u32>,
+    pub message: String,
+}
+
+/// The incoming call, as the detectors see it.
+pub(crate) struct Call<'a> {
+    pub tool: &'a str,
+    pub tool_fp: u64,
+    pub fp: Fingerprint,
+    pub effect: Effect,
+    pub label: &'a dyn Fn() -> String,
+}
+
+enum Level {
+    Quiet,
+    Warn,
+    Block,
+}
+
+fn level(count: u32, threshold: u32, warning_threshold: u32, evidence: u32) -> Level {
+    let warn_from = evidence.max(warning_threshold.min(threshold.saturating_sub(1)));
+    if count >= threshold {
+        Level::Block
+    } else if count >= warn_from {
+        Level::Warn
+    } else {
+        Level::Quiet
+    }
+}
+
+fn verdict(
+    level: Level,
+    reason: Reason,
+    detector: Detector,
+    count: u32,
+    message: String,
+) -> Option<Verdict> {
+    let action = match level {
+        Level::Quiet => return None,
+        Level::Warn => Action::Warn,
+        Level::Block => Action::Block,
+    };
+    Some(Verdict {
+        action,
+        reason,
+        detector: Some(detector),
+        count: Some(count),
+        message,
+    })
+}
+
+/// Runs every enabled detector in contract order; the first block wins, else the first
+/// warning. Also returns whether the call counts as an unknown-tool hit.
+pub(crate) fn detect(run: &RunState, call: &Call<'_>) -> (Option<Verdict>, bool) {
+    let (unknown, unknown_hit) = unknown_tool(run, call);
+    let verdicts = [
+        unknown,
+        exact_repeat(run, call),
+        ping_pong(run, call),
+        poll_no_progress(run, call),
+        arg_churn(run, call),
+    ];
+    let mut first_warning = None;
+    for verdict in verdicts.into_iter().flatten() {
+        if verdict.action == Action::Block {
+            return (Some(verdict), unknown_hit);
+        }
+        first_warning.get_or_insert(verdict);
+    }
+    (first_warning, unknown_hit)
+}
+
+fn unknown_tool(run: &RunState, call: &Call<'_>) -> (Option<Verdict>, bool) {
+    let policy = &run.policy;
+    if !policy.detectors.unknown_tool {
+        return (None, false);
+    }
+    let outside_list = run.allowed_tools.as_ref().is_some_and(|tools| {
+        tools
+            .binary_search_by(|t| t.as_str().cmp(call.tool))
+            .is_err()
+    });
+    let reported = run.detection.unknown_tools_reported.contains(&call.tool_fp);
+    if !outside_list && !reported {
+        return (None, false);
+    }
+    let count = run.detection.unknown_tool_hits + u32::from(outside_list);
+    let threshold = policy.unknown_tool_threshold;
+    let level = if count >= threshold {
+        Level::Block
+    } else {
+        Level::Warn
+    };
+    let message = message::unknown_tool(
+        call.tool,
+        run.allowed_tools.as_deref(),
+        matches!(level, Level::Block),
+    );
+    (
+        verdict(
+            level,
+            Reason::UnknownTool,
+            Detector::UnknownTool,
+            count,
+            message,
+        ),
+        outside_list,
+    )
+}
+
+/// Calls whose answer was PENDING belong to the poll detector, not to repetition.
+fn is_poll(result: Option<(Fingerprint, ResultKind)>) -> bool {
+    matches!(result, Some((_, ResultKind::Pending)))
+}
+
+fn exact_repeat(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
+    let policy = &run.policy;
+    if !policy.detectors.exact_repeat {
+        return None;
+    }
+    let limit = policy
+        .tool(call.tool)
+        .and_then(|t| t.same_call_limit)
+        .unwrap_or(match call.effect {
+            Effect::Read => policy.read_same_call_limit,
+            Effect::Write => policy.same_call_limit,
+        });
+    let prior = run
+        .detection
+        .window
+        .iter()
+        .filter(|e| e.call == call.fp && !is_poll(e.result))
+        .count() as u32;
+    let count = prior + 1;
+    let level = level(count, limit + 1, policy.warning_threshold, 3);
+    let blocked = matches!(level, Level::Block);
+    verdict(
+        level,
+        Reason::SameCallRepeat,
+        Detector::ExactRepeat,
+        count,
+        message::same_call_repeat(&(call.label)(), prior, blocked),
+    )
+}
+
+fn ping_pong(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
+    let policy = &run.policy;
+    if !policy.detectors.ping_pong {
+        return None;
+    }
+    let mut history = run.detection.window.iter().rev();
+    let Some(other) = history.next().map(|e| e.call).filter(|fp| *fp != call.fp) else {
+        return None;
+    };
+    let mut length = 2u32;
+    for (i, entry) in history.enumerate() {
+        let expected = if i % 2 == 0 { call.fp } else { other };
+        if entry.call != expected {
+            break;
+        }
+        length += 1;
+    }
+    let level = level(length, policy.ping_pong_limit, policy.warning_threshold, 4);
+    let blocked = matches!(level, Level::Block);
+    verdict(
+        level,
+        Reason::PingPong,
+        Detector::PingPong,
+        length,
+        message::ping_pong(&(call.label)(), length, blocked),
+    )
+}
+
+fn poll_no_progress(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
+    let policy = &run.policy;
+    if !policy.detectors.poll_no_progress {
+        return None;
+    }
+    let window = &run.detection.window;
+    let last_answer = window
+        .iter()
+        .rev()
+        .find(|e| e.call == call.fp && e.result.is_some())?
+        .result?;
+    if last_answer.1 != ResultKind::Pending {
+        return None;
+    }
+    let answers = window
+        .iter()
+        .filter(|e| e.call == call.fp && e.result == Some(last_answer))
+        .count() as u32;
+    let poll = policy.tool(call.tool).and_then(|t| t.poll);
+    let warning = poll
+        .and_then(|p| p.warning_threshold)
+        .unwrap_or(policy.warning_threshold);
+    let critical = poll
+        .and_then(|p| p.critical_threshold)
+        .unwrap_or(policy.critical_threshold)
+        .max(warning + 1);
+    let level = if answers >= critical {
+        Level::Block
+    } else if answers >= warning {
+        Level::Warn
+    } else {
+        Level::Quiet
+    };
+    let blocked = matches!(level, Level::Block);
+    verdict(
+        level,
+        Reason::PollNoProgress,
+        Detector::PollNoProgress,
+        answers,
+        message::poll_no_progress(&(call.label)(), answers, critical, blocked),
+    )
+}
+
+fn arg_churn(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
+    let policy = &run.policy;
+    if !policy.detectors.arg_churn {
+        return None;
+    }
+    let window = &run.detection.window;
+    // The answer this very call got last time: churn is about variants that all come back
+    // with it.
+    let (answer, _) = window
+        .iter()
+        .rev()
+        .find(|e| e.call == call.fp && e.result.is_some())?
+        .result?;
+    let mut variants: Vec<(Fingerprint, u32)> = Vec::new();
+    for entry in window {
+        let same_answer = matches!(entry.result, Some((fp, _)) if fp == answer);
+        if entry.tool == call.tool_fp && same_answer && entry.outcome != Outcome::Refused {
+            match variants.iter_mut().find(|(fp, _)| *fp == entry.call) {
+                Some((_, n)) => *n += 1,
+                None => variants.push((entry.call, 1)),
+            }
+        }
+    }
+    let repeated = variants
+        .iter()
+        .filter(|(_, n)| *n >= policy.churn_min_repeats)
+        .count();
+    if repeated < 2 {
+        return None;
+    }
+    let count = variants.iter().map(|(_, n)| n).sum::<u32>() + 1;
+    let evidence = 2 * policy.churn_min_repeats + 1;
+    let level = level(
+        count,
+        policy.churn_limit,
+        policy.warning_threshold,
+        evidence,
+    );
+    let blocked = matches!(level, Level::Block);
+    verdict(
+        level,
+        Reason::ArgChurn,
+        Detector::ArgChurn,
+        count,
+        message::arg_churn(call.tool, variants.len(), count, blocked),
+    )
+}

@@ -1,0 +1,156 @@
+//! The engine: all runs of all tenants and the ledger, one event in, one decision out.
+//!
+//! `apply` is the only way state changes, and it is a pure function of the state and the
+//! event: no clock (time is `ts_ms`), no randomness, ordered maps only. Feeding the same
+//! events in the same order to a fresh engine, or to one restored from a snapshot taken
+//! anywhere in between, gives byte-identical decisions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::close::decision;
+use crate::decision::{Action, Decision};
+use crate::event::{Event, EventBody, RunStarted};
+use crate::gate;
+use crate::ledger::Ledger;
+use crate::observe;
+use crate::policy::PolicySet;
+use crate::run::RunState;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Engine {
+    policies: PolicySet,
+    runs: BTreeMap<String, BTreeMap<String, RunState>>,
+    ledger: Ledger,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Engine::new(PolicySet::default())
+    }
+}
+
+impl Engine {
+    pub fn new(policies: PolicySet) -> Self {
+        Engine {
+            policies,
+            runs: BTreeMap::new(),
+            ledger: Ledger::default(),
+        }
+    }
+
+    pub fn policies(&self) -> &PolicySet {
+        &self.policies
+    }
+
+    /// Applies one event (already validated, deduplicated and in its run's order) and
+    /// returns the guard's decision for it.
+    pub fn apply(&mut self, event: &Event) -> Decision {
+        let Engine {
+            policies,
+            runs,
+            ledger,
+        } = self;
+        let tenant_runs = match runs.get_mut(event.tenant.as_str()) {
+            Some(tenant_runs) => tenant_runs,
+            None => runs.entry(event.tenant.clone()).or_default(),
+        };
+        let run = match tenant_runs.get_mut(event.run.as_str()) {
+            Some(run) => run,
+            None => {
+                let agent = match &event.body {
+                    EventBody::RunStarted(started) => started.agent.clone(),
+                    _ => None,
+                };
+                let policy = policies.for_agent(agent.as_deref()).clone();
+                tenant_runs
+                    .entry(event.run.clone())
+                    .or_insert_with(|| RunState::new(policy, agent, event.ts_ms))
+            }
+        };
+        run.counters.events += 1;
+        run.last_ts_ms = run.last_ts_ms.max(event.ts_ms);
+        if event.seq.is_some() {
+            run.last_seq = event.seq;
+        }
+        match &event.body {
+            EventBody::RunStarted(started) => run_started(run, policies, event, started),
+            EventBody::ToolCall(call) => gate::gate(run, ledger, event, call),
+            EventBody::ToolResult(result) => observe::tool_result(run, ledger, event, result),
+            EventBody::Progress(update) => observe::progress(run, event, update),
+            EventBody::ModelTurn(turn) => observe::model_turn(run, event, turn),
+            EventBody::Compaction(_) => observe::compaction(run, event),
+            EventBody::Cancel(cancel) => observe::cancel(run, event, cancel),
+            EventBody::Resume(resume) => observe::resume(run, event, resume),
+            EventBody::RunFinished(finished) => observe::run_finished(run, event, finished),
+            EventBody::Tick(_) => observe::tick(run, event),
+            EventBody::InstanceLaunched(_) => decision(event, None, Action::Continue),
+        }
+    }
+
+    pub fn run(&self, tenant: &str, run: &str) -> Option<&RunState> {
+        self.runs.get(tenant)?.get(run)
+    }
+
+    /// Every run, ordered by tenant then run id.
+    pub fn runs(&self) -> impl Iterator<Item = (&str, &str, &RunState)> {
+        self.runs.iter().flat_map(|(tenant, runs)| {
+            runs.iter()
+                .map(move |(id, run)| (tenant.as_str(), id.as_str(), run))
+        })
+    }
+
+    pub fn run_count(&self) -> usize {
+        self.runs.values().map(BTreeMap::len).sum()
+    }
+
+    /// Forgets a run (retention). Its ledger entries stay: an operation that completed
+    /// must not run again because its run was pruned.
+    pub fn forget_run(&mut self, tenant: &str, run: &str) -> Option<RunState> {
+        let runs = self.runs.get_mut(tenant)?;
+        let removed = runs.remove(run);
+        if runs.is_empty() {
+            self.runs.remove(tenant);
+        }
+        removed
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+}
+
+/// `run_started` may come first or late (without `seq`, order is the producer's); either
+/// way it sets the agent, the tool list and the run's own policy overrides.
+fn run_started(
+    run: &mut RunState,
+    policies: &PolicySet,
+    event: &Event,
+    started: &RunStarted,
+) -> Decision {
+    if started.agent.is_some() {
+        run.agent = started.agent.clone();
+    }
+    let agent_policy = policies.for_agent(run.agent.as_deref());
+    run.policy = match &started.policy {
+        // Checked at parse time (`parse::check_run_policy`), so layering cannot fail here
+        // on shape; a failure would be a bug, and the agent's policy is the safe answer.
+        Some(patch) => agent_policy
+            .layered(patch, "run_started.policy")
+            .map(|(policy, _)| Arc::new(policy))
+            .unwrap_or_else(|_| agent_policy.clone()),
+        None => agent_policy.clone(),
+    };
+    if let Some(tools) = &started.tools {
+        let mut tools = tools.clone();
+        tools.sort();
+        tools.dedup();
+        run.allowed_tools = Some(tools);
+    }
+    match run.report() {
+        Some(report) => crate::close::latched(report, event, None),
+        None => decision(event, None, Action::Continue),
+    }
+}

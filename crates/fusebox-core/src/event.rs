@@ -1,0 +1,279 @@
+//! The events the guard consumes (guard contract §2), as typed Rust values.
+//!
+//! Parsing and validation live in [`crate::parse`]; this file only says what a valid
+//! event is. An `Event` serialises back to the wire format, so the log and the
+//! `export` command can write exactly what `replay` reads.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One validated event: the common envelope plus the type-specific body.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    pub v: u32,
+    pub id: String,
+    pub tenant: String,
+    pub run: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    pub ts_ms: u64,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+impl Event {
+    /// The wire name of this event's type (`tool_call`, …), also the metrics label.
+    pub fn type_name(&self) -> &'static str {
+        self.body.type_name()
+    }
+
+    /// Where this event sits in its run, for reports: `seq-N`, or the event id when the
+    /// producer sends no sequence numbers.
+    pub fn position(&self) -> String {
+        match self.seq {
+            Some(seq) => format!("seq-{seq}"),
+            None => format!("id-{}", self.id),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventBody {
+    RunStarted(RunStarted),
+    ToolCall(ToolCall),
+    ToolResult(ToolResult),
+    Progress(ProgressUpdate),
+    ModelTurn(ModelTurn),
+    Compaction(Compaction),
+    Cancel(Cancel),
+    Resume(Resume),
+    RunFinished(RunFinished),
+    InstanceLaunched(InstanceLaunched),
+    Tick(Tick),
+}
+
+impl EventBody {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            EventBody::RunStarted(_) => "run_started",
+            EventBody::ToolCall(_) => "tool_call",
+            EventBody::ToolResult(_) => "tool_result",
+            EventBody::Progress(_) => "progress",
+            EventBody::ModelTurn(_) => "model_turn",
+            EventBody::Compaction(_) => "compaction",
+            EventBody::Cancel(_) => "cancel",
+            EventBody::Resume(_) => "resume",
+            EventBody::RunFinished(_) => "run_finished",
+            EventBody::InstanceLaunched(_) => "instance_launched",
+            EventBody::Tick(_) => "tick",
+        }
+    }
+}
+
+/// Every type name the contract knows, in the order of guard.md §2.
+pub const EVENT_TYPES: [&str; 11] = [
+    "run_started",
+    "tool_call",
+    "tool_result",
+    "progress",
+    "model_turn",
+    "compaction",
+    "cancel",
+    "resume",
+    "run_finished",
+    "instance_launched",
+    "tick",
+];
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct RunStarted {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    /// Per-run policy overrides, merged field by field over the agent's policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Value>,
+}
+
+/// How a call's arguments are known: in full, or only by the producer's hash.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Args {
+    #[serde(rename = "args")]
+    Json(Value),
+    #[serde(rename = "args_hash")]
+    Hash(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCall {
+    pub call_id: String,
+    pub tool: String,
+    #[serde(flatten)]
+    pub args: Args,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effect: Option<Effect>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    Read,
+    Write,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ResultKind {
+    Success,
+    Pending,
+    Retryable,
+    Precondition,
+    Fatal,
+}
+
+impl ResultKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResultKind::Success => "SUCCESS",
+            ResultKind::Pending => "PENDING",
+            ResultKind::Retryable => "RETRYABLE",
+            ResultKind::Precondition => "PRECONDITION",
+            ResultKind::Fatal => "FATAL",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "SUCCESS" => ResultKind::Success,
+            "PENDING" => ResultKind::Pending,
+            "RETRYABLE" => ResultKind::Retryable,
+            "PRECONDITION" => ResultKind::Precondition,
+            "FATAL" => ResultKind::Fatal,
+            _ => return None,
+        })
+    }
+
+    /// RETRYABLE, PRECONDITION and FATAL count against `max_tool_errors` and are never
+    /// progress.
+    pub fn is_error(self) -> bool {
+        matches!(
+            self,
+            ResultKind::Retryable | ResultKind::Precondition | ResultKind::Fatal
+        )
+    }
+}
+
+/// A tool's answer as the producer shipped it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Output {
+    #[serde(rename = "output")]
+    Json(Value),
+    #[serde(rename = "output_hash")]
+    Hash(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolResult {
+    pub call_id: String,
+    pub tool: String,
+    pub kind: ResultKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<bool>,
+    #[serde(flatten)]
+    pub output: Option<Output>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProgressUpdate {
+    pub version: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_creation_input_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_read_input_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// Everything the provider bills as tokens: input, output, cache creation and cache
+    /// reads (a cache read is cheaper, but a loop re-reading a huge context still burns).
+    pub fn total(&self) -> u64 {
+        [
+            self.input_tokens,
+            self.output_tokens,
+            self.cache_creation_input_tokens,
+            self.cache_read_input_tokens,
+        ]
+        .iter()
+        .map(|n| n.unwrap_or(0))
+        .fold(0u64, u64::saturating_add)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelTurn {
+    pub stop_reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub valid: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Compaction {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Cancel {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Resume {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    pub evidence: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct RunFinished {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceLaunched {
+    pub provider: String,
+    pub region: String,
+    pub instance_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_lifetime_s: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Tick {}

@@ -1,0 +1,86 @@
+//! The completed-operations ledger (guard contract §4.4): per tenant, per `op_key`, an
+//! operation is in flight or completed. A SUCCESS is kept for good, so the same business
+//! operation never runs twice, whichever run asks for it again.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum LedgerEntry {
+    /// A call with this key executed and has no result yet.
+    InFlight { run: String, call_id: String },
+    /// A call with this key succeeded; `result` is what later calls get instead.
+    Completed {
+        run: String,
+        call_id: String,
+        result: Value,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Ledger {
+    tenants: BTreeMap<String, BTreeMap<String, LedgerEntry>>,
+}
+
+impl Ledger {
+    pub fn get(&self, tenant: &str, op_key: &str) -> Option<&LedgerEntry> {
+        self.tenants.get(tenant)?.get(op_key)
+    }
+
+    pub(crate) fn start(&mut self, tenant: &str, op_key: &str, run: &str, call_id: &str) {
+        self.tenants.entry(tenant.to_owned()).or_default().insert(
+            op_key.to_owned(),
+            LedgerEntry::InFlight {
+                run: run.to_owned(),
+                call_id: call_id.to_owned(),
+            },
+        );
+    }
+
+    pub(crate) fn complete(
+        &mut self,
+        tenant: &str,
+        op_key: &str,
+        run: &str,
+        call_id: &str,
+        result: Value,
+    ) {
+        self.tenants.entry(tenant.to_owned()).or_default().insert(
+            op_key.to_owned(),
+            LedgerEntry::Completed {
+                run: run.to_owned(),
+                call_id: call_id.to_owned(),
+                result,
+            },
+        );
+    }
+
+    /// A non-SUCCESS answer frees the key for a retry, unless the key has meanwhile
+    /// completed through another call (a SUCCESS is never undone).
+    pub(crate) fn release(&mut self, tenant: &str, op_key: &str, call_id: &str) {
+        if let Some(keys) = self.tenants.get_mut(tenant) {
+            if matches!(keys.get(op_key), Some(LedgerEntry::InFlight { call_id: c, .. }) if c == call_id)
+            {
+                keys.remove(op_key);
+            }
+        }
+    }
+
+    /// Every entry, for the log's ledger tree and operator inspection.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, &LedgerEntry)> {
+        self.tenants.iter().flat_map(|(tenant, keys)| {
+            keys.iter()
+                .map(move |(key, entry)| (tenant.as_str(), key.as_str(), entry))
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.tenants.values().map(BTreeMap::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

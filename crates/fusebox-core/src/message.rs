@@ -1,0 +1,170 @@
+//! The sentences the model reads (Principle 7: tell the model why). Each says what was
+//! refused and what to do next; a refusal that returns nothing makes a blind agent that
+//! retries.
+
+use crate::decision::{Reason, StopReport, TerminalState};
+use crate::event::Args;
+
+const LABEL_MAX: usize = 120;
+
+/// `tool({"q":"x"})`, cut to a readable length.
+pub fn call_label(tool: &str, args: &Args) -> String {
+    let rendered = match args {
+        Args::Json(value) => value.to_string(),
+        Args::Hash(hash) => format!("#{}", cut(hash, 12)),
+    };
+    let mut label = format!("{tool}({rendered})");
+    if label.len() > LABEL_MAX {
+        let end = floor_char_boundary(&label, LABEL_MAX);
+        label.truncate(end);
+        label.push_str("…)");
+    }
+    label
+}
+
+fn floor_char_boundary(s: &str, mut index: usize) -> usize {
+    while !s.is_char_boundary(index) {
+        index -= 1;
+    }
+    index
+}
+
+fn cut(s: &str, max: usize) -> &str {
+    &s[..floor_char_boundary(s, max.min(s.len()))]
+}
+
+fn times(n: u32) -> String {
+    match n {
+        1 => "once".to_owned(),
+        2 => "twice".to_owned(),
+        n => format!("{n} times"),
+    }
+}
+
+pub fn same_call_repeat(label: &str, prior: u32, blocked: bool) -> String {
+    if blocked {
+        format!(
+            "{label} already ran {} with the same result and no progress; use that result or change the query.",
+            times(prior)
+        )
+    } else {
+        format!(
+            "{label} already ran {} with the same result and no progress; one more identical call will be blocked, so use the result you have or change the arguments.",
+            times(prior)
+        )
+    }
+}
+
+pub fn ping_pong(label: &str, length: u32, blocked: bool) -> String {
+    let lead = format!(
+        "the last {length} calls alternate between the same two calls with no progress (next: {label})"
+    );
+    if blocked {
+        format!("{lead}; stop switching back and forth and act on what you already have, or try another approach.")
+    } else {
+        format!("{lead}; one more round trip will be blocked, so act on what you already have.")
+    }
+}
+
+pub fn poll_no_progress(label: &str, answers: u32, critical: u32, blocked: bool) -> String {
+    if blocked {
+        format!(
+            "{label} answered PENDING with the same result {}; the job is not moving. Stop polling and report it as stuck, or wait for an external change.",
+            times(answers)
+        )
+    } else {
+        format!(
+            "{label} answered PENDING with the same result {}; wait longer between polls. After {critical} identical answers polling is blocked.",
+            times(answers)
+        )
+    }
+}
+
+pub fn arg_churn(tool: &str, variants: usize, count: u32, blocked: bool) -> String {
+    let lead = format!(
+        "{tool} was called {count} times with {variants} argument variants that all return the same result"
+    );
+    if blocked {
+        format!("{lead}; rewording does not change the answer. Use it, or try a different tool.")
+    } else {
+        format!("{lead}; rewording does not change the answer, and more variants will be blocked.")
+    }
+}
+
+pub fn unknown_tool(tool: &str, allowed: Option<&[String]>, blocked: bool) -> String {
+    let allowed = match allowed {
+        Some(tools) if !tools.is_empty() => format!(" Available tools: {}.", tools.join(", ")),
+        _ => String::new(),
+    };
+    if blocked {
+        format!("tool {tool} is not available in this run; calls to it are refused.{allowed}")
+    } else {
+        format!("tool {tool} is not available in this run; use an available tool instead.{allowed}")
+    }
+}
+
+pub fn retry_too_soon(label: &str, wait_ms: u64) -> String {
+    format!("{label} failed with a retryable error; retry in {wait_ms} ms, not before.")
+}
+
+pub fn retry_after(wait_ms: u64, attempts: u32) -> String {
+    format!("retryable error (attempt {attempts}); retry the same call after {wait_ms} ms, or change the call.")
+}
+
+pub fn precondition_unchanged(label: &str, code: Option<&str>) -> String {
+    let code = code.map(|c| format!(" ({c})")).unwrap_or_default();
+    format!(
+        "{label} failed its precondition{code} and nothing has changed since; change that precondition first or ask for help, do not retry as is."
+    )
+}
+
+pub fn wait_for_precondition(code: Option<&str>) -> String {
+    let code = code.map(|c| format!(" ({c})")).unwrap_or_default();
+    format!("precondition not met{code}; the same call is refused until something changes.")
+}
+
+pub fn poll_bounded(wait_ms: u64, left: u32) -> String {
+    format!("still pending; poll again in {wait_ms} ms ({left} more identical answers before polling is blocked).")
+}
+
+pub fn operation_in_flight(op_key: &str) -> String {
+    format!("operation {op_key} is already executing; wait for its result instead of starting it again.")
+}
+
+pub fn completed_result(op_key: &str) -> String {
+    format!("operation {op_key} already completed; its stored result is attached. Do not repeat it; use a new operation key for a deliberate second one.")
+}
+
+/// The message of every stop: what happened and what the agent must do now.
+pub fn stop(report: &StopReport) -> String {
+    let why = match report.reason {
+        Reason::StepBudget => "the step budget is spent".to_owned(),
+        Reason::TimeBudget => "the time budget is spent".to_owned(),
+        Reason::TokenBudget => "the token budget is spent".to_owned(),
+        Reason::CostBudget => "the cost budget is spent".to_owned(),
+        Reason::TurnBudget => "the model-turn budget is spent".to_owned(),
+        Reason::ToolErrorLimit => "too many tool errors".to_owned(),
+        Reason::InvalidModelOutput => "too many invalid model outputs".to_owned(),
+        Reason::NoProgress => "too many results in a row without progress".to_owned(),
+        Reason::GlobalCircuitBreaker => "too many outcomes without progress".to_owned(),
+        Reason::ConsecutiveBlocks => "refused calls kept being retried".to_owned(),
+        Reason::CompactionLoopPersisted => {
+            "the same loop went on after a context compaction".to_owned()
+        }
+        Reason::ModelRefusal => "the model refused".to_owned(),
+        Reason::Cancelled => "an operator cancelled it".to_owned(),
+        Reason::Completed | Reason::RunClosed => "the run has finished".to_owned(),
+        other => format!("{} (a tool reported a fatal error)", other.as_str()),
+    };
+    let next = match report.terminal_state {
+        TerminalState::Completed => "do not call more tools.",
+        TerminalState::NeedsHuman => {
+            "do not call more tools; a human must act before this run can resume."
+        }
+        _ => "do not call more tools; report what you have to the user.",
+    };
+    format!(
+        "run stopped ({}): {why}; {next}",
+        report.terminal_state.as_str()
+    )
+}

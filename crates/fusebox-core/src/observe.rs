@@ -1,0 +1,501 @@
+//! Observe decisions (guard contract §3, §4.1, §4.2, §4.6): what every event other than
+//! a `tool_call` does to its run, and what the guard answers.
+
+use crate::close::{self, decision, latched, stored_result, Closing};
+use crate::decision::{Action, Decision, Detector, Reason, ResumeCondition, TerminalState};
+use crate::event::*;
+use crate::fingerprint::{call_fingerprint, result_fingerprint, tool_fingerprint, Fingerprint};
+use crate::gate::{effect_of, no_progress_stop};
+use crate::ledger::Ledger;
+use crate::message;
+use crate::policy::{Policy, DEFAULT_VOLATILE_RESULT_KEYS};
+use crate::run::{short, CompactionWatch, PreconditionGate, RetryGate, RunState, RunStatus};
+
+/// Suggested wait between polls when neither the tool nor its policy says.
+pub const DEFAULT_POLL_WAIT_MS: u64 = 1000;
+/// Retry backoff without `retry_after_ms`: 1 s, doubling, at most a minute.
+const BACKOFF_BASE_MS: u64 = 1000;
+const BACKOFF_MAX_MS: u64 = 60_000;
+/// Calls with a pending retry wait or precondition remembered per run (newest kept).
+const GATES_MAX: usize = 32;
+
+fn is_volatile(key: &str, policy: &Policy, tool: &str) -> bool {
+    DEFAULT_VOLATILE_RESULT_KEYS.contains(&key)
+        || policy.volatile_result_keys.iter().any(|k| k == key)
+        || policy
+            .tool(tool)
+            .is_some_and(|t| t.volatile_result_keys.iter().any(|k| k == key))
+}
+
+pub(crate) fn tool_result(
+    run: &mut RunState,
+    ledger: &mut Ledger,
+    event: &Event,
+    result: &ToolResult,
+) -> Decision {
+    let call_id = Some(result.call_id.as_str());
+    let pending = run.pending.remove(&result.call_id);
+    // The ledger first: a side effect that happened is recorded even when the run was
+    // stopped while it ran, so a resumed or new run never repeats it.
+    if let Some(op_key) = pending.as_ref().and_then(|p| p.op_key.as_deref()) {
+        match result.kind {
+            ResultKind::Success => {
+                let stored = stored_result(result.output.as_ref());
+                ledger.complete(&event.tenant, op_key, &event.run, &result.call_id, stored);
+                run.note_completed_operation(op_key);
+            }
+            // Still running: the key stays in flight.
+            ResultKind::Pending => {}
+            _ => ledger.release(&event.tenant, op_key, &result.call_id),
+        }
+    }
+    if let Some(report) = run.report() {
+        return latched(report, event, call_id);
+    }
+
+    let policy = run.policy.clone();
+    let kind = result.kind;
+    let effect = pending
+        .as_ref()
+        .map(|p| p.effect)
+        .unwrap_or_else(|| effect_of(run, &result.tool, None, false));
+    // A result the guard never gated (a producer bug, or passive mode started mid-run)
+    // still counts; it gets an identity of its own.
+    let call_fp = pending.as_ref().map(|p| p.call).unwrap_or_else(|| {
+        call_fingerprint(&result.tool, &Args::Hash(result.call_id.clone()), &[])
+    });
+    let result_fp = result_fingerprint(
+        kind,
+        result.code.as_deref(),
+        result.output.as_ref(),
+        &|key| is_volatile(key, &policy, &result.tool),
+    );
+    let tool_fp = tool_fingerprint(&result.tool);
+
+    if kind.is_error() {
+        run.counters.tool_errors += 1;
+    }
+    if result.code.as_deref() == Some("unknown_tool") {
+        let detection = &mut run.detection;
+        detection.unknown_tool_hits += 1;
+        if !detection.unknown_tools_reported.contains(&tool_fp) {
+            detection.unknown_tools_reported.push(tool_fp);
+        }
+    }
+
+    let progress = !kind.is_error()
+        && match result.progress {
+            Some(version) => run.progress_version.is_none_or(|last| version > last),
+            None => novel(run, kind, effect, call_fp, result_fp),
+        };
+    remember(run, kind, effect, call_fp, result_fp);
+    if let Some(entry) = pending.as_ref().and_then(|p| {
+        run.detection
+            .window
+            .iter_mut()
+            .find(|e| e.serial == p.serial)
+    }) {
+        entry.result = Some((result_fp, kind));
+    }
+    if kind == ResultKind::Success {
+        run.detection.retry_gates.retain(|g| g.call != call_fp);
+    }
+    if progress {
+        if let Some(version) = result.progress {
+            run.progress_version = Some(version);
+        }
+        run.last_safe_checkpoint = Some(event.position());
+        run.unmet_precondition = None;
+        run.detection
+            .clear_on_progress(pending.as_ref().map(|p| p.serial));
+    } else {
+        // A PENDING that repeats is the poll detector's; it still feeds the breaker.
+        if kind != ResultKind::Pending {
+            run.detection.no_progress_streak += 1;
+        }
+        run.detection.no_progress_outcomes += 1;
+    }
+    let compaction_loop = pending
+        .as_ref()
+        .is_some_and(|p| p.watched)
+        .then(|| watch_after_compaction(run, tool_fp, call_fp, result_fp))
+        .flatten();
+
+    // What closes the run, most specific first.
+    if kind == ResultKind::Success && result.terminal == Some(true) {
+        let closing = Closing::new(TerminalState::Completed, Reason::Completed, None);
+        return close::close(run, event, call_id, closing);
+    }
+    if kind == ResultKind::Fatal {
+        return close::close(run, event, call_id, fatal(result.code.as_deref()));
+    }
+    if run.time_budget_spent(event.ts_ms) {
+        return close::close(run, event, call_id, Closing::guard(Reason::TimeBudget));
+    }
+    if run.counters.tool_errors > policy.max_tool_errors {
+        return close::close(run, event, call_id, Closing::guard(Reason::ToolErrorLimit));
+    }
+    if let Some(count) = compaction_loop {
+        let closing = Closing::detector(
+            Reason::CompactionLoopPersisted,
+            Detector::PostCompaction,
+            count,
+        );
+        return close::close(run, event, call_id, closing);
+    }
+    if !progress {
+        if let Some(closing) = no_progress_stop(run) {
+            return close::close(run, event, call_id, closing);
+        }
+    }
+
+    match kind {
+        ResultKind::Retryable => retry_after(run, event, result, call_fp),
+        ResultKind::Precondition => {
+            let gates = &mut run.detection.precondition_gates;
+            gates.retain(|g| g.call != call_fp);
+            if gates.len() == GATES_MAX {
+                gates.remove(0);
+            }
+            gates.push(PreconditionGate {
+                call: call_fp,
+                code: result.code.clone(),
+            });
+            run.unmet_precondition = Some(
+                result
+                    .code
+                    .clone()
+                    .unwrap_or_else(|| "precondition".to_owned()),
+            );
+            let mut decided = decision(event, call_id, Action::WaitForChangedPrecondition);
+            decided.message = Some(message::wait_for_precondition(result.code.as_deref()));
+            decided
+        }
+        ResultKind::Pending => {
+            let poll = policy.tool(&result.tool).and_then(|t| t.poll);
+            let wait_ms = result
+                .retry_after_ms
+                .or(poll.and_then(|p| p.wait_ms))
+                .unwrap_or(DEFAULT_POLL_WAIT_MS);
+            let critical = poll
+                .and_then(|p| p.critical_threshold)
+                .unwrap_or(policy.critical_threshold);
+            let answers = run
+                .detection
+                .window
+                .iter()
+                .filter(|e| e.call == call_fp && e.result == Some((result_fp, kind)))
+                .count() as u32;
+            let mut decided = decision(event, call_id, Action::PollBounded);
+            decided.wait_ms = Some(wait_ms);
+            decided.message = Some(message::poll_bounded(
+                wait_ms,
+                critical.saturating_sub(answers),
+            ));
+            decided
+        }
+        ResultKind::Success | ResultKind::Fatal => decision(event, call_id, Action::Continue),
+    }
+}
+
+/// Novelty, for results that carry no progress version: a read that returned something
+/// not seen before in this run, or a write that changed something it had not changed
+/// before.
+fn novel(
+    run: &RunState,
+    kind: ResultKind,
+    effect: Effect,
+    call_fp: Fingerprint,
+    result_fp: Fingerprint,
+) -> bool {
+    match (kind, effect) {
+        (ResultKind::Success | ResultKind::Pending, Effect::Read) => {
+            !run.detection.seen_results.contains(short(result_fp))
+        }
+        (ResultKind::Success, Effect::Write) => {
+            !run.detection.succeeded_writes.contains(short(call_fp))
+        }
+        _ => false,
+    }
+}
+
+fn remember(
+    run: &mut RunState,
+    kind: ResultKind,
+    effect: Effect,
+    call_fp: Fingerprint,
+    result_fp: Fingerprint,
+) {
+    if matches!(kind, ResultKind::Success | ResultKind::Pending) {
+        run.detection.seen_results.insert(short(result_fp));
+    }
+    if kind == ResultKind::Success && effect == Effect::Write {
+        run.detection.succeeded_writes.insert(short(call_fp));
+    }
+}
+
+/// Counts one watched result; returns the count when one triple filled the whole watch.
+fn watch_after_compaction(
+    run: &mut RunState,
+    tool: u64,
+    call: Fingerprint,
+    result: Fingerprint,
+) -> Option<u32> {
+    let window_size = run.policy.post_compaction.window_size;
+    let watch = run.detection.compaction_watch.as_mut()?;
+    let count = match watch
+        .triples
+        .iter_mut()
+        .find(|(t, c, r, _)| (*t, *c, *r) == (tool, call, result))
+    {
+        Some((_, _, _, n)) => {
+            *n += 1;
+            *n
+        }
+        None => {
+            watch.triples.push((tool, call, result, 1));
+            1
+        }
+    };
+    watch.remaining = watch.remaining.saturating_sub(1);
+    if watch.remaining == 0 {
+        run.detection.compaction_watch = None;
+    }
+    (count >= window_size).then_some(count)
+}
+
+fn fatal(code: Option<&str>) -> Closing {
+    let (terminal, reason) = match code {
+        Some("permission_denied") => (TerminalState::NeedsHuman, Reason::PermissionDenied),
+        Some("policy_blocked") => (TerminalState::NeedsHuman, Reason::PolicyBlocked),
+        Some("needs_human") => (TerminalState::NeedsHuman, Reason::NeedsHuman),
+        _ => (TerminalState::Failed, Reason::Fatal),
+    };
+    // Other codes fold into `fatal` to keep the reason label bounded; the report keeps
+    // the producer's code.
+    let detail = code.filter(|_| reason == Reason::Fatal).map(str::to_owned);
+    Closing::new(terminal, reason, detail)
+}
+
+fn retry_after(
+    run: &mut RunState,
+    event: &Event,
+    result: &ToolResult,
+    call_fp: Fingerprint,
+) -> Decision {
+    let gates = &mut run.detection.retry_gates;
+    let attempts = gates
+        .iter()
+        .find(|g| g.call == call_fp)
+        .map_or(1, |g| g.attempts + 1);
+    let backoff = BACKOFF_BASE_MS
+        .saturating_mul(1u64 << (attempts - 1).min(16))
+        .min(BACKOFF_MAX_MS);
+    let wait_ms = result.retry_after_ms.unwrap_or(backoff);
+    gates.retain(|g| g.call != call_fp);
+    if gates.len() == GATES_MAX {
+        gates.remove(0);
+    }
+    gates.push(RetryGate {
+        call: call_fp,
+        not_before_ms: event.ts_ms.saturating_add(wait_ms),
+        attempts,
+    });
+    let mut decided = decision(event, Some(&result.call_id), Action::RetryAfter);
+    decided.wait_ms = Some(wait_ms);
+    decided.message = Some(message::retry_after(wait_ms, attempts));
+    decided
+}
+
+/// The time budget, for events that carry nothing else to judge.
+fn time_check(run: &mut RunState, event: &Event) -> Decision {
+    if run.time_budget_spent(event.ts_ms) {
+        return close::close(run, event, None, Closing::guard(Reason::TimeBudget));
+    }
+    decision(event, None, Action::Continue)
+}
+
+pub(crate) fn model_turn(run: &mut RunState, event: &Event, turn: &ModelTurn) -> Decision {
+    let counters = &mut run.counters;
+    counters.model_turns += 1;
+    counters.tokens = counters
+        .tokens
+        .saturating_add(turn.usage.map_or(0, |u| u.total()));
+    counters.cost_usd += turn.cost_usd.unwrap_or(0.0);
+    if turn.valid == Some(false) {
+        counters.invalid_outputs += 1;
+    }
+    if let Some(report) = run.report() {
+        return latched(report, event, None);
+    }
+    let policy = run.policy.clone();
+    let counters = run.counters;
+    let closing = if turn.stop_reason == "refusal" {
+        Some(Closing::new(
+            TerminalState::Failed,
+            Reason::ModelRefusal,
+            None,
+        ))
+    } else if counters.invalid_outputs > policy.max_invalid_outputs {
+        Some(Closing::guard(Reason::InvalidModelOutput))
+    } else if counters.model_turns > policy.max_model_turns {
+        Some(Closing::guard(Reason::TurnBudget))
+    } else if counters.tokens >= policy.max_tokens {
+        Some(Closing::guard(Reason::TokenBudget))
+    } else if counters.cost_usd >= policy.max_cost_usd {
+        Some(Closing::guard(Reason::CostBudget))
+    } else {
+        None
+    };
+    match closing {
+        Some(closing) => close::close(run, event, None, closing),
+        None => time_check(run, event),
+    }
+}
+
+pub(crate) fn progress(run: &mut RunState, event: &Event, update: &ProgressUpdate) -> Decision {
+    if let Some(report) = run.report() {
+        return latched(report, event, None);
+    }
+    if run
+        .progress_version
+        .is_none_or(|last| update.version > last)
+    {
+        run.progress_version = Some(update.version);
+        run.last_safe_checkpoint = Some(event.position());
+        run.unmet_precondition = None;
+        run.detection.clear_on_progress(None);
+    }
+    time_check(run, event)
+}
+
+pub(crate) fn compaction(run: &mut RunState, event: &Event) -> Decision {
+    if let Some(report) = run.report() {
+        return latched(report, event, None);
+    }
+    let post = run.policy.post_compaction;
+    if post.enabled {
+        run.detection.compaction_watch = Some(CompactionWatch {
+            remaining: post.window_size,
+            triples: Vec::new(),
+        });
+    }
+    time_check(run, event)
+}
+
+pub(crate) fn tick(run: &mut RunState, event: &Event) -> Decision {
+    if run.report().is_some() {
+        return decision(event, None, Action::Continue);
+    }
+    time_check(run, event)
+}
+
+pub(crate) fn cancel(run: &mut RunState, event: &Event, cancel: &Cancel) -> Decision {
+    if let Some(report) = run.report() {
+        return latched(report, event, None);
+    }
+    let detail = match (&cancel.by, &cancel.reason) {
+        (Some(by), Some(reason)) => Some(format!("{reason} (by {by})")),
+        (Some(by), None) => Some(format!("by {by}")),
+        (None, reason) => reason.clone(),
+    };
+    let closing = Closing::new(TerminalState::Cancelled, Reason::Cancelled, detail);
+    close::close(run, event, None, closing)
+}
+
+pub(crate) fn run_finished(run: &mut RunState, event: &Event, finished: &RunFinished) -> Decision {
+    if run.report().is_some() {
+        return decision(event, None, Action::Continue);
+    }
+    let closing = Closing::new(
+        TerminalState::Completed,
+        Reason::Completed,
+        finished.status.clone(),
+    );
+    close::close(run, event, None, closing)
+}
+
+/// Guard contract §4.6: a resume is accepted only on evidence of a changed precondition;
+/// it reopens the run with its ledger intact, detectors reset and budgets kept.
+pub(crate) fn resume(run: &mut RunState, event: &Event, resume: &Resume) -> Decision {
+    let Some(report) = run.report().cloned() else {
+        let mut decided = decision(event, None, Action::Continue);
+        decided.message = Some("the run is not stopped; there is nothing to resume.".to_owned());
+        return decided;
+    };
+    let refuse = |why: String| {
+        let mut decided = latched(&report, event, None);
+        decided.reason = Some(Reason::PreconditionUnchanged);
+        decided.message = Some(format!("resume refused: {why}; a resume is not a retry."));
+        decided
+    };
+    match report.resume_condition {
+        ResumeCondition::None => return refuse("the run finished normally".to_owned()),
+        ResumeCondition::NewRun => {
+            return refuse(format!(
+                "the {} is spent and budgets are kept across a resume; start a new run",
+                report.reason.as_str()
+            ))
+        }
+        ResumeCondition::VerifiedPreconditionChange | ResumeCondition::HumanApproval => {}
+    }
+    let evidence = &resume.evidence;
+    let version = evidence.get("progress_version").and_then(|v| v.as_u64());
+    let version_moved =
+        version.is_some_and(|v| report.progress_version.is_none_or(|last| v > last));
+    let token = ["approval_id", "credential_scope"].iter().find_map(|key| {
+        evidence
+            .get(*key)
+            .and_then(|v| v.as_str())
+            .filter(|s| !s.is_empty())
+            .map(|s| format!("{key}:{s}"))
+    });
+    let token_is_new = token
+        .as_ref()
+        .is_some_and(|t| !run.resume_tokens.contains(t));
+    // A run that needs a human resumes on a human's word, not on progress alone.
+    let accepted = match report.resume_condition {
+        ResumeCondition::HumanApproval => token_is_new,
+        _ => version_moved || token_is_new,
+    };
+    if !accepted {
+        let shown = match (version, &token) {
+            (Some(v), _) if !version_moved => format!(
+                "progress_version {v} is not above the report's {}",
+                report
+                    .progress_version
+                    .map_or("none".to_owned(), |p| p.to_string())
+            ),
+            (_, Some(t)) if !token_is_new => format!("{t} was already used"),
+            _ => match report.resume_condition {
+                ResumeCondition::HumanApproval => {
+                    "this run needs a new approval_id or credential_scope".to_owned()
+                }
+                _ => "the evidence names no changed precondition (progress_version, approval_id or credential_scope)".to_owned(),
+            },
+        };
+        return refuse(shown);
+    }
+    if let Some(token) = token.filter(|_| token_is_new) {
+        run.resume_tokens.push(token);
+    }
+    if version_moved {
+        run.progress_version = version;
+    }
+    run.status = RunStatus::Open;
+    run.unmet_precondition = None;
+    run.detection.reset();
+    let mut decided = decision(event, None, Action::Continue);
+    decided.message = Some(format!(
+        "resumed{} from checkpoint {}; detectors reset, budgets kept ({} of {} steps used).",
+        resume
+            .by
+            .as_deref()
+            .map(|b| format!(" by {b}"))
+            .unwrap_or_default(),
+        run.last_safe_checkpoint.as_deref().unwrap_or("start"),
+        run.counters.steps,
+        run.policy.max_steps
+    ));
+    decided
+}

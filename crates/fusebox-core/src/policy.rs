@@ -1,0 +1,542 @@
+//! Policy: the thresholds and switches of every layer (guard contract §5), its presets,
+//! and the field-by-field layering built-in < config < agent < run.
+//!
+//! Layers are JSON objects merged recursively (objects merge, everything else replaces),
+//! then read into [`Policy`] with unknown keys refused, so a typo in a config file or a
+//! run's overrides is an error instead of a silently ignored setting.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::event::Effect;
+
+/// Runtime metadata that changes on every call without the world changing; dropped at
+/// any depth of a tool's output before its result is fingerprinted.
+pub const DEFAULT_VOLATILE_RESULT_KEYS: [&str; 19] = [
+    "duration",
+    "duration_ms",
+    "elapsed",
+    "elapsed_ms",
+    "took",
+    "took_ms",
+    "latency_ms",
+    "pid",
+    "session_id",
+    "message_id",
+    "file_id",
+    "request_id",
+    "trace_id",
+    "span_id",
+    "timestamp",
+    "ts",
+    "created_at",
+    "updated_at",
+    "sent_at",
+];
+
+/// The resolved policy of one run. Every field is set; see `config/fusebox.toml` for
+/// what each one does and why its default is what it is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    pub max_steps: u64,
+    pub max_duration_s: u64,
+    pub max_tokens: u64,
+    pub max_cost_usd: f64,
+    pub max_model_turns: u64,
+    pub max_tool_errors: u64,
+    pub max_invalid_outputs: u64,
+    pub same_call_limit: u32,
+    pub read_same_call_limit: u32,
+    pub ping_pong_limit: u32,
+    pub churn_limit: u32,
+    pub churn_min_repeats: u32,
+    pub no_progress_limit: u32,
+    pub history_size: u32,
+    pub warning_threshold: u32,
+    pub critical_threshold: u32,
+    pub unknown_tool_threshold: u32,
+    pub global_circuit_breaker_threshold: u32,
+    pub consecutive_block_limit: u32,
+    /// Added to [`DEFAULT_VOLATILE_RESULT_KEYS`], never replacing them.
+    pub volatile_result_keys: Vec<String>,
+    pub detectors: Detectors,
+    pub post_compaction: PostCompaction,
+    pub tools: BTreeMap<String, ToolPolicy>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Detectors {
+    pub exact_repeat: bool,
+    pub ping_pong: bool,
+    pub arg_churn: bool,
+    pub poll_no_progress: bool,
+    pub no_progress: bool,
+    pub unknown_tool: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostCompaction {
+    pub enabled: bool,
+    pub window_size: u32,
+}
+
+/// Per-tool settings; every field optional, falling back to the run's policy.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolPolicy {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effect: Option<Effect>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub same_call_limit: Option<u32>,
+    /// Top-level argument keys left out of the call fingerprint (a nonce, a client
+    /// timestamp). Never list page, cursor, version, tenant or destination here: they are
+    /// what makes two calls different.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ignore_args: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volatile_result_keys: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub poll: Option<PollPolicy>,
+}
+
+/// For tools that are polled (job status, build state): their own thresholds for the
+/// same PENDING answer, and the wait suggested between polls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PollPolicy {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning_threshold: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critical_threshold: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+/// A named starting point for a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// The seed fixture values: a short leash for untrusted or expensive agents.
+    Strict,
+    /// The default.
+    Balanced,
+    /// Long-running agents with noisy tools.
+    Lenient,
+}
+
+impl Preset {
+    pub const ALL: [Preset; 3] = [Preset::Strict, Preset::Balanced, Preset::Lenient];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Strict => "strict",
+            Preset::Balanced => "balanced",
+            Preset::Lenient => "lenient",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Preset> {
+        Preset::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    pub fn policy(self) -> Policy {
+        let balanced = Policy {
+            // A backstop, not a leash: long coding sessions run hundreds of tool calls.
+            max_steps: 500,
+            // "Burning tokens for hours" is the failure this stops.
+            max_duration_s: 3600,
+            // Cache reads included: 200 turns re-reading a 100k context is 20 M tokens.
+            max_tokens: 20_000_000,
+            max_cost_usd: 25.0,
+            max_model_turns: 500,
+            max_tool_errors: 50,
+            max_invalid_outputs: 5,
+            // Writes repeat less legitimately than reads.
+            same_call_limit: 3,
+            read_same_call_limit: 5,
+            // A B A B A B: three round trips with nothing new.
+            ping_pong_limit: 6,
+            churn_limit: 8,
+            churn_min_repeats: 2,
+            no_progress_limit: 10,
+            history_size: 20,
+            warning_threshold: 5,
+            critical_threshold: 10,
+            unknown_tool_threshold: 2,
+            global_circuit_breaker_threshold: 20,
+            consecutive_block_limit: 3,
+            volatile_result_keys: Vec::new(),
+            detectors: Detectors {
+                exact_repeat: true,
+                ping_pong: true,
+                arg_churn: true,
+                poll_no_progress: true,
+                no_progress: true,
+                unknown_tool: true,
+            },
+            post_compaction: PostCompaction {
+                enabled: true,
+                window_size: 5,
+            },
+            tools: BTreeMap::new(),
+        };
+        match self {
+            Preset::Balanced => balanced,
+            Preset::Strict => Policy {
+                max_steps: 20,
+                max_duration_s: 900,
+                max_tokens: 2_000_000,
+                max_cost_usd: 5.0,
+                max_model_turns: 40,
+                max_tool_errors: 10,
+                max_invalid_outputs: 2,
+                same_call_limit: 2,
+                read_same_call_limit: 3,
+                ping_pong_limit: 4,
+                churn_limit: 6,
+                no_progress_limit: 3,
+                history_size: 12,
+                warning_threshold: 3,
+                critical_threshold: 6,
+                unknown_tool_threshold: 1,
+                global_circuit_breaker_threshold: 10,
+                consecutive_block_limit: 2,
+                post_compaction: PostCompaction {
+                    enabled: true,
+                    window_size: 3,
+                },
+                ..balanced
+            },
+            Preset::Lenient => Policy {
+                max_steps: 2000,
+                max_duration_s: 4 * 3600,
+                max_tokens: 100_000_000,
+                max_cost_usd: 100.0,
+                max_model_turns: 2000,
+                max_tool_errors: 200,
+                max_invalid_outputs: 10,
+                same_call_limit: 5,
+                read_same_call_limit: 8,
+                ping_pong_limit: 10,
+                churn_limit: 12,
+                no_progress_limit: 20,
+                history_size: 30,
+                warning_threshold: 10,
+                critical_threshold: 20,
+                unknown_tool_threshold: 3,
+                global_circuit_breaker_threshold: 30,
+                consecutive_block_limit: 5,
+                post_compaction: PostCompaction {
+                    enabled: true,
+                    window_size: 8,
+                },
+                ..balanced
+            },
+        }
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Preset::Balanced.policy()
+    }
+}
+
+/// A policy layer could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    pub layer: String,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "policy {}: {}", self.layer, self.message)
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+impl Policy {
+    /// Merges `patch` over this policy field by field, then raises any setting that
+    /// cannot work to one that can. Returns the policy and one line per raised setting.
+    pub fn layered(
+        &self,
+        patch: &Value,
+        layer: &str,
+    ) -> Result<(Policy, Vec<String>), PolicyError> {
+        if !patch.is_object() {
+            return Err(PolicyError {
+                layer: layer.to_owned(),
+                message: "must be an object (a table)".to_owned(),
+            });
+        }
+        let mut merged = serde_json::to_value(self).expect("a policy always serialises");
+        merge(&mut merged, patch);
+        let mut policy: Policy = serde_json::from_value(merged).map_err(|e| PolicyError {
+            layer: layer.to_owned(),
+            message: e.to_string(),
+        })?;
+        let warnings = policy.normalize();
+        Ok((policy, warnings))
+    }
+
+    /// Enforces the invariants the detectors rely on, raising (never lowering) what
+    /// breaks them, and says what it changed:
+    /// `warning_threshold < critical_threshold < global_circuit_breaker_threshold`, limits
+    /// of at least 1 (2 for patterns that need two calls), and a history window long
+    /// enough for every window-based limit to be reachable.
+    pub fn normalize(&mut self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let mut raise = |name: &str, field: &mut u32, min: u32, why: &str| {
+            if *field < min {
+                warnings.push(format!("{name} raised from {} to {min}: {why}", *field));
+                *field = min;
+            }
+        };
+        raise(
+            "same_call_limit",
+            &mut self.same_call_limit,
+            1,
+            "a limit of 0 would refuse every call",
+        );
+        raise(
+            "read_same_call_limit",
+            &mut self.read_same_call_limit,
+            1,
+            "a limit of 0 would refuse every read",
+        );
+        raise(
+            "ping_pong_limit",
+            &mut self.ping_pong_limit,
+            3,
+            "alternation needs at least A B A",
+        );
+        raise(
+            "churn_min_repeats",
+            &mut self.churn_min_repeats,
+            1,
+            "a variant must run at least once",
+        );
+        let churn_floor = 2 * self.churn_min_repeats + 1;
+        raise(
+            "churn_limit",
+            &mut self.churn_limit,
+            churn_floor,
+            "churn needs two variants each repeated churn_min_repeats times, plus the call",
+        );
+        raise(
+            "no_progress_limit",
+            &mut self.no_progress_limit,
+            1,
+            "a limit of 0 would stop every run",
+        );
+        raise(
+            "unknown_tool_threshold",
+            &mut self.unknown_tool_threshold,
+            1,
+            "a threshold of 0 is never reached",
+        );
+        raise(
+            "consecutive_block_limit",
+            &mut self.consecutive_block_limit,
+            1,
+            "a limit of 0 is never reached",
+        );
+        raise(
+            "warning_threshold",
+            &mut self.warning_threshold,
+            1,
+            "a threshold of 0 would warn on every call",
+        );
+        let critical_floor = self.warning_threshold + 1;
+        raise(
+            "critical_threshold",
+            &mut self.critical_threshold,
+            critical_floor,
+            "warning_threshold < critical_threshold is required",
+        );
+        let breaker_floor = self.critical_threshold + 1;
+        raise(
+            "global_circuit_breaker_threshold",
+            &mut self.global_circuit_breaker_threshold,
+            breaker_floor,
+            "critical_threshold < global_circuit_breaker_threshold is required",
+        );
+        raise(
+            "post_compaction.window_size",
+            &mut self.post_compaction.window_size,
+            2,
+            "one call is not a loop",
+        );
+        let mut window_limits = vec![
+            self.same_call_limit,
+            self.read_same_call_limit,
+            self.ping_pong_limit,
+            self.churn_limit,
+            self.critical_threshold,
+        ];
+        for tool in self.tools.values_mut() {
+            if let Some(limit) = tool.same_call_limit.as_mut() {
+                raise(
+                    "tools.*.same_call_limit",
+                    limit,
+                    1,
+                    "a limit of 0 would refuse every call",
+                );
+                window_limits.push(*limit);
+            }
+            if let Some(poll) = tool.poll.as_mut() {
+                let warn = poll.warning_threshold.unwrap_or(self.warning_threshold);
+                if let Some(critical) = poll.critical_threshold.as_mut() {
+                    raise(
+                        "tools.*.poll.critical_threshold",
+                        critical,
+                        warn + 1,
+                        "warning_threshold < critical_threshold is required",
+                    );
+                    window_limits.push(*critical);
+                }
+            }
+        }
+        let needed = window_limits.into_iter().max().unwrap_or(0);
+        raise(
+            "history_size",
+            &mut self.history_size,
+            needed.max(2),
+            "every window-based limit must fit in the window",
+        );
+        warnings
+    }
+
+    pub fn tool(&self, name: &str) -> Option<&ToolPolicy> {
+        self.tools.get(name)
+    }
+}
+
+/// Recursive merge: objects merge key by key, anything else replaces.
+fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(base), Value::Object(patch)) => {
+            for (key, value) in patch {
+                match base.get_mut(key) {
+                    Some(slot) if slot.is_object() && value.is_object() => merge(slot, value),
+                    _ => {
+                        base.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
+        (base, patch) => *base = patch.clone(),
+    }
+}
+
+/// All the policies a guard knows before any run starts: the base (preset + `[policy]`)
+/// and each agent's (`[agents.<name>.policy]`), already layered. A run's own overrides
+/// are layered on top when it starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicySet {
+    base: Arc<Policy>,
+    agents: BTreeMap<String, Arc<Policy>>,
+}
+
+impl Default for PolicySet {
+    fn default() -> Self {
+        PolicySet::new(Policy::default())
+    }
+}
+
+impl PolicySet {
+    pub fn new(base: Policy) -> Self {
+        PolicySet {
+            base: Arc::new(base),
+            agents: BTreeMap::new(),
+        }
+    }
+
+    /// Builds the set from a preset, the config's `[policy]` table and its
+    /// `[agents.<name>.policy]` tables (as JSON). Returns the warnings of every raised
+    /// setting, for the caller to log.
+    pub fn from_layers(
+        preset: Preset,
+        config_policy: Option<&Value>,
+        agent_policies: &BTreeMap<String, Value>,
+    ) -> Result<(PolicySet, Vec<String>), PolicyError> {
+        let mut warnings = Vec::new();
+        let mut base = preset.policy();
+        if let Some(patch) = config_policy {
+            let (policy, raised) = base.layered(patch, "[policy]")?;
+            base = policy;
+            warnings.extend(raised);
+        }
+        let mut set = PolicySet::new(base);
+        for (agent, patch) in agent_policies {
+            let layer = format!("[agents.{agent}.policy]");
+            let (policy, raised) = set.base.layered(patch, &layer)?;
+            warnings.extend(raised.into_iter().map(|w| format!("{layer}: {w}")));
+            set.agents.insert(agent.clone(), Arc::new(policy));
+        }
+        Ok((set, warnings))
+    }
+
+    pub fn base(&self) -> &Arc<Policy> {
+        &self.base
+    }
+
+    /// The policy for an agent (its own, or the base when it has none).
+    pub fn for_agent(&self, agent: Option<&str>) -> &Arc<Policy> {
+        agent
+            .and_then(|name| self.agents.get(name))
+            .unwrap_or(&self.base)
+    }
+}
+
+impl PolicySet {
+    /// Builds the set from a whole config document (a `fusebox.toml` read as JSON):
+    /// `[guard].preset`, `[policy]` and `[agents.<name>.policy]`. `preset_override` (a
+    /// command-line `--preset`) wins over the file's preset.
+    pub fn from_config_document(
+        doc: &Value,
+        preset_override: Option<Preset>,
+    ) -> Result<(PolicySet, Vec<String>), PolicyError> {
+        let preset = match preset_override {
+            Some(preset) => preset,
+            None => match doc.pointer("/guard/preset") {
+                None => Preset::Balanced,
+                Some(Value::String(name)) => {
+                    Preset::from_name(name).ok_or_else(|| PolicyError {
+                        layer: "[guard]".to_owned(),
+                        message: format!(
+                            "unknown preset {name:?}; expected strict, balanced or lenient"
+                        ),
+                    })?
+                }
+                Some(_) => {
+                    return Err(PolicyError {
+                        layer: "[guard]".to_owned(),
+                        message: "preset must be a string".to_owned(),
+                    })
+                }
+            },
+        };
+        let mut agents = BTreeMap::new();
+        if let Some(table) = doc.get("agents") {
+            let table = table.as_object().ok_or_else(|| PolicyError {
+                layer: "[agents]".to_owned(),
+                message: "must be a table of agent names".to_owned(),
+            })?;
+            for (name, agent) in table {
+                if let Some(policy) = agent.get("policy") {
+                    agents.insert(name.clone(), policy.clone());
+                }
+            }
+        }
+        PolicySet::from_layers(preset, doc.get("policy"), &agents)
+    }
+}

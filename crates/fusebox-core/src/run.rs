@@ -1,0 +1,274 @@
+//! The state of one run: counters for the budget fuse, the detection window, the
+//! error-contract gates, and whether the run is still open.
+//!
+//! Everything here is bounded by the policy (the window by `history_size`, the novelty
+//! memories by [`NOVELTY_MEMORY`], the report lists by [`REPORT_LIST_MAX`]), so a run
+//! that lives for days costs the same memory as one that lives for a minute.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::StopReport;
+use crate::event::{Effect, ResultKind};
+use crate::fingerprint::Fingerprint;
+use crate::policy::Policy;
+
+/// How many distinct results (and succeeded writes) a run remembers for novelty. Older
+/// ones are forgotten first: a result last seen this many results ago counts as new
+/// again, which a loop cannot exploit without also tripping the step and no-progress
+/// budgets.
+pub const NOVELTY_MEMORY: usize = 64;
+/// Fired guards and completed operations kept for the stop report (the newest).
+pub const REPORT_LIST_MAX: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    pub agent: Option<String>,
+    pub policy: Arc<Policy>,
+    /// `run_started.tools`, sorted; `None` when the run declared no list.
+    pub allowed_tools: Option<Vec<String>>,
+    pub status: RunStatus,
+    pub first_ts_ms: u64,
+    pub last_ts_ms: u64,
+    pub last_seq: Option<u64>,
+    pub counters: Counters,
+    pub progress_version: Option<u64>,
+    pub last_safe_checkpoint: Option<String>,
+    pub unmet_precondition: Option<String>,
+    pub detection: Detection,
+    /// Calls that executed and have no result yet, by `call_id`.
+    pub pending: BTreeMap<String, PendingCall>,
+    pub completed_operations: Vec<String>,
+    pub fired_guards: Vec<String>,
+    /// Approval ids and credential scopes already used to resume this run: each counts
+    /// as a changed precondition once.
+    pub resume_tokens: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RunStatus {
+    Open,
+    Closed(Box<StopReport>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Counters {
+    /// Events applied to this run.
+    pub events: u64,
+    /// Calls that executed (`execute` or `warn`): what `max_steps` counts.
+    pub steps: u64,
+    pub calls_refused: u64,
+    /// Calls answered from the ledger (`use_completed_result`).
+    pub calls_answered: u64,
+    pub model_turns: u64,
+    pub tokens: u64,
+    pub cost_usd: f64,
+    pub tool_errors: u64,
+    pub invalid_outputs: u64,
+}
+
+/// The loop detectors' memory. Reset by progress (mostly) and by an accepted resume.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Detection {
+    pub window: VecDeque<Entry>,
+    pub next_serial: u64,
+    /// Consecutive results (and refusals) with no progress: `no_progress`.
+    pub no_progress_streak: u32,
+    /// Every no-progress outcome since the last progress, polls included: the breaker.
+    pub no_progress_outcomes: u32,
+    pub blocks_in_row: u32,
+    /// Calls to tools outside `run_started.tools` plus results with code `unknown_tool`.
+    pub unknown_tool_hits: u32,
+    /// Tools the tool side answered `unknown_tool` for.
+    pub unknown_tools_reported: Vec<u64>,
+    pub seen_results: Ring,
+    pub succeeded_writes: Ring,
+    pub retry_gates: Vec<RetryGate>,
+    pub precondition_gates: Vec<PreconditionGate>,
+    pub compaction_watch: Option<CompactionWatch>,
+}
+
+/// One call in the detection window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub serial: u64,
+    pub call: Fingerprint,
+    pub tool: u64,
+    pub outcome: Outcome,
+    /// The answer's fingerprint and kind, once known.
+    pub result: Option<(Fingerprint, ResultKind)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Executed,
+    Refused,
+    Answered,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingCall {
+    pub serial: u64,
+    pub call: Fingerprint,
+    pub effect: Effect,
+    pub op_key: Option<String>,
+    /// Gated after the last compaction: its result is watched.
+    pub watched: bool,
+}
+
+/// A RETRYABLE answer: the same call may not run again before `not_before_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryGate {
+    pub call: Fingerprint,
+    pub not_before_ms: u64,
+    pub attempts: u32,
+}
+
+/// A PRECONDITION answer: the same call may not run again before progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreconditionGate {
+    pub call: Fingerprint,
+    pub code: Option<String>,
+}
+
+/// After a compaction, the next `remaining` results are watched for one identical
+/// (tool, call, result) triple repeating.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionWatch {
+    pub remaining: u32,
+    pub triples: Vec<(u64, Fingerprint, Fingerprint, u32)>,
+}
+
+/// A fixed-capacity memory of 64-bit fingerprints, oldest forgotten first.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Ring {
+    items: VecDeque<u64>,
+}
+
+impl Ring {
+    pub fn contains(&self, fp: u64) -> bool {
+        self.items.contains(&fp)
+    }
+
+    /// Remembers `fp`; returns whether it was new.
+    pub fn insert(&mut self, fp: u64) -> bool {
+        if self.contains(fp) {
+            return false;
+        }
+        if self.items.len() == NOVELTY_MEMORY {
+            self.items.pop_front();
+        }
+        self.items.push_back(fp);
+        true
+    }
+}
+
+/// Short form of a fingerprint for the novelty rings.
+pub fn short(fp: Fingerprint) -> u64 {
+    (fp >> 64) as u64
+}
+
+impl RunState {
+    pub fn new(policy: Arc<Policy>, agent: Option<String>, ts_ms: u64) -> Self {
+        RunState {
+            agent,
+            policy,
+            allowed_tools: None,
+            status: RunStatus::Open,
+            first_ts_ms: ts_ms,
+            last_ts_ms: ts_ms,
+            last_seq: None,
+            counters: Counters::default(),
+            progress_version: None,
+            last_safe_checkpoint: None,
+            unmet_precondition: None,
+            detection: Detection::default(),
+            pending: BTreeMap::new(),
+            completed_operations: Vec::new(),
+            fired_guards: Vec::new(),
+            resume_tokens: Vec::new(),
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        matches!(self.status, RunStatus::Open)
+    }
+
+    pub fn report(&self) -> Option<&StopReport> {
+        match &self.status {
+            RunStatus::Open => None,
+            RunStatus::Closed(report) => Some(report),
+        }
+    }
+
+    /// Event time at which the time budget runs out: the daemon writes a `tick` then if
+    /// the run has gone quiet, so a hung tool still gets its run stopped.
+    pub fn deadline_ms(&self) -> u64 {
+        self.first_ts_ms
+            .saturating_add(self.policy.max_duration_s.saturating_mul(1000))
+    }
+
+    pub fn time_budget_spent(&self, ts_ms: u64) -> bool {
+        ts_ms >= self.deadline_ms()
+    }
+
+    pub(crate) fn note_fired(&mut self, guard: &str, action: &str, position: u64) {
+        push_bounded(
+            &mut self.fired_guards,
+            format!("{guard}:{action}@{position}"),
+        );
+    }
+
+    pub(crate) fn note_completed_operation(&mut self, op_key: &str) {
+        push_bounded(&mut self.completed_operations, op_key.to_owned());
+    }
+}
+
+fn push_bounded(list: &mut Vec<String>, item: String) {
+    if list.len() == REPORT_LIST_MAX {
+        list.remove(0);
+    }
+    list.push(item);
+}
+
+impl Detection {
+    /// Adds a call to the window, forgetting the oldest beyond `history_size`.
+    pub(crate) fn push(&mut self, entry: Entry, history_size: u32) {
+        if self.window.len() >= history_size as usize {
+            self.window.pop_front();
+        }
+        self.window.push_back(entry);
+    }
+
+    pub(crate) fn new_serial(&mut self) -> u64 {
+        self.next_serial += 1;
+        self.next_serial
+    }
+
+    /// Progress: the world moved, so what repeated before is no longer a loop. The call
+    /// that made progress stays as the new first entry (calling it again and getting the
+    /// same answer is a repeat), and calls still in flight stay to receive their results.
+    pub(crate) fn clear_on_progress(&mut self, keep_serial: Option<u64>) {
+        self.window.retain(|e| {
+            Some(e.serial) == keep_serial || (e.outcome == Outcome::Executed && e.result.is_none())
+        });
+        self.no_progress_streak = 0;
+        self.no_progress_outcomes = 0;
+        self.precondition_gates.clear();
+    }
+
+    /// An accepted resume: every detector starts again; budgets are not detection.
+    pub(crate) fn reset(&mut self) {
+        let serial = self.next_serial;
+        let seen = std::mem::take(&mut self.seen_results);
+        let writes = std::mem::take(&mut self.succeeded_writes);
+        *self = Detection {
+            next_serial: serial,
+            seen_results: seen,
+            succeeded_writes: writes,
+            ..Detection::default()
+        };
+    }
+}
