@@ -184,7 +184,7 @@ pub const DLQ: MetricDef = def(
     "Messages parked on the dead-letter subject.",
 );
 pub const WATCHDOG_NEXT_DEADLINE: MetricDef = def("fusebox_watchdog_next_deadline_seconds", Gauge, &[], false,
-    "Seconds until the earliest known instance deadline; negative once it has passed, NaN when no deadline is known.");
+    "Seconds until the earliest deadline of a managed, unprotected instance; negative once it has passed, NaN when none is known.");
 pub const WATCHDOG_BLAST_RADIUS: MetricDef = def(
     "fusebox_watchdog_blast_radius_limited_total",
     Counter,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::labels::INSTANCE_STATES;
+use crate::labels::{INSTANCE_STATES, TERMINATION_REASONS};
 use crate::registry::Metrics;
 
 /// Gauges are i64 inside; a count beyond that is not a real count, so clamp.
@@ -118,6 +118,19 @@ impl Metrics {
                 self.regions.bound(region),
             ])
             .inc();
+    }
+
+    /// Creates every termination series of each configured region at 0. A counter series
+    /// born at 1 shows no `increase()`, so without this the first leftover termination in
+    /// a region would never raise FuseboxWatchdogLeftoverTerminated.
+    pub fn init_watchdog_regions(&self, regions: &[&str]) {
+        for region in regions {
+            for reason in TERMINATION_REASONS {
+                self.watchdog_terminations
+                    .with_label_values(&[*reason, self.regions.bound(region)])
+                    .inc_by(0);
+            }
+        }
     }
 
     /// A cloud API call `op` (e.g. `describe_instances`) failed after its retries.

@@ -170,3 +170,21 @@ fn watchdog_instance_states_are_replaced_not_accumulated() {
         "{text}"
     );
 }
+
+#[test]
+fn configured_regions_start_with_zeroed_termination_series() {
+    let m = Metrics::new("t", MetricsOptions::default()).unwrap();
+    m.init_watchdog_regions(&["us-east-1"]);
+    m.watchdog_termination("deadline", "us-east-1");
+    let text = m.encode().unwrap();
+    for reason in ["max_lifetime", "run_ended", "leftover"] {
+        let line = format!(
+            "fusebox_watchdog_terminations_total{{reason=\"{reason}\",region=\"us-east-1\"}} 0"
+        );
+        assert!(text.contains(&line), "{text}");
+    }
+    assert!(
+        text.contains("{reason=\"deadline\",region=\"us-east-1\"} 1"),
+        "{text}"
+    );
+}
