@@ -319,3 +319,16 @@ fn selector_scanner_sees_through_strings_braces_and_grouping() {
         ]
     );
 }
+
+#[test]
+fn readme_documents_every_metric() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    for def in fusebox_metrics::CATALOGUE {
+        assert!(
+            readme.contains(&format!("| `{}` |", def.name)),
+            "README.md does not document {}",
+            def.name
+        );
+    }
+}

@@ -22,7 +22,7 @@ pub struct Expr {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selector {
     pub metric: String,
-    /// The innermost enclosing call (`rate`, `sum`, …); empty for a bare parenthesis.
+    /// The innermost enclosing call (`rate`, `sum`, …); `None` at top level or in a bare parenthesis.
     pub enclosing_call: Option<String>,
     /// The range, e.g. `5m` or `$__rate_interval`, when it is a range selector.
     pub range: Option<String>,
