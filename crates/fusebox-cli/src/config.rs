@@ -1,0 +1,46 @@
+//! The guard part of a `fusebox.toml`: preset, `[policy]`, `[agents.*.policy]`, and the
+//! event size bound. The daemon reads the same tables from the same file.
+
+use std::path::Path;
+
+use fusebox_core::parse::DEFAULT_MAX_EVENT_BYTES;
+use fusebox_core::{PolicySet, Preset};
+use serde_json::Value;
+
+pub struct GuardConfig {
+    pub policies: PolicySet,
+    pub max_event_bytes: usize,
+}
+
+/// Reads the config file (if any) and layers it over the preset. Raised settings are
+/// reported on stderr, once, as the contract asks.
+pub fn load(path: Option<&Path>, preset: Option<Preset>) -> Result<GuardConfig, String> {
+    let doc = match path {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            toml::from_str::<Value>(&text).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => Value::Object(Default::default()),
+    };
+    let (policies, warnings) =
+        PolicySet::from_config_document(&doc, preset).map_err(|e| match path {
+            Some(path) => format!("{}: {e}", path.display()),
+            None => e.to_string(),
+        })?;
+    for warning in warnings {
+        eprintln!("warning: {warning}");
+    }
+    let max_event_bytes = match doc.pointer("/guard/max_event_bytes") {
+        None => DEFAULT_MAX_EVENT_BYTES,
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n > 0)
+            .ok_or("[guard] max_event_bytes must be a positive integer")?,
+    };
+    Ok(GuardConfig {
+        policies,
+        max_event_bytes,
+    })
+}

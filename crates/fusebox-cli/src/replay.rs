@@ -1,0 +1,233 @@
+//! `fusebox replay`: JSONL event files through the engine, with no daemon, no NATS and
+//! no disk state. One decision JSON per decided event on stdout, then one summary line
+//! per run; errors as `file:line: reason: message` on stderr, good lines still applied.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use fusebox_core::{parse_event_bounded, Admission, Decision, Engine, Event, EventBody, Sequencer};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::config::GuardConfig;
+
+/// What a replay saw, for the exit code and the stderr summary.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub events: u64,
+    pub decisions: u64,
+    pub rejected: u64,
+    pub duplicates: u64,
+}
+
+/// The per-run line after the decisions.
+#[derive(Serialize)]
+struct Summary<'a> {
+    tenant: &'a str,
+    run: &'a str,
+    terminal_state: &'a str,
+    reason: Option<&'a str>,
+    steps: u64,
+    calls_executed: u64,
+    calls_refused: u64,
+    calls_answered: u64,
+    events: u64,
+}
+
+/// Which decisions replay prints: every gate decision and every tool_result's observe
+/// decision; for the other events, only those that change something.
+fn printed(event: &Event, decision: &Decision) -> bool {
+    matches!(
+        event.body,
+        EventBody::ToolCall(_) | EventBody::ToolResult(_)
+    ) || decision.is_notable()
+}
+
+pub struct Replay<W: Write> {
+    engine: Engine,
+    sequencer: Sequencer,
+    max_event_bytes: usize,
+    out: W,
+    pub tally: Tally,
+}
+
+impl<W: Write> Replay<W> {
+    pub fn new(config: &GuardConfig, out: W) -> Self {
+        Replay {
+            engine: Engine::new(config.policies.clone()),
+            sequencer: Sequencer::default(),
+            max_event_bytes: config.max_event_bytes,
+            out,
+            tally: Tally::default(),
+        }
+    }
+
+    /// Applies one line. A bad line is reported with its place and skipped.
+    pub fn line(&mut self, place: &dyn Fn() -> String, bytes: &[u8]) -> io::Result<()> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(());
+        }
+        let admitted = parse_event_bounded(bytes, self.max_event_bytes)
+            .and_then(|event| self.sequencer.admit(event));
+        match admitted {
+            Ok(Admission::Ready(events)) => {
+                for event in &events {
+                    self.apply(event)?;
+                }
+            }
+            Ok(Admission::Held { .. }) => {}
+            Ok(Admission::Duplicate) => self.tally.duplicates += 1,
+            Err(err) => {
+                self.tally.rejected += 1;
+                eprintln!("{}: {err}", place());
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, event: &Event) -> io::Result<()> {
+        self.tally.events += 1;
+        let decision = self.engine.apply(event);
+        if printed(event, &decision) {
+            self.tally.decisions += 1;
+            serde_json::to_writer(&mut self.out, &decision)?;
+            self.out.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+
+    /// End of input: runs still waiting for a missing `seq` get their held events
+    /// applied in order (the gap is reported as bad input), then the summaries.
+    pub fn finish(mut self) -> io::Result<(Engine, Tally)> {
+        let waiting: Vec<(String, String, u64)> = self
+            .sequencer
+            .waiting()
+            .map(|(t, r, seq)| (t.to_owned(), r.to_owned(), seq))
+            .collect();
+        for (tenant, run, missing) in waiting {
+            let held = self.sequencer.release_gap(&tenant, &run);
+            self.tally.rejected += 1;
+            eprintln!(
+                "{tenant}/{run}: seq_gap: seq {missing} never arrived; applied the {} later events held for it",
+                held.len()
+            );
+            for event in &held {
+                self.apply(event)?;
+            }
+        }
+        for (tenant, run, state) in self.engine.runs() {
+            let report = state.report();
+            let summary = Summary {
+                tenant,
+                run,
+                terminal_state: report.map_or("OPEN", |r| r.terminal_state.as_str()),
+                reason: report.map(|r| r.reason.as_str()),
+                steps: state.counters.steps,
+                calls_executed: state.counters.steps,
+                calls_refused: state.counters.calls_refused,
+                calls_answered: state.counters.calls_answered,
+                events: state.counters.events,
+            };
+            self.out.write_all(b"{\"summary\":")?;
+            serde_json::to_writer(&mut self.out, &summary)?;
+            self.out.write_all(b"}\n")?;
+        }
+        self.out.flush()?;
+        Ok((self.engine, self.tally))
+    }
+}
+
+fn open(path: &str) -> io::Result<(Box<dyn Read>, Option<u64>)> {
+    if path == "-" {
+        return Ok((Box::new(io::stdin().lock()), None));
+    }
+    let file = File::open(PathBuf::from(path))
+        .map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+    let size = file.metadata().ok().map(|m| m.len());
+    Ok((Box::new(file), size))
+}
+
+fn progress_bar(size: Option<u64>) -> Option<ProgressBar> {
+    let size = size.filter(|s| *s > 16 << 20)?;
+    if !io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new(size);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    Some(bar)
+}
+
+/// Runs the whole command; returns whether every line was good.
+pub fn run(config: &GuardConfig, files: &[String], quiet: bool) -> io::Result<bool> {
+    let started = Instant::now();
+    let stdout = io::stdout().lock();
+    let mut replay = Replay::new(config, io::BufWriter::with_capacity(1 << 16, stdout));
+    let mut line = Vec::with_capacity(4096);
+    for path in files {
+        let (input, size) = open(path)?;
+        let bar = progress_bar(size);
+        let mut reader = BufReader::with_capacity(1 << 16, input);
+        let mut number = 0u64;
+        loop {
+            line.clear();
+            let read = reader.read_until(b'\n', &mut line)?;
+            if read == 0 {
+                break;
+            }
+            number += 1;
+            if let Some(bar) = &bar {
+                bar.inc(read as u64);
+            }
+            let place = || format!("{path}:{number}");
+            replay.line(&place, &line)?;
+        }
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+    }
+    let (engine, tally) = replay.finish()?;
+    if !quiet {
+        print_summary(&engine, &tally, started.elapsed().as_secs_f64());
+    }
+    Ok(tally.rejected == 0)
+}
+
+fn print_summary(engine: &Engine, tally: &Tally, seconds: f64) {
+    let mut err = io::stderr().lock();
+    let runs = engine.run_count();
+    if runs <= 20 {
+        for (tenant, run, state) in engine.runs() {
+            let outcome = match state.report() {
+                Some(r) => format!("{} ({})", r.terminal_state.as_str(), r.reason.as_str()),
+                None => "OPEN".to_owned(),
+            };
+            let _ = writeln!(
+                err,
+                "{:<36} {:<40} executed {:>4}  refused {:>3}  answered {:>3}",
+                format!("{tenant}/{run}"),
+                outcome,
+                state.counters.steps,
+                state.counters.calls_refused,
+                state.counters.calls_answered
+            );
+        }
+    } else {
+        let closed = engine.runs().filter(|(_, _, s)| !s.is_open()).count();
+        let _ = writeln!(err, "{runs} runs, {closed} closed");
+    }
+    let rate = if seconds > 0.0 {
+        tally.events as f64 / seconds
+    } else {
+        0.0
+    };
+    let _ = writeln!(
+        err,
+        "{} events applied, {} decisions printed, {} rejected, {} duplicates; {:.3} s ({:.0} events/s)",
+        tally.events, tally.decisions, tally.rejected, tally.duplicates, seconds, rate
+    );
+}
