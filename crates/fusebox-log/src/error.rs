@@ -1,0 +1,63 @@
+//! What can go wrong with the log, worded for the operator who has to fix it.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum LogError {
+    /// sled refused to open the data directory: damaged files, a directory that is not a
+    /// sled database, permissions, or another process holding the lock.
+    #[error(
+        "cannot open the fusebox log at {path}: {source}. If no other fuseboxd uses this \
+         directory, the data may be damaged: check it with `fusebox log verify --data-dir {path}` \
+         and restore the directory from a backup (or move it aside to start with an empty log)"
+    )]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: sled::Error,
+    },
+    /// The directory holds a log written by an incompatible version of fusebox.
+    #[error(
+        "the fusebox log at {path} has format version {found}, this build reads version \
+         {expected}; use a matching fusebox build or export the log with that build"
+    )]
+    FormatVersion {
+        path: PathBuf,
+        found: String,
+        expected: u32,
+    },
+    /// A stored record does not decode (a bug or bit rot that sled's checksums missed).
+    #[error(
+        "the fusebox log at {path} is damaged at {what}: {detail}. Run `fusebox log verify \
+         --data-dir {path}` for a full report and restore the directory from a backup"
+    )]
+    Corrupt {
+        path: PathBuf,
+        what: String,
+        detail: String,
+    },
+    /// A read or write failed after the log was opened.
+    #[error("fusebox log I/O failed at {path}: {source}")]
+    Storage {
+        path: PathBuf,
+        #[source]
+        source: sled::Error,
+    },
+    #[error("cannot encode {what} for the log: {source}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An earlier append or flush failed: memory is ahead of the disk, so nothing more
+    /// may be decided until the guard is reopened (which rebuilds from what is durable).
+    #[error(
+        "the fusebox log at {path} failed an earlier write; reopen it to rebuild the state \
+         from what is durable before deciding anything else"
+    )]
+    Poisoned { path: PathBuf },
+    #[error("cannot write the export: {0}")]
+    Export(#[source] std::io::Error),
+}

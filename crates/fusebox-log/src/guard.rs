@@ -1,0 +1,196 @@
+//! The durable guard: the engine, the sequencer and the log, kept in step.
+//!
+//! Opening rebuilds the state from the latest valid snapshot plus the log's tail;
+//! `submit_batch` (in `submit.rs`) decides a batch and makes it durable with one flush
+//! before any decision is returned. The type is plain blocking code with `&mut self`:
+//! the daemon owns it on a dedicated thread (or behind a mutex in `spawn_blocking`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use fusebox_core::{Decision, Engine, PolicySet, Sequencer};
+use tracing::info;
+
+use crate::error::LogError;
+use crate::keys;
+use crate::log::{self, check_format, rebuild, repair_tail};
+use crate::options::GuardOptions;
+use crate::record::LogOp;
+use crate::sled_log::SledLog;
+use crate::state::LogState;
+use crate::store::{EventLog, Tree, WriteBatch};
+
+pub struct Guard<L: EventLog = SledLog> {
+    pub(crate) log: L,
+    pub(crate) state: LogState,
+    /// Admission of new events: the applied events' sequencer plus what is held.
+    pub(crate) admission: Sequencer,
+    pub(crate) options: GuardOptions,
+    /// Position and event time of the last snapshot (or of the start of the log).
+    pub(crate) last_snapshot: (u64, u64),
+    pub(crate) poisoned: bool,
+}
+
+impl Guard<SledLog> {
+    /// Opens the sled log at `path` (created if absent) and rebuilds the guard state.
+    pub fn open(path: &Path, policies: PolicySet, options: GuardOptions) -> Result<Self, LogError> {
+        let log = SledLog::open(path, &options.sled)?;
+        Guard::with_log(log, policies, options)
+    }
+}
+
+impl<L: EventLog> Guard<L> {
+    /// Rebuilds the guard state from `log`. When `policies` differ from those the log
+    /// was running with, the change is logged (new runs get them; started runs keep
+    /// theirs), so replaying the log reproduces every decision.
+    pub fn with_log(
+        mut log: L,
+        policies: PolicySet,
+        options: GuardOptions,
+    ) -> Result<Self, LogError> {
+        let started = std::time::Instant::now();
+        check_format(&mut log)?;
+        repair_tail(&mut log)?;
+        let state = rebuild(&log, options.max_held)?;
+        let last_snapshot = log::snapshot_positions(&log)?
+            .first()
+            .map_or((0, state.event_time_ms), |&pos| (pos, state.event_time_ms));
+        let mut guard = Guard {
+            admission: state.applied.clone(),
+            log,
+            state,
+            options,
+            last_snapshot,
+            poisoned: false,
+        };
+        guard.reconcile_ledger()?;
+        if guard.state.position == 0 || guard.state.engine.policies() != &policies {
+            guard.append_op(LogOp::SetPolicies { policies })?;
+        }
+        info!(
+            path = %guard.log.path().display(),
+            position = guard.state.position,
+            runs = guard.state.engine.run_count(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "fusebox log open"
+        );
+        Ok(guard)
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.state.engine
+    }
+
+    /// The state the log holds (engine, applied sequencer, position, event time).
+    pub fn state(&self) -> &LogState {
+        &self.state
+    }
+
+    /// Position of the last durable record.
+    pub fn position(&self) -> u64 {
+        self.state.position
+    }
+
+    pub fn log(&self) -> &L {
+        &self.log
+    }
+
+    /// Runs with events held for a missing `seq`, with the `seq` they wait for: the
+    /// daemon gives up on a gap with [`Guard::release_gap`] after its timeout.
+    pub fn waiting(&self) -> impl Iterator<Item = (&str, &str, u64)> {
+        self.admission.waiting()
+    }
+
+    /// The decision recorded for an applied event, for answering a re-delivery.
+    pub fn lookup_decision(
+        &self,
+        tenant: &str,
+        run: &str,
+        id: &str,
+    ) -> Result<Option<Decision>, LogError> {
+        let Some(pos) = self.log.get(Tree::Ids, &keys::event_id(tenant, run, id))? else {
+            return Ok(None);
+        };
+        let pos = keys::decode_position(pos.as_ref()).ok_or_else(|| {
+            log::corrupt(
+                &self.log,
+                format!("the id entry of event {id:?}"),
+                "not a position".to_owned(),
+            )
+        })?;
+        log::decision_at(&self.log, pos)
+    }
+
+    /// Takes a snapshot now and flushes: call on graceful shutdown so the next start
+    /// replays nothing.
+    pub fn checkpoint(&mut self) -> Result<(), LogError> {
+        self.guarded(|guard| {
+            let mut batch = WriteBatch::default();
+            guard.snapshot_into(&mut batch)?;
+            guard.log.write(batch)?;
+            guard.log.flush()
+        })
+    }
+
+    /// Runs `f`; any failure poisons the guard, since memory may be ahead of the disk.
+    pub(crate) fn guarded<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, LogError>,
+    ) -> Result<T, LogError> {
+        if self.poisoned {
+            return Err(LogError::Poisoned {
+                path: self.log.path().to_owned(),
+            });
+        }
+        let result = f(self);
+        if result.is_err() {
+            self.poisoned = true;
+        }
+        result
+    }
+
+    fn append_op(&mut self, op: LogOp) -> Result<(), LogError> {
+        self.guarded(|guard| {
+            let mut batch = WriteBatch::default();
+            guard.stage_op(&mut batch, op)?;
+            guard.log.write(batch)?;
+            guard.log.flush()
+        })
+    }
+
+    /// Makes the ledger tree equal to the engine's ledger (a crash can leave the
+    /// writes of a batch that never committed).
+    fn reconcile_ledger(&mut self) -> Result<(), LogError> {
+        let mut wanted = BTreeMap::new();
+        for (tenant, op_key, entry) in self.state.engine.ledger().iter() {
+            wanted.insert(
+                keys::ledger(tenant, op_key),
+                encode_json(entry, "a ledger entry")?,
+            );
+        }
+        let mut batch = WriteBatch::default();
+        for item in self.log.scan(Tree::Ledger, &[]) {
+            let (key, value) = item?;
+            match wanted.remove(key.as_ref()) {
+                Some(entry) if entry == value.as_ref() => {}
+                Some(entry) => batch.insert(Tree::Ledger, key.as_ref(), entry),
+                None => batch.remove(Tree::Ledger, key.as_ref()),
+            }
+        }
+        for (key, entry) in wanted {
+            batch.insert(Tree::Ledger, key, entry);
+        }
+        if !batch.is_empty() {
+            self.log.write(batch)?;
+            self.log.flush()?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn encode_json<T: serde::Serialize>(
+    value: &T,
+    what: &'static str,
+) -> Result<Vec<u8>, LogError> {
+    serde_json::to_vec(value).map_err(|source| LogError::Encode { what, source })
+}

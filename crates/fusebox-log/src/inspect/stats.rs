@@ -1,0 +1,75 @@
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use crate::error::LogError;
+use crate::keys;
+use crate::record;
+use crate::store::{EventLog, Tree};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LogStats {
+    /// Records in the log: events plus operations.
+    pub records: u64,
+    pub events: u64,
+    /// Policy changes and retention prunes.
+    pub operations: u64,
+    pub decisions: u64,
+    /// Runs with events in the log (pruned runs no longer count).
+    pub runs: u64,
+    pub ledger_keys: u64,
+    pub snapshots: u64,
+    pub latest_snapshot_position: Option<u64>,
+    pub latest_snapshot_bytes: u64,
+    /// Keys and values of every tree: what the log would take with no overhead.
+    pub logical_bytes: u64,
+    /// What sled occupies on disk.
+    pub disk_bytes: u64,
+}
+
+impl LogStats {
+    /// On-disk bytes per logical byte.
+    pub fn space_amplification(&self) -> f64 {
+        self.disk_bytes as f64 / self.logical_bytes.max(1) as f64
+    }
+
+    /// On-disk bytes per event.
+    pub fn disk_bytes_per_event(&self) -> f64 {
+        self.disk_bytes as f64 / self.events.max(1) as f64
+    }
+}
+
+pub fn stats<L: EventLog>(log: &L) -> Result<LogStats, LogError> {
+    let mut stats = LogStats::default();
+    let mut runs = BTreeSet::new();
+    for tree in Tree::ALL {
+        for item in log.scan(tree, &[]) {
+            let (key, value) = item?;
+            let (key, value) = (key.as_ref(), value.as_ref());
+            stats.logical_bytes += (key.len() + value.len()) as u64;
+            match tree {
+                Tree::Events if record::is_op(value) => stats.operations += 1,
+                Tree::Events => stats.events += 1,
+                Tree::Decisions => stats.decisions += 1,
+                Tree::Ledger => stats.ledger_keys += 1,
+                Tree::Ids => {
+                    if let Some(run) = keys::split_run(key) {
+                        if !runs.contains(run) {
+                            runs.insert(run.to_vec());
+                        }
+                    }
+                }
+                Tree::Snapshots => {
+                    stats.snapshots += 1;
+                    stats.latest_snapshot_position = keys::decode_position(key);
+                    stats.latest_snapshot_bytes = value.len() as u64;
+                }
+                Tree::Meta => {}
+            }
+        }
+    }
+    stats.records = stats.events + stats.operations;
+    stats.runs = runs.len() as u64;
+    stats.disk_bytes = log.size_on_disk()?;
+    Ok(stats)
+}

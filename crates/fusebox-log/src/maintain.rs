@@ -1,0 +1,75 @@
+//! Housekeeping at the start of a batch, written in the same commit as the batch:
+//! retention (a logged `prune`, so replay forgets the same runs at the same point)
+//! followed by a snapshot of the state right after it.
+
+use fusebox_core::Engine;
+
+use crate::error::LogError;
+use crate::guard::Guard;
+use crate::keys;
+use crate::log::snapshot_positions;
+use crate::record::{LogOp, RunRef};
+use crate::snapshot;
+use crate::store::{EventLog, Tree, WriteBatch};
+
+impl<L: EventLog> Guard<L> {
+    pub(crate) fn maintain(&mut self, batch: &mut WriteBatch) -> Result<(), LogError> {
+        if !self.snapshot_due() {
+            return Ok(());
+        }
+        if let Some(retention) = self.options.retention {
+            let runs = expired_runs(
+                &self.state.engine,
+                self.state.event_time_ms,
+                retention.as_millis() as u64,
+            );
+            if !runs.is_empty() {
+                tracing::info!(runs = runs.len(), "pruning closed runs past retention");
+                self.stage_op(batch, LogOp::Prune { runs })?;
+            }
+        }
+        self.snapshot_into(batch)
+    }
+
+    fn snapshot_due(&self) -> bool {
+        let (pos, time) = self.last_snapshot;
+        let records = self.state.position - pos;
+        let every = self.options.snapshot_every_records;
+        let every_ms = self.options.snapshot_every_event_time.as_millis() as u64;
+        (every > 0 && records >= every)
+            || (every_ms > 0 && records > 0 && self.state.event_time_ms - time >= every_ms)
+    }
+
+    /// Stages a snapshot of the current state and the removal of snapshots beyond
+    /// `snapshots_kept`.
+    pub(crate) fn snapshot_into(&mut self, batch: &mut WriteBatch) -> Result<(), LogError> {
+        let pos = self.state.position;
+        batch.insert(
+            Tree::Snapshots,
+            keys::position(pos),
+            snapshot::encode(&self.state)?,
+        );
+        let older = snapshot_positions(&self.log)?
+            .into_iter()
+            .filter(|&p| p != pos);
+        for old in older.skip(self.options.snapshots_kept.max(1) - 1) {
+            batch.remove(Tree::Snapshots, keys::position(old));
+        }
+        self.last_snapshot = (pos, self.state.event_time_ms);
+        Ok(())
+    }
+}
+
+/// Closed runs whose last event is at least `retention_ms` older than `now_ms`.
+pub fn expired_runs(engine: &Engine, now_ms: u64, retention_ms: u64) -> Vec<RunRef> {
+    engine
+        .runs()
+        .filter(|(_, _, run)| {
+            !run.is_open() && now_ms.saturating_sub(run.last_ts_ms) >= retention_ms
+        })
+        .map(|(tenant, run, _)| RunRef {
+            tenant: tenant.to_owned(),
+            run: run.to_owned(),
+        })
+        .collect()
+}
