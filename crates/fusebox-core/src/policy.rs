@@ -278,10 +278,12 @@ impl Policy {
             });
         }
         let mut merged = serde_json::to_value(self).expect("a policy always serialises");
+        let mismatch = shape_mismatch(&merged, patch, "");
         merge(&mut merged, patch);
         let mut policy: Policy = serde_json::from_value(merged).map_err(|e| PolicyError {
             layer: layer.to_owned(),
-            message: e.to_string(),
+            // serde names an unknown key but not the key of a wrongly typed value.
+            message: mismatch.unwrap_or_else(|| e.to_string()),
         })?;
         let warnings = policy.normalize();
         Ok((policy, warnings))
@@ -418,6 +420,29 @@ impl Policy {
     pub fn tool(&self, name: &str) -> Option<&ToolPolicy> {
         self.tools.get(name)
     }
+}
+
+/// The first key of `patch` whose value has another JSON type than the same key in
+/// `base`, as a sentence; keys `base` lacks are left to serde to judge.
+fn shape_mismatch(base: &Value, patch: &Value, path: &str) -> Option<String> {
+    let (Value::Object(base), Value::Object(patch)) = (base, patch) else {
+        return None;
+    };
+    patch.iter().find_map(|(key, value)| {
+        let here = if path.is_empty() {
+            key.clone()
+        } else {
+            format!("{path}.{key}")
+        };
+        let expected = base.get(key)?;
+        let same_type = match (expected, value) {
+            (Value::Null, _) => true,
+            (Value::Number(e), Value::Number(v)) => !(e.is_u64() && !v.is_u64()),
+            (Value::Object(_), Value::Object(_)) => return shape_mismatch(expected, value, &here),
+            (e, v) => std::mem::discriminant(e) == std::mem::discriminant(v),
+        };
+        (!same_type).then(|| format!("`{here}` must be like {expected}, got {value}"))
+    })
 }
 
 /// Recursive merge: objects merge key by key, anything else replaces.
