@@ -2,11 +2,20 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use sled::{Batch, IVec};
 
 use crate::error::LogError;
+use crate::keys::{FORMAT_VERSION, FORMAT_VERSION_KEY};
 use crate::store::{Entry, EventLog, Scan, Tree, WriteBatch};
+
+/// File in the data directory that says a fusebox log lives here.
+const MARKER: &str = "FUSEBOX_LOG";
+const MARKER_TEXT: &str = "This directory holds a fusebox event log (sled). Inspect it with \
+`fusebox log stats|verify|export --data-dir <this directory>`.\n";
+/// How long opening waits for a lock held by a handle that is closing.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// sled settings an operator may want to tune.
 #[derive(Debug, Clone)]
@@ -45,19 +54,50 @@ impl SledLog {
             // The guard flushes every batch itself (group commit); a background flusher
             // would only add fsyncs competing with it.
             .flush_every_ms(None);
-        let db = catch_unwind(AssertUnwindSafe(|| config.open()))
-            .unwrap_or_else(|panic| Err(sled::Error::Unsupported(panic_text(&*panic))))
-            .map_err(open_error)?;
+        let db = open_db(&config).map_err(open_error)?;
         let trees = Tree::ALL
             .iter()
             .map(|tree| db.open_tree(tree.name()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(open_error)?;
-        Ok(SledLog {
+        let mut log = SledLog {
             path: path.to_owned(),
             db,
             trees,
-        })
+        };
+        log.check_marker()?;
+        Ok(log)
+    }
+
+    /// sled reads garbage segments as a torn tail and opens them as an empty database,
+    /// which would silently start a new, empty log over a damaged one. A marker file,
+    /// written once the log's format version is durable, tells "new" from "lost".
+    fn check_marker(&mut self) -> Result<(), LogError> {
+        let marker = self.path.join(MARKER);
+        let has_version = self.get(Tree::Meta, FORMAT_VERSION_KEY)?.is_some();
+        if !has_version && marker.exists() {
+            return Err(LogError::Corrupt {
+                path: self.path.clone(),
+                what: "the whole log".to_owned(),
+                detail: "sled finds no fusebox data in files that held a log (garbage or \
+                         truncated files)"
+                    .to_owned(),
+            });
+        }
+        if !has_version && self.last(Tree::Events)?.is_none() {
+            let mut batch = WriteBatch::default();
+            batch.insert(
+                Tree::Meta,
+                FORMAT_VERSION_KEY,
+                FORMAT_VERSION.to_string().into_bytes(),
+            );
+            self.write(batch)?;
+            self.flush()?;
+        }
+        if !marker.exists() {
+            std::fs::write(&marker, MARKER_TEXT).map_err(|e| self.storage(sled::Error::Io(e)))?;
+        }
+        Ok(())
     }
 
     fn tree(&self, tree: Tree) -> &sled::Tree {
@@ -73,6 +113,25 @@ impl SledLog {
 
     fn boxed<'a>(&'a self, iter: sled::Iter) -> Scan<'a, IVec> {
         Box::new(iter.map(move |item| item.map_err(|e| self.storage(e))))
+    }
+}
+
+/// Opens sled, retrying briefly while the lock is held: a handle this process just
+/// dropped releases it only when sled's background threads let go of the files.
+fn open_db(config: &sled::Config) -> sled::Result<sled::Db> {
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        let result = catch_unwind(AssertUnwindSafe(|| config.open()))
+            .unwrap_or_else(|panic| Err(sled::Error::Unsupported(panic_text(&*panic))));
+        match result {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
+        }
     }
 }
 

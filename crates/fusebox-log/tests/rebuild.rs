@@ -1,0 +1,216 @@
+//! Start-up = latest valid snapshot + tail, and it equals a full replay: for random
+//! logs, batchings, snapshot points and retention, with damaged snapshots skipped.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{full_replay, open, options};
+use fusebox_core::{Event, Sequencer};
+use fusebox_log::workload::{Workload, WorkloadConfig};
+use fusebox_log::{EventLog, GuardOptions, LogState, SledLog, SledOptions, Tree, WriteBatch};
+use proptest::prelude::*;
+
+/// Workload events, perturbed the way delivery perturbs them: some re-delivered, some
+/// swapped with their successor (out of `seq` order within a run, now and then).
+fn delivered(
+    seed: u64,
+    runs: usize,
+    len: usize,
+    duplicate_every: usize,
+    swap_every: usize,
+) -> Vec<Event> {
+    let mut events = Workload::new(WorkloadConfig {
+        seed,
+        concurrent_runs: runs,
+        max_steps: 12,
+        ..WorkloadConfig::default()
+    })
+    .batch(len);
+    for i in (0..events.len()).step_by(swap_every).skip(1) {
+        if i + 1 < events.len() {
+            events.swap(i, i + 1);
+        }
+    }
+    let copies: Vec<(usize, Event)> = (0..events.len())
+        .step_by(duplicate_every)
+        .map(|i| (i, events[i].clone()))
+        .collect();
+    for (offset, (i, event)) in copies.into_iter().enumerate() {
+        let at = (i + offset + 3).min(events.len());
+        events.insert(at, event);
+    }
+    events
+}
+
+/// The decisions a state gives to more events (applied straight to the engine, after
+/// the same admission).
+fn future_decisions(mut state: LogState, events: &[Event]) -> Vec<String> {
+    let mut admission: Sequencer = state.applied.clone();
+    let mut out = Vec::new();
+    for event in events {
+        if let Ok(fusebox_core::Admission::Ready(ready)) = admission.admit(event.clone()) {
+            for event in ready {
+                out.push(serde_json::to_string(&state.apply_event(&event)).unwrap());
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn snapshot_plus_tail_equals_full_replay(
+        seed in 0u64..1_000,
+        runs in 1usize..10,
+        len in 20usize..400,
+        batch in 1usize..50,
+        snapshot_every in 1u64..80,
+        duplicate_every in 5usize..40,
+        swap_every in 3usize..30,
+        retention_ms in proptest::option::of(20u64..400),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let options = GuardOptions {
+            retention: retention_ms.map(Duration::from_millis),
+            snapshots_kept: 3,
+            ..options(snapshot_every)
+        };
+        let events = delivered(seed, runs, len, duplicate_every, swap_every);
+        let mut guard = open(dir.path(), options.clone());
+        for chunk in events.chunks(batch) {
+            guard.submit_batch(chunk.to_vec()).unwrap();
+        }
+        let live = guard.state().clone();
+        drop(guard);
+
+        let guard = open(dir.path(), options);
+        let replayed = full_replay(guard.log());
+        prop_assert_eq!(guard.state(), &live);
+        prop_assert_eq!(&replayed, &live);
+
+        let more = Workload::new(WorkloadConfig { seed: seed + 1, concurrent_runs: runs, ..WorkloadConfig::default() }).batch(100);
+        prop_assert_eq!(
+            future_decisions(guard.state().clone(), &more),
+            future_decisions(replayed, &more)
+        );
+    }
+}
+
+/// Damage done to the stored snapshots (newest first) before reopening.
+type Damage = fn(usize, Vec<u8>) -> Option<Vec<u8>>;
+
+#[test]
+fn damaged_snapshots_are_skipped_for_an_older_one_or_a_full_replay() {
+    let cases: [(&str, Damage); 5] = [
+        ("newest truncated", |i, b| {
+            (i == 0).then(|| b[..b.len() / 2].to_vec())
+        }),
+        ("newest bit flip", |i, mut b| {
+            (i == 0).then(|| {
+                let mid = b.len() / 2;
+                b[mid] ^= 0x20;
+                b
+            })
+        }),
+        ("newest emptied", |i, _| (i == 0).then(Vec::new)),
+        ("all garbage", |_, _| Some(b"not a snapshot".to_vec())),
+        ("all torn after the header", |_, b| Some(b[..40].to_vec())),
+    ];
+    for (name, damage) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let mut guard = open(
+            dir.path(),
+            GuardOptions {
+                snapshots_kept: 3,
+                ..options(100)
+            },
+        );
+        for chunk in Workload::new(WorkloadConfig::default())
+            .batch(1_000)
+            .chunks(64)
+        {
+            guard.submit_batch(chunk.to_vec()).unwrap();
+        }
+        let live = guard.state().clone();
+        drop(guard);
+
+        let mut log = SledLog::open(dir.path(), &SledOptions::default()).unwrap();
+        let stored: Vec<(Vec<u8>, Vec<u8>)> = fusebox_log::log::snapshot_positions(&log)
+            .unwrap()
+            .into_iter()
+            .map(|pos| {
+                let key = pos.to_be_bytes().to_vec();
+                let value = log.get(Tree::Snapshots, &key).unwrap().unwrap().to_vec();
+                (key, value)
+            })
+            .collect();
+        assert_eq!(stored.len(), 3, "{name}");
+        let mut batch = WriteBatch::default();
+        for (i, (key, value)) in stored.into_iter().enumerate() {
+            if let Some(damaged) = damage(i, value) {
+                batch.insert(Tree::Snapshots, key, damaged);
+            }
+        }
+        log.write(batch).unwrap();
+        log.flush().unwrap();
+        drop(log);
+
+        let guard = open(dir.path(), options(100));
+        assert_eq!(guard.state(), &live, "{name}");
+        assert_eq!(full_replay(guard.log()), live, "{name}");
+    }
+}
+
+#[test]
+fn garbage_in_place_of_the_log_is_a_clear_error_not_a_panic() {
+    type Setup = fn(&std::path::Path) -> std::path::PathBuf;
+    let cases: [(&str, Setup); 4] = [
+        ("a regular file", |root| {
+            let path = root.join("log");
+            std::fs::write(&path, b"hello").unwrap();
+            path
+        }),
+        ("garbage conf", |root| {
+            let path = root.join("log");
+            std::fs::create_dir(&path).unwrap();
+            std::fs::write(path.join("conf"), [0xde; 64]).unwrap();
+            path
+        }),
+        ("garbage db of a log", |root| {
+            let path = root.join("log");
+            let mut guard = open(&path, options(0));
+            guard
+                .submit_batch(Workload::new(WorkloadConfig::default()).batch(100))
+                .unwrap();
+            drop(guard);
+            std::fs::write(path.join("db"), vec![0xab; 1 << 20]).unwrap();
+            path
+        }),
+        ("garbage conf and db", |root| {
+            let path = root.join("log");
+            std::fs::create_dir(&path).unwrap();
+            std::fs::write(path.join("conf"), b"segment_size: lots\n").unwrap();
+            std::fs::write(path.join("db"), vec![0x5a; 4096]).unwrap();
+            path
+        }),
+    ];
+    for (name, setup) in cases {
+        let root = tempfile::tempdir().unwrap();
+        let path = setup(root.path());
+        let error = match fusebox_log::Guard::open(&path, Default::default(), options(0)) {
+            Ok(_) => panic!("{name}: garbage opened as a log"),
+            Err(error) => error.to_string(),
+        };
+        assert!(
+            error.contains(&path.display().to_string()),
+            "{name}: {error}"
+        );
+        assert!(
+            error.contains("fusebox log verify --data-dir"),
+            "{name}: {error}"
+        );
+    }
+}
