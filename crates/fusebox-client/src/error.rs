@@ -1,0 +1,21 @@
+use fusebox_nats::wire::WireError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to NATS at {url}: {detail}")]
+    Connect { url: String, detail: String },
+    #[error("no answer from fuseboxd on {subject} within {timeout_ms} ms")]
+    Timeout { subject: String, timeout_ms: u64 },
+    #[error("no fuseboxd is listening on {subject}")]
+    NoResponders { subject: String },
+    #[error("NATS request on {subject} failed: {detail}")]
+    Request { subject: String, detail: String },
+    #[error("fuseboxd refused the request: {}", .0.message)]
+    Refused(WireError),
+    #[error("unexpected answer on {subject}: {detail}")]
+    BadAnswer { subject: String, detail: String },
+    #[error("JetStream {what} failed: {detail}")]
+    JetStream { what: String, detail: String },
+    #[error("{0}")]
+    Usage(String),
+}

@@ -1,0 +1,161 @@
+//! Operator commands over the daemon's control subjects (the `fusebox` CLI wires these
+//! to `runs`, `run T/R`, `cancel T/R`, `resume T/R --evidence JSON`, `tail`).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_nats::Subscriber;
+use fusebox_core::Decision;
+use fusebox_nats::subjects::{self, ControlVerb};
+use fusebox_nats::wire::{CancelRequest, ResumeRequest, RunStatusReply, RunSummary};
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use crate::client::FuseboxClient;
+use crate::error::ClientError;
+
+/// `"tenant/run"` → `("tenant", "run")`.
+pub fn parse_run_ref(reference: &str) -> Result<(String, String), ClientError> {
+    let valid = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    match reference.split_once('/') {
+        Some((tenant, run)) if valid(tenant) && valid(run) => {
+            Ok((tenant.to_owned(), run.to_owned()))
+        }
+        _ => Err(ClientError::Usage(format!(
+            "{reference:?} is not TENANT/RUN (letters, digits, _ and -)"
+        ))),
+    }
+}
+
+/// A fresh command id: one per operator action, reused by the retry inside it.
+fn command_id(verb: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{verb}-{nanos:x}-{:x}", std::process::id())
+}
+
+/// Live notable decisions (`fusebox tail`).
+pub struct DecisionTail {
+    subscriber: Subscriber,
+}
+
+impl DecisionTail {
+    /// The next decision; `None` when the connection closed. Undecodable messages are
+    /// skipped with a warning (a tail must not die of one bad publisher).
+    pub async fn next(&mut self) -> Option<Decision> {
+        loop {
+            let message = self.subscriber.next().await?;
+            match serde_json::from_slice(&message.payload) {
+                Ok(decision) => return Some(decision),
+                Err(err) => tracing::warn!(subject = %message.subject, %err, "not a decision"),
+            }
+        }
+    }
+}
+
+impl FuseboxClient {
+    /// Every run the daemon knows (`fusebox runs`).
+    pub async fn runs(&self) -> Result<Vec<RunSummary>, ClientError> {
+        self.request(subjects::CONTROL_RUNS.to_owned(), Vec::new())
+            .await
+    }
+
+    /// One run's state, counters, stop report and latest decisions (`fusebox run T/R`).
+    pub async fn run_status(&self, tenant: &str, run: &str) -> Result<RunStatusReply, ClientError> {
+        self.request(
+            subjects::control(tenant, run, ControlVerb::Status),
+            Vec::new(),
+        )
+        .await
+    }
+
+    /// Cancels a run (`fusebox cancel T/R`): its stop goes out on the kill switch.
+    pub async fn cancel(
+        &self,
+        tenant: &str,
+        run: &str,
+        by: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<Decision, ClientError> {
+        let request = CancelRequest {
+            id: Some(command_id("cancel")),
+            by: by.map(str::to_owned),
+            reason: reason.map(str::to_owned),
+        };
+        let body = serde_json::to_vec(&request).expect("requests serialise");
+        self.command(subjects::control(tenant, run, ControlVerb::Cancel), body)
+            .await
+    }
+
+    /// Asks to resume a stopped run with `evidence` (`fusebox resume T/R --evidence JSON`),
+    /// e.g. `{"progress_version": 7}` or `{"approval_id": "CHG-1234"}`. The decision says
+    /// whether it was accepted (`continue`) or refused (`stop`, `precondition_unchanged`).
+    pub async fn resume(
+        &self,
+        tenant: &str,
+        run: &str,
+        by: Option<&str>,
+        evidence: Value,
+    ) -> Result<Decision, ClientError> {
+        let request = ResumeRequest {
+            id: Some(command_id("resume")),
+            by: by.map(str::to_owned),
+            evidence,
+        };
+        let body = serde_json::to_vec(&request).expect("requests serialise");
+        self.command(subjects::control(tenant, run, ControlVerb::Resume), body)
+            .await
+    }
+
+    /// Live decisions (`fusebox tail`), of one run, one tenant (`run` = `None`) or all
+    /// (`tenant` = `None`).
+    pub async fn tail(
+        &self,
+        tenant: Option<&str>,
+        run: Option<&str>,
+    ) -> Result<DecisionTail, ClientError> {
+        let subject = match (tenant, run) {
+            (Some(tenant), Some(run)) => subjects::decisions(tenant, run),
+            (Some(tenant), None) => format!("fusebox.decisions.{tenant}.*"),
+            (None, _) => subjects::DECISIONS_FILTER.to_owned(),
+        };
+        let subscriber =
+            self.nats
+                .subscribe(subject.clone())
+                .await
+                .map_err(|err| ClientError::Request {
+                    subject,
+                    detail: err.to_string(),
+                })?;
+        Ok(DecisionTail { subscriber })
+    }
+
+    /// A state-changing command: retried once on timeout with the same id, which the
+    /// daemon applies once.
+    async fn command(&self, subject: String, body: Vec<u8>) -> Result<Decision, ClientError> {
+        match self.request(subject.clone(), body.clone()).await {
+            Err(ClientError::Timeout { .. }) => self.request(subject, body).await,
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_refs_parse() {
+        assert_eq!(
+            parse_run_ref("acme/r-1").unwrap(),
+            ("acme".to_owned(), "r-1".to_owned())
+        );
+        assert!(parse_run_ref("acme").is_err());
+        assert!(parse_run_ref("acme/r.1").is_err());
+        assert!(parse_run_ref("/r").is_err());
+    }
+}

@@ -1,0 +1,304 @@
+//! The one ordered applier. Gate requests, stream messages, operator commands and ticks
+//! all meet here, on one thread that owns the store, so a run's events are applied in
+//! `seq` order whichever path they came by (the core sequencer orders them) and every
+//! batch is durable before anything about it leaves the process.
+//!
+//! Group commit: the thread takes whatever is queued (up to `max_batch`) and submits it
+//! as one batch, so under load one flush covers many events, and with one request in
+//! flight the batch is that request alone.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::Subject;
+use fusebox_core::{Action, Decision, Event};
+use tokio::sync::mpsc::{Receiver, UnboundedSender};
+
+use crate::dispatch::Output;
+use crate::observer::Observer;
+use crate::query::{self, Query};
+use crate::reject::{reject, send, Origin};
+use crate::store::{GuardStore, StoreError, Submitted};
+use crate::{subjects, ticks};
+
+pub(crate) type RunKey = (String, String);
+type EventKey = (String, String, String);
+
+// Inputs are moved once, through one channel; boxing the big variant would only add an
+// allocation per event.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Input {
+    Event {
+        event: Event,
+        origin: Origin,
+    },
+    Query {
+        query: Query,
+        reply: Subject,
+    },
+    /// Periodic: release timed-out gaps, write due ticks, refresh gauges.
+    Timer,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ApplierOptions {
+    pub max_batch: usize,
+    pub gap_timeout: Duration,
+    pub recent_decisions: usize,
+}
+
+pub(crate) struct Applier<S> {
+    store: S,
+    out: UnboundedSender<Output>,
+    observer: Arc<dyn Observer>,
+    options: ApplierOptions,
+    /// Inputs whose event is held (waiting for a gap): answered once it is applied.
+    waiters: HashMap<EventKey, Vec<Origin>>,
+    gap_since: HashMap<RunKey, Instant>,
+    last_seen: HashMap<RunKey, Instant>,
+    recent: HashMap<RunKey, VecDeque<Decision>>,
+    /// Runs whose stop is on the kill switch.
+    stopped: HashSet<RunKey>,
+    started: Instant,
+}
+
+fn event_key(event: &Event) -> EventKey {
+    (event.tenant.clone(), event.run.clone(), event.id.clone())
+}
+
+impl<S: GuardStore> Applier<S> {
+    pub(crate) fn new(
+        store: S,
+        out: UnboundedSender<Output>,
+        observer: Arc<dyn Observer>,
+        options: ApplierOptions,
+    ) -> Self {
+        // Runs already closed in the rebuilt state have their stop kept in the stream.
+        let stopped = store
+            .engine()
+            .runs()
+            .filter(|(_, _, run)| !run.is_open())
+            .map(|(t, r, _)| (t.to_owned(), r.to_owned()))
+            .collect();
+        Applier {
+            store,
+            out,
+            observer,
+            options,
+            waiters: HashMap::new(),
+            gap_since: HashMap::new(),
+            last_seen: HashMap::new(),
+            recent: HashMap::new(),
+            stopped,
+            started: Instant::now(),
+        }
+    }
+
+    /// Runs until every sender is gone (shutdown), then returns: everything received was
+    /// committed and answered.
+    pub(crate) fn run(mut self, mut rx: Receiver<Input>) -> Result<(), StoreError> {
+        while let Some(first) = rx.blocking_recv() {
+            let mut inputs = vec![first];
+            while inputs.len() < self.options.max_batch {
+                match rx.try_recv() {
+                    Ok(input) => inputs.push(input),
+                    Err(_) => break,
+                }
+            }
+            self.handle(inputs)?;
+        }
+        self.store.close()
+    }
+
+    fn handle(&mut self, inputs: Vec<Input>) -> Result<(), StoreError> {
+        let mut events = Vec::with_capacity(inputs.len());
+        let mut queries = Vec::new();
+        let mut timer = false;
+        for input in inputs {
+            match input {
+                Input::Event { event, origin } => events.push((event, origin)),
+                Input::Query { query, reply } => queries.push((query, reply)),
+                Input::Timer => timer = true,
+            }
+        }
+        let mut touched = HashSet::new();
+        if !events.is_empty() {
+            self.submit(events, &mut touched)?;
+        }
+        if timer {
+            self.on_timer(&mut touched)?;
+        }
+        self.settle_stops(&touched);
+        for (query, reply) in queries {
+            let body = query::answer(self.store.engine(), &self.recent, &query);
+            send(
+                &self.out,
+                Output::Reply {
+                    to: reply,
+                    body,
+                    gate_received: None,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn submit(
+        &mut self,
+        events: Vec<(Event, Origin)>,
+        touched: &mut HashSet<RunKey>,
+    ) -> Result<(), StoreError> {
+        let mut meta = Vec::with_capacity(events.len());
+        let mut batch = Vec::with_capacity(events.len());
+        for (event, origin) in events {
+            meta.push((event_key(&event), event.type_name(), origin));
+            batch.push(event);
+        }
+        let started = Instant::now();
+        let outcomes = self.store.submit_batch(batch)?;
+        self.observer.log_commit(started.elapsed());
+        for ((key, event_type, origin), outcome) in meta.into_iter().zip(outcomes) {
+            match outcome {
+                Submitted::Applied(decisions) => {
+                    self.observer.event(&key.0, event_type);
+                    self.waiters.entry(key).or_default().push(origin);
+                    for decision in decisions {
+                        self.decided(decision, touched);
+                    }
+                }
+                Submitted::Held { waiting_for } => {
+                    tracing::debug!(tenant = %key.0, run = %key.1, waiting_for, "event held for an earlier seq");
+                    self.observer.event(&key.0, event_type);
+                    self.gap_since
+                        .entry((key.0.clone(), key.1.clone()))
+                        .or_insert_with(Instant::now);
+                    self.waiters.entry(key).or_default().push(origin);
+                }
+                Submitted::Duplicate(Some(decision)) => {
+                    let body = serde_json::to_vec(&decision).expect("decisions serialise");
+                    if let Some(answer) = origin.answer(&body) {
+                        send(&self.out, answer);
+                    }
+                }
+                Submitted::Duplicate(None) => {
+                    self.waiters.entry(key).or_default().push(origin);
+                }
+                Submitted::Rejected(err) => reject(&self.out, &*self.observer, origin, &err),
+            }
+        }
+        Ok(())
+    }
+
+    /// One committed decision: publish what must be published, then answer everyone
+    /// waiting for it.
+    fn decided(&mut self, decision: Decision, touched: &mut HashSet<RunKey>) {
+        let run_key = (decision.tenant.clone(), decision.run.clone());
+        self.observer.decision(&decision);
+        self.last_seen.insert(run_key.clone(), Instant::now());
+        let body = serde_json::to_vec(&decision).expect("decisions serialise");
+        if decision.is_notable() {
+            send(
+                &self.out,
+                Output::Publish {
+                    subject: subjects::decisions(&decision.tenant, &decision.run),
+                    body: body.clone(),
+                },
+            );
+            let recent = self.recent.entry(run_key.clone()).or_default();
+            if recent.len() == self.options.recent_decisions {
+                recent.pop_front();
+            }
+            recent.push_back(decision.clone());
+        }
+        if let Some(report) = decision.stop_report() {
+            if self.stopped.insert(run_key.clone()) {
+                self.observer.run_stopped(
+                    &decision.tenant,
+                    report.terminal_state.as_str(),
+                    report.reason.as_str(),
+                );
+            }
+            if decision.action == Action::Stop {
+                send(
+                    &self.out,
+                    Output::Stop {
+                        tenant: decision.tenant.clone(),
+                        run: decision.run.clone(),
+                        body: body.clone(),
+                    },
+                );
+            }
+        }
+        let event_key = (decision.tenant, decision.run, decision.event_id);
+        for origin in self.waiters.remove(&event_key).unwrap_or_default() {
+            if let Some(answer) = origin.answer(&body) {
+                send(&self.out, answer);
+            }
+        }
+        touched.insert(run_key);
+    }
+
+    /// A run that was stopped and is open again after this batch (an accepted resume)
+    /// must not leave its old stop on the kill switch.
+    fn settle_stops(&mut self, touched: &HashSet<RunKey>) {
+        for key in touched {
+            let reopened = self.stopped.contains(key)
+                && self
+                    .store
+                    .engine()
+                    .run(&key.0, &key.1)
+                    .is_some_and(|run| run.is_open());
+            if reopened {
+                self.stopped.remove(key);
+                send(
+                    &self.out,
+                    Output::ClearStop {
+                        tenant: key.0.clone(),
+                        run: key.1.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    fn on_timer(&mut self, touched: &mut HashSet<RunKey>) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let waiting = self.store.waiting();
+        let still: HashSet<RunKey> = waiting
+            .iter()
+            .map(|(t, r, _)| (t.clone(), r.clone()))
+            .collect();
+        self.gap_since.retain(|key, _| still.contains(key));
+        for (tenant, run, seq) in waiting {
+            let since = *self
+                .gap_since
+                .entry((tenant.clone(), run.clone()))
+                .or_insert(now);
+            if now.duration_since(since) >= self.options.gap_timeout {
+                tracing::warn!(%tenant, %run, missing_seq = seq, "gap timed out; applying the held events without it");
+                self.gap_since.remove(&(tenant.clone(), run.clone()));
+                for decision in self.store.release_gap(&tenant, &run)? {
+                    self.decided(decision, touched);
+                }
+            }
+        }
+        let due = ticks::due(self.store.engine(), &self.last_seen, self.started, now);
+        if !due.is_empty() {
+            tracing::info!(
+                runs = due.len(),
+                "time budget expired on idle runs; writing ticks"
+            );
+            let events = due.into_iter().map(|e| (e, Origin::Internal)).collect();
+            self.submit(events, touched)?;
+        }
+        let open = self
+            .store
+            .engine()
+            .runs()
+            .filter(|(_, _, r)| r.is_open())
+            .count();
+        self.observer.runs_active(open as u64);
+        Ok(())
+    }
+}

@@ -1,0 +1,105 @@
+//! Refused input: an error reply to whoever asked, a dead letter with the error text on
+//! `fusebox.dlq.<tenant>`, a counter — and the valid events around it go on.
+
+use std::time::Instant;
+
+use async_nats::Subject;
+use fusebox_core::EventError;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::dispatch::Output;
+use crate::observer::Observer;
+use crate::subjects;
+use crate::wire::{DeadLetter, ErrorReply, WireError};
+
+/// Where an input came from, and so how it is answered once its batch is durable.
+// Moved once into the applier and out with the answer; not worth a box per event.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Origin {
+    /// A gate request (`fusebox.gate.<t>.<r>`): reply with the decision.
+    Gate {
+        message: async_nats::Message,
+        received: Instant,
+    },
+    /// A JetStream message: acknowledge it.
+    Stream(async_nats::jetstream::Message),
+    /// An operator command: reply with the decision.
+    Control { reply: Subject },
+    /// Written by the daemon itself (ticks): nobody to answer.
+    Internal,
+}
+
+impl Origin {
+    /// The subject and bytes the input arrived as, for a dead letter.
+    fn input(&self) -> Option<(&str, &[u8])> {
+        match self {
+            Origin::Gate { message, .. } => Some((message.subject.as_str(), &message.payload)),
+            Origin::Stream(message) => Some((message.subject.as_str(), &message.payload)),
+            Origin::Control { .. } | Origin::Internal => None,
+        }
+    }
+
+    /// The answer to this input, `body` being a decision or an error reply.
+    pub(crate) fn answer(self, body: &[u8]) -> Option<Output> {
+        match self {
+            Origin::Gate { message, received } => message.reply.map(|to| Output::Reply {
+                to,
+                body: body.to_vec(),
+                gate_received: Some(received),
+            }),
+            Origin::Stream(message) => Some(Output::Ack(message)),
+            Origin::Control { reply } => Some(Output::Reply {
+                to: reply,
+                body: body.to_vec(),
+                gate_received: None,
+            }),
+            Origin::Internal => None,
+        }
+    }
+}
+
+/// Refuses one input: dead letter (when it came from the wire), counter, and the error
+/// as its answer (a stream message is terminated instead: redelivering cannot fix it).
+pub(crate) fn reject(
+    out: &UnboundedSender<Output>,
+    observer: &dyn Observer,
+    origin: Origin,
+    err: &EventError,
+) {
+    observer.rejected(err.reason.as_str());
+    let error = WireError::from(err);
+    tracing::debug!(%err, "input refused");
+    if let Some((subject, payload)) = origin.input() {
+        let letter = DeadLetter {
+            subject: subject.to_owned(),
+            error: error.clone(),
+            payload: String::from_utf8_lossy(payload).into_owned(),
+        };
+        let tenant = subjects::tenant_of(subject).unwrap_or("_");
+        let body = serde_json::to_vec(&letter).expect("dead letters serialise");
+        send(
+            out,
+            Output::Publish {
+                subject: subjects::dlq(tenant),
+                body,
+            },
+        );
+        observer.dead_letter();
+    }
+    let reply = serde_json::to_vec(&ErrorReply { error }).expect("error replies serialise");
+    let answer = match origin {
+        Origin::Stream(message) => Some(Output::Terminate(message)),
+        other => other.answer(&reply),
+    };
+    if let Some(answer) = answer {
+        send(out, answer);
+    }
+}
+
+/// The dispatcher outlives every producer of outputs; a closed channel means the
+/// process is already going down and there is nobody left to tell.
+pub(crate) fn send(out: &UnboundedSender<Output>, output: Output) {
+    if out.send(output).is_err() {
+        tracing::warn!("dispatcher gone; output dropped during shutdown");
+    }
+}

@@ -1,0 +1,233 @@
+//! Wiring: the subscriptions, the consumer, the applier thread and the dispatcher, and
+//! the order they are stopped in so that nothing received is lost on shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::{jetstream, Client};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::applier::{Applier, ApplierOptions, Input};
+use crate::inbound::{serve_subscription, stopped, Inbound};
+use crate::observer::Observer;
+use crate::setup::{self, SetupError};
+use crate::store::{GuardStore, StoreError};
+use crate::{control, dispatch, gate, ingest, subjects};
+
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    /// Queue group of the gate and control subscriptions.
+    pub queue_group: String,
+    pub max_event_bytes: usize,
+    /// Most events in one group commit.
+    pub max_batch: usize,
+    /// How long a run's missing `seq` is waited for before its held events are applied.
+    pub gap_timeout: Duration,
+    /// How often gaps, idle-run deadlines and gauges are checked.
+    pub timer_interval: Duration,
+    /// Messages per JetStream pull request.
+    pub pull_batch: usize,
+    /// Unacked stream messages the consumer allows (in flight + held for gaps).
+    pub max_ack_pending: i64,
+    /// Notable decisions kept per run for `status`.
+    pub recent_decisions: usize,
+    /// Inputs queued for the applier before the inbound paths wait (backpressure).
+    pub queue_capacity: usize,
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        ServiceOptions {
+            queue_group: "fuseboxd".to_owned(),
+            max_event_bytes: fusebox_core::parse::DEFAULT_MAX_EVENT_BYTES,
+            max_batch: 1024,
+            gap_timeout: Duration::from_secs(5),
+            timer_interval: Duration::from_millis(250),
+            pull_batch: 512,
+            max_ack_pending: 20_000,
+            recent_decisions: 20,
+            queue_capacity: 8192,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error("subscribing to {subject} failed: {detail}")]
+    Subscribe { subject: String, detail: String },
+    #[error("the event log failed: {0}")]
+    Store(StoreError),
+    #[error("the applier thread panicked")]
+    ApplierPanicked,
+}
+
+/// A running guard service.
+pub struct Service {
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    applier_done: oneshot::Receiver<Result<(), StoreError>>,
+    dispatcher: JoinHandle<()>,
+}
+
+impl Service {
+    /// Creates or checks the JetStream objects, subscribes, and starts serving. Errors
+    /// here are start-up errors: nothing has been consumed yet.
+    pub async fn start<S: GuardStore>(
+        client: Client,
+        store: S,
+        options: ServiceOptions,
+        observer: Arc<dyn Observer>,
+    ) -> Result<Service, ServiceError> {
+        let js = jetstream::new(client.clone());
+        setup::ensure(&js, options.max_ack_pending).await?;
+        let subscribe = |subject: &'static str| {
+            let client = client.clone();
+            let group = options.queue_group.clone();
+            async move {
+                client
+                    .queue_subscribe(subject, group)
+                    .await
+                    .map_err(|e| ServiceError::Subscribe {
+                        subject: subject.to_owned(),
+                        detail: e.to_string(),
+                    })
+            }
+        };
+        let gate_sub = subscribe(subjects::GATE_FILTER).await?;
+        let control_sub = subscribe(subjects::CONTROL_FILTER).await?;
+
+        let (tx, rx) = mpsc::channel(options.queue_capacity);
+        let (out, out_rx) = mpsc::unbounded_channel();
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let dispatcher = tokio::spawn(dispatch::dispatch(
+            client.clone(),
+            js.clone(),
+            out_rx,
+            observer.clone(),
+        ));
+        let applier = Applier::new(
+            store,
+            out.clone(),
+            observer.clone(),
+            ApplierOptions {
+                max_batch: options.max_batch,
+                gap_timeout: options.gap_timeout,
+                recent_decisions: options.recent_decisions,
+            },
+        );
+        let (done_tx, applier_done) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("fusebox-applier".to_owned())
+            .spawn(move || {
+                let _ = done_tx.send(applier.run(rx));
+            })
+            .expect("spawning the applier thread");
+
+        let inbound = Inbound {
+            tx: tx.clone(),
+            out,
+            observer,
+            max_event_bytes: options.max_event_bytes,
+        };
+        let mut tasks = Vec::new();
+        let gate_in = inbound.clone();
+        tasks.push(tokio::spawn(serve_subscription(
+            gate_sub,
+            shutdown_rx.clone(),
+            move |message| {
+                let inbound = gate_in.clone();
+                async move { gate::handle(&inbound, message).await }
+            },
+        )));
+        let control_in = inbound.clone();
+        tasks.push(tokio::spawn(serve_subscription(
+            control_sub,
+            shutdown_rx.clone(),
+            move |message| {
+                let inbound = control_in.clone();
+                async move { control::handle(&inbound, message).await }
+            },
+        )));
+        tasks.push(tokio::spawn(ingest::run(
+            js,
+            inbound,
+            options.pull_batch,
+            shutdown_rx.clone(),
+        )));
+        tasks.push(tokio::spawn(timer(tx, options.timer_interval, shutdown_rx)));
+        Ok(Service {
+            shutdown,
+            tasks,
+            applier_done,
+            dispatcher,
+        })
+    }
+
+    /// Serves until `signal` completes (then drains) or the log fails.
+    pub async fn run_until<F: Future<Output = ()>>(
+        mut self,
+        signal: F,
+    ) -> Result<(), ServiceError> {
+        let failed = tokio::select! {
+            _ = signal => None,
+            result = &mut self.applier_done => Some(applier_result(result)),
+        };
+        if let Some(Err(err)) = &failed {
+            tracing::error!(%err, "guard service failed; stopping");
+        }
+        self.stop(failed).await
+    }
+
+    /// Stops taking input, lets the applier commit and answer everything already
+    /// received, publishes and acks it, and returns.
+    pub async fn shutdown(self) -> Result<(), ServiceError> {
+        self.stop(None).await
+    }
+
+    async fn stop(self, failed: Option<Result<(), ServiceError>>) -> Result<(), ServiceError> {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            if let Err(err) = task.await {
+                tracing::error!(%err, "inbound task failed");
+            }
+        }
+        // Every sender is gone now: the applier drains its queue and returns.
+        let result = match failed {
+            Some(result) => result,
+            None => applier_result(self.applier_done.await),
+        };
+        if let Err(err) = self.dispatcher.await {
+            tracing::error!(%err, "dispatcher failed");
+        }
+        result
+    }
+}
+
+fn applier_result(
+    result: Result<Result<(), StoreError>, oneshot::error::RecvError>,
+) -> Result<(), ServiceError> {
+    match result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => Err(ServiceError::Store(err)),
+        Err(_) => Err(ServiceError::ApplierPanicked),
+    }
+}
+
+async fn timer(tx: mpsc::Sender<Input>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut interval = tokio::time::interval(every);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stopped(&mut shutdown) => return,
+            _ = interval.tick() => {
+                if tx.send(Input::Timer).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

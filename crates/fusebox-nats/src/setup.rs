@@ -1,0 +1,181 @@
+//! The JetStream objects the daemon needs, created when absent and checked when present:
+//! a stream someone else configured differently is a start-up error, never silently
+//! "fixed" (that could drop their data or ours).
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, StorageType};
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::{self, Context};
+
+use crate::subjects;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("JetStream is not available ({0}); start nats-server with JetStream enabled (-js)")]
+    NoJetStream(String),
+    #[error("JetStream request for {what} failed: {detail}")]
+    Request { what: String, detail: String },
+    #[error("stream {stream} exists with a conflicting configuration: {detail}; fix it or remove it (`nats stream rm {stream}`)")]
+    StreamConflict { stream: String, detail: String },
+    #[error("consumer {consumer} on {stream} exists with a conflicting configuration: {detail}; remove it (`nats consumer rm {stream} {consumer}`)")]
+    ConsumerConflict {
+        stream: String,
+        consumer: String,
+        detail: String,
+    },
+}
+
+/// How long JetStream's server-side dedup remembers a `Nats-Msg-Id`.
+pub const DEDUP_WINDOW: Duration = Duration::from_secs(120);
+
+pub fn events_stream_config() -> stream::Config {
+    stream::Config {
+        name: subjects::EVENTS_STREAM.to_owned(),
+        subjects: vec![subjects::EVENTS_FILTER.to_owned()],
+        storage: StorageType::File,
+        retention: RetentionPolicy::Limits,
+        duplicate_window: DEDUP_WINDOW,
+        ..Default::default()
+    }
+}
+
+/// One message per run subject: the latest stop report is what a late subscriber needs.
+pub fn stops_stream_config() -> stream::Config {
+    stream::Config {
+        name: subjects::STOPS_STREAM.to_owned(),
+        subjects: vec![subjects::STOPS_FILTER.to_owned()],
+        storage: StorageType::File,
+        retention: RetentionPolicy::Limits,
+        max_messages_per_subject: 1,
+        discard: DiscardPolicy::Old,
+        ..Default::default()
+    }
+}
+
+/// The daemon's durable pull consumer. `ack_wait` is well above the gap timeout: a
+/// message held for an earlier `seq` is acked only once applied.
+pub fn events_consumer_config(max_ack_pending: i64) -> pull::Config {
+    pull::Config {
+        durable_name: Some(subjects::EVENTS_CONSUMER.to_owned()),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(30),
+        deliver_policy: DeliverPolicy::All,
+        filter_subject: subjects::EVENTS_FILTER.to_owned(),
+        max_ack_pending,
+        ..Default::default()
+    }
+}
+
+/// Creates or checks both streams and the consumer.
+pub async fn ensure(js: &Context, max_ack_pending: i64) -> Result<(), SetupError> {
+    ensure_stream(js, events_stream_config()).await?;
+    ensure_stream(js, stops_stream_config()).await?;
+    ensure_consumer(js, events_consumer_config(max_ack_pending)).await
+}
+
+/// Gets `want.name`, creating it when absent; an existing stream must carry exactly our
+/// subjects and per-subject limit.
+pub async fn ensure_stream(
+    js: &Context,
+    want: stream::Config,
+) -> Result<stream::Stream, SetupError> {
+    let request = |detail: String| SetupError::Request {
+        what: format!("stream {}", want.name),
+        detail,
+    };
+    match js.get_stream(&want.name).await {
+        Ok(mut stream) => {
+            let have = stream
+                .info()
+                .await
+                .map_err(|e| request(e.to_string()))?
+                .config
+                .clone();
+            if have.subjects != want.subjects {
+                return Err(SetupError::StreamConflict {
+                    stream: want.name.clone(),
+                    detail: format!(
+                        "subjects are {:?}, fuseboxd needs {:?}",
+                        have.subjects, want.subjects
+                    ),
+                });
+            }
+            if have.max_messages_per_subject != want.max_messages_per_subject {
+                return Err(SetupError::StreamConflict {
+                    stream: want.name.clone(),
+                    detail: format!(
+                        "max_msgs_per_subject is {}, fuseboxd needs {}",
+                        have.max_messages_per_subject, want.max_messages_per_subject
+                    ),
+                });
+            }
+            Ok(stream)
+        }
+        Err(err) => match err.kind() {
+            GetStreamErrorKind::JetStream(js_err)
+                if js_err.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+            {
+                let name = want.name.clone();
+                js.create_stream(want)
+                    .await
+                    .map_err(|e| SetupError::StreamConflict {
+                        stream: name,
+                        detail: format!("creating it failed: {e}"),
+                    })
+            }
+            GetStreamErrorKind::JetStream(js_err)
+                if js_err.error_code() == ErrorCode::JETSTREAM_NOT_ENABLED
+                    || js_err.error_code() == ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT =>
+            {
+                Err(SetupError::NoJetStream(js_err.to_string()))
+            }
+            GetStreamErrorKind::Request => Err(SetupError::NoJetStream(err.to_string())),
+            _ => Err(request(err.to_string())),
+        },
+    }
+}
+
+async fn ensure_consumer(js: &Context, want: pull::Config) -> Result<(), SetupError> {
+    let name = want.durable_name.clone().unwrap_or_default();
+    let stream = js
+        .get_stream(subjects::EVENTS_STREAM)
+        .await
+        .map_err(|e| SetupError::Request {
+            what: format!("stream {}", subjects::EVENTS_STREAM),
+            detail: e.to_string(),
+        })?;
+    let conflict = |detail: String| SetupError::ConsumerConflict {
+        stream: subjects::EVENTS_STREAM.to_owned(),
+        consumer: name.clone(),
+        detail,
+    };
+    match stream.get_consumer::<pull::Config>(&name).await {
+        Ok(mut consumer) => {
+            let info = consumer.info().await.map_err(|e| conflict(e.to_string()))?;
+            let have = &info.config;
+            if have.filter_subject != want.filter_subject || have.ack_policy != want.ack_policy {
+                return Err(conflict(format!(
+                    "filter {:?} / ack policy {:?}, fuseboxd needs {:?} / {:?}",
+                    have.filter_subject, have.ack_policy, want.filter_subject, want.ack_policy
+                )));
+            }
+            Ok(())
+        }
+        Err(_) => stream
+            .create_consumer(want.clone())
+            .await
+            .map(drop)
+            .map_err(|e| conflict(format!("creating it failed: {e}"))),
+    }
+}
+
+/// Binds the daemon's consumer (created by [`ensure`]).
+pub(crate) async fn events_consumer(
+    js: &jetstream::Context,
+) -> Result<jetstream::consumer::Consumer<pull::Config>, async_nats::Error> {
+    let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
+    stream.get_consumer(subjects::EVENTS_CONSUMER).await
+}

@@ -1,0 +1,144 @@
+//! The subject and stream names of interfaces.md §2, in one place, with their parsers.
+//!
+//! `<tenant>` and `<run>` are single subject tokens: the id character sets of the event
+//! contract (`[A-Za-z0-9_-]`) contain no `.`, `*`, `>` or white space.
+
+/// Stream of passively reported events (`fusebox.events.>`).
+pub const EVENTS_STREAM: &str = "FUSEBOX_EVENTS";
+pub const EVENTS_FILTER: &str = "fusebox.events.>";
+/// Stream keeping the last stop report per run, so a late subscriber still sees it.
+pub const STOPS_STREAM: &str = "FUSEBOX_STOPS";
+pub const STOPS_FILTER: &str = "fusebox.stop.>";
+/// The durable pull consumer the daemon reads `FUSEBOX_EVENTS` with.
+pub const EVENTS_CONSUMER: &str = "fuseboxd";
+/// What the gate service subscribes to (with a queue group).
+pub const GATE_FILTER: &str = "fusebox.gate.*.*";
+/// What the control service subscribes to (with a queue group).
+pub const CONTROL_FILTER: &str = "fusebox.control.>";
+/// Request/reply: every run the daemon knows, as a JSON list of summaries.
+pub const CONTROL_RUNS: &str = "fusebox.control.runs";
+/// Every notable decision of every run, for `fusebox tail`.
+pub const DECISIONS_FILTER: &str = "fusebox.decisions.>";
+
+pub fn gate(tenant: &str, run: &str) -> String {
+    format!("fusebox.gate.{tenant}.{run}")
+}
+
+pub fn events(tenant: &str, run: &str) -> String {
+    format!("fusebox.events.{tenant}.{run}")
+}
+
+pub fn decisions(tenant: &str, run: &str) -> String {
+    format!("fusebox.decisions.{tenant}.{run}")
+}
+
+pub fn stop(tenant: &str, run: &str) -> String {
+    format!("fusebox.stop.{tenant}.{run}")
+}
+
+pub fn dlq(tenant: &str) -> String {
+    format!("fusebox.dlq.{tenant}")
+}
+
+pub fn control(tenant: &str, run: &str, verb: ControlVerb) -> String {
+    format!("fusebox.control.{tenant}.{run}.{}", verb.as_str())
+}
+
+/// `fusebox.<kind>.<tenant>.<run>` → `(tenant, run)`, when the subject has exactly that
+/// shape.
+pub fn run_of<'a>(subject: &'a str, kind: &str) -> Option<(&'a str, &'a str)> {
+    let mut tokens = subject.split('.');
+    if tokens.next()? != "fusebox" || tokens.next()? != kind {
+        return None;
+    }
+    let tenant = tokens.next()?;
+    let run = tokens.next()?;
+    (tokens.next().is_none() && !tenant.is_empty() && !run.is_empty()).then_some((tenant, run))
+}
+
+/// The tenant token of any `fusebox.<kind>.<tenant>…` subject (where its dead letters go).
+pub fn tenant_of(subject: &str) -> Option<&str> {
+    subject.split('.').nth(2).filter(|t| !t.is_empty())
+}
+
+/// Operator commands on one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlVerb {
+    Cancel,
+    Resume,
+    Status,
+}
+
+impl ControlVerb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControlVerb::Cancel => "cancel",
+            ControlVerb::Resume => "resume",
+            ControlVerb::Status => "status",
+        }
+    }
+}
+
+/// A parsed control subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control<'a> {
+    Runs,
+    Run {
+        tenant: &'a str,
+        run: &'a str,
+        verb: ControlVerb,
+    },
+}
+
+pub fn parse_control(subject: &str) -> Option<Control<'_>> {
+    if subject == CONTROL_RUNS {
+        return Some(Control::Runs);
+    }
+    let rest = subject.strip_prefix("fusebox.control.")?;
+    let mut tokens = rest.split('.');
+    let (tenant, run, verb) = (tokens.next()?, tokens.next()?, tokens.next()?);
+    if tokens.next().is_some() || tenant.is_empty() || run.is_empty() {
+        return None;
+    }
+    let verb = match verb {
+        "cancel" => ControlVerb::Cancel,
+        "resume" => ControlVerb::Resume,
+        "status" => ControlVerb::Status,
+        _ => return None,
+    };
+    Some(Control::Run { tenant, run, verb })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_subjects_round_trip() {
+        assert_eq!(run_of(&gate("acme", "r-1"), "gate"), Some(("acme", "r-1")));
+        assert_eq!(
+            run_of(&events("acme", "r1"), "events"),
+            Some(("acme", "r1"))
+        );
+        assert_eq!(run_of("fusebox.events.acme", "events"), None);
+        assert_eq!(run_of("fusebox.events.acme.r1.x", "events"), None);
+        assert_eq!(run_of("fusebox.gate.acme.r1", "events"), None);
+        assert_eq!(tenant_of("fusebox.events.acme.r1.x"), Some("acme"));
+    }
+
+    #[test]
+    fn control_subjects_parse() {
+        assert_eq!(parse_control(CONTROL_RUNS), Some(Control::Runs));
+        let cancel = control("acme", "r1", ControlVerb::Cancel);
+        assert_eq!(
+            parse_control(&cancel),
+            Some(Control::Run {
+                tenant: "acme",
+                run: "r1",
+                verb: ControlVerb::Cancel
+            })
+        );
+        assert_eq!(parse_control("fusebox.control.acme.r1.explode"), None);
+        assert_eq!(parse_control("fusebox.control.acme.r1"), None);
+    }
+}

@@ -1,0 +1,72 @@
+//! Time for idle runs. The engine knows only event time, so a run whose tool hangs sends
+//! nothing and would never see its time budget expire. The daemon writes a `tick` for it
+//! through the log (so replay reproduces the stop), stamped with the deadline itself.
+//!
+//! Event time is taken to advance with the wall clock from the run's last event: the tick
+//! is due once the run has been idle for as long as its budget had left then. Producers'
+//! clocks are never compared with ours, so a trace with old timestamps is not stopped
+//! the moment it arrives.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use fusebox_core::event::Tick;
+use fusebox_core::{Engine, Event, EventBody};
+
+use crate::applier::RunKey;
+
+pub(crate) fn due(
+    engine: &Engine,
+    last_seen: &HashMap<RunKey, Instant>,
+    fallback_seen: Instant,
+    now: Instant,
+) -> Vec<Event> {
+    engine
+        .runs()
+        .filter(|(_, _, run)| run.is_open())
+        .filter_map(|(tenant, run_id, run)| {
+            let deadline = run.deadline_ms();
+            let left = Duration::from_millis(deadline.saturating_sub(run.last_ts_ms));
+            let seen = last_seen
+                .get(&(tenant.to_owned(), run_id.to_owned()))
+                .copied()
+                .unwrap_or(fallback_seen);
+            (now.saturating_duration_since(seen) >= left).then(|| Event {
+                v: 1,
+                // Deterministic: a second tick for the same deadline is a duplicate.
+                id: format!("tick-{deadline}"),
+                tenant: tenant.to_owned(),
+                run: run_id.to_owned(),
+                seq: None,
+                ts_ms: deadline,
+                body: EventBody::Tick(Tick {}),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fusebox_core::parse_event;
+
+    #[test]
+    fn a_tick_is_due_only_after_the_budget_left_has_passed_idle() {
+        let mut engine = Engine::default();
+        let started = parse_event(
+            br#"{"v":1,"id":"a","tenant":"t","run":"r","ts_ms":1000,"type":"run_started","policy":{"max_duration_s":2}}"#,
+        )
+        .unwrap();
+        engine.apply(&started);
+        let seen = Instant::now();
+        let map = HashMap::from([(("t".to_owned(), "r".to_owned()), seen)]);
+        assert!(due(&engine, &map, seen, seen + Duration::from_millis(1500)).is_empty());
+        let ticks = due(&engine, &map, seen, seen + Duration::from_millis(2000));
+        assert_eq!(ticks.len(), 1);
+        assert_eq!(ticks[0].ts_ms, 3000);
+        assert_eq!(ticks[0].id, "tick-3000");
+        let decision = engine.apply(&ticks[0]);
+        assert_eq!(decision.action, fusebox_core::Action::Stop);
+        assert!(due(&engine, &map, seen, seen + Duration::from_secs(10)).is_empty());
+    }
+}

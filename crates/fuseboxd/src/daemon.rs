@@ -1,0 +1,106 @@
+//! Start-up order and shutdown order.
+//!
+//! Start: open the log (rebuild state) → bind the metrics endpoint → connect to NATS →
+//! check/create streams and subscribe → serve. Any failure before serving is a clear
+//! error and a non-zero exit. Stop (SIGTERM/SIGINT): stop taking input, commit and
+//! answer what was received, ack it, snapshot the log, close NATS, stop metrics.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use fusebox_log::{Guard, GuardOptions, LogError};
+use fusebox_metrics::{Metrics, MetricsOptions, MetricsServer, Readiness, ServeError};
+use fusebox_nats::{Observer, Service, ServiceError};
+
+use crate::config::DaemonConfig;
+use crate::connect::{connect, ConnectError};
+use crate::observer::MetricsObserver;
+use crate::signals;
+use crate::store::DurableStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot open the log: {0}")]
+    Log(#[from] LogError),
+    #[error("metrics: {0}")]
+    Metrics(String),
+    #[error("metrics endpoint: {0}")]
+    Serve(#[from] ServeError),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+}
+
+pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+    let metrics = Arc::new(
+        Metrics::new(
+            env!("CARGO_PKG_VERSION"),
+            MetricsOptions {
+                tenant_label: config.metrics_tenant_label,
+                ..MetricsOptions::default()
+            },
+        )
+        .map_err(|err| DaemonError::Metrics(err.to_string()))?,
+    );
+    let readiness = Arc::new(Readiness::new());
+
+    let opened = Instant::now();
+    let data_dir = config.storage.data_dir.clone();
+    let options = GuardOptions {
+        snapshot_every_records: config.storage.snapshot_every_records,
+        retention: (config.storage.retention_days > 0)
+            .then(|| std::time::Duration::from_secs(config.storage.retention_days * 86_400)),
+        ..GuardOptions::default()
+    };
+    let policies = config.policies.clone();
+    let guard = tokio::task::spawn_blocking(move || Guard::open(&data_dir, policies, options))
+        .await
+        .expect("log open task")?;
+    metrics.set_replay_duration(opened.elapsed());
+    readiness.set_log_open(true);
+    tracing::info!(
+        dir = %config.storage.data_dir.display(),
+        runs = guard.engine().run_count(),
+        position = guard.position(),
+        "log open, state rebuilt"
+    );
+
+    let server =
+        MetricsServer::bind(config.metrics_listen, metrics.clone(), readiness.clone()).await?;
+    let metrics_addr = server.local_addr()?;
+    let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    let metrics_task = tokio::spawn(server.run(async {
+        let _ = metrics_stopped.await;
+    }));
+
+    let observer: Arc<dyn Observer> = Arc::new(MetricsObserver {
+        metrics: metrics.clone(),
+        readiness: readiness.clone(),
+    });
+    let client = connect(&config.nats, observer.clone()).await?;
+    observer.nats_connected(true);
+    let service = Service::start(
+        client.clone(),
+        DurableStore(guard),
+        config.service.clone(),
+        observer,
+    )
+    .await?;
+    tracing::info!(
+        nats = %config.nats.urls.join(","),
+        metrics = %metrics_addr,
+        "fuseboxd ready"
+    );
+    let served = service.run_until(signals::terminated()).await;
+    if let Err(err) = client.drain().await {
+        tracing::warn!(%err, "draining the NATS connection failed");
+    }
+    let _ = stop_metrics.send(());
+    if let Ok(Err(err)) = metrics_task.await {
+        tracing::warn!(%err, "metrics endpoint stopped with an error");
+    }
+    served?;
+    tracing::info!("fuseboxd stopped cleanly");
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! `fuseboxd --config config/fusebox.toml`: the fusebox guard daemon.
+
+mod config;
+mod connect;
+mod daemon;
+mod observer;
+mod signals;
+mod store;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// The fusebox guard daemon: gates tool calls over NATS, logs every event durably, and
+/// publishes decisions and stop reports.
+#[derive(Debug, Parser)]
+#[command(name = "fuseboxd", version)]
+struct Args {
+    /// The config file (`[guard]`, `[policy]`, `[agents.*]`, `[nats]`, `[storage]`,
+    /// `[daemon]`, `[metrics]`).
+    #[arg(long, env = "FUSEBOX_CONFIG")]
+    config: PathBuf,
+    /// NATS server URL(s), comma-separated; overrides `[nats].urls`.
+    #[arg(long, env = "FUSEBOX_NATS_URL")]
+    nats_url: Option<String>,
+    /// Directory of the durable log; overrides `[storage].data_dir`.
+    #[arg(long, env = "FUSEBOX_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address of /metrics, /healthz, /readyz; overrides `[metrics].listen`.
+    #[arg(long, env = "FUSEBOX_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,async_nats=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let config = match config::load(
+        &args.config,
+        config::Overrides {
+            nats_url: args.nats_url,
+            data_dir: args.data_dir,
+            metrics_listen: args.metrics_listen,
+        },
+    ) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("fuseboxd: bad config: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("fuseboxd: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(daemon::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("fuseboxd: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

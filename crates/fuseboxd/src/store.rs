@@ -1,0 +1,41 @@
+//! The daemon's [`GuardStore`]: `fusebox-log`'s durable guard (sled, group commit).
+
+use fusebox_core::{Decision, Engine, Event};
+use fusebox_log::{Guard, Outcome};
+use fusebox_nats::{GuardStore, StoreError, Submitted};
+
+pub struct DurableStore(pub Guard);
+
+impl GuardStore for DurableStore {
+    fn submit_batch(&mut self, events: Vec<Event>) -> Result<Vec<Submitted>, StoreError> {
+        let outcomes = self.0.submit_batch(events)?;
+        Ok(outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                Outcome::Applied(decisions) => Submitted::Applied(decisions),
+                Outcome::Duplicate(decision) => Submitted::Duplicate(decision),
+                Outcome::Held { waiting_for } => Submitted::Held { waiting_for },
+                Outcome::Rejected(err) => Submitted::Rejected(err),
+            })
+            .collect())
+    }
+
+    fn release_gap(&mut self, tenant: &str, run: &str) -> Result<Vec<Decision>, StoreError> {
+        Ok(self.0.release_gap(tenant, run)?)
+    }
+
+    fn waiting(&self) -> Vec<(String, String, u64)> {
+        self.0
+            .waiting()
+            .map(|(t, r, seq)| (t.to_owned(), r.to_owned(), seq))
+            .collect()
+    }
+
+    fn engine(&self) -> &Engine {
+        self.0.engine()
+    }
+
+    fn close(&mut self) -> Result<(), StoreError> {
+        Ok(self.0.checkpoint()?)
+    }
+}
