@@ -7,16 +7,17 @@ use std::path::Path;
 
 use crate::error::LogError;
 
-/// The trees of the log, in the order a batch writes them: `events` last, so that an
-/// event record on disk implies its decision, id and ledger writes are there too (a
-/// crash between trees leaves at most derived entries beyond the last event, which
-/// opening the log cleans up).
+/// The trees of the log, in the order a batch writes them. sled recovers a prefix of
+/// its writes, so `events` last means a record on disk implies its decision, id and
+/// ledger writes are there too; and `decisions` before `ids` means an id entry of a
+/// batch cut short implies its decision, through which opening the log finds and
+/// removes it (see `log::repair_tail`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Tree {
     Meta,
+    Decisions,
     Ids,
     Ledger,
-    Decisions,
     Snapshots,
     Events,
 }
@@ -24,9 +25,9 @@ pub enum Tree {
 impl Tree {
     pub const ALL: [Tree; 6] = [
         Tree::Meta,
+        Tree::Decisions,
         Tree::Ids,
         Tree::Ledger,
-        Tree::Decisions,
         Tree::Snapshots,
         Tree::Events,
     ];
