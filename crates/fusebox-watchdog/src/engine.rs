@@ -1,0 +1,190 @@
+//! The watchdog: facts in, timers and sweeps, outcomes out through the sink.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
+
+use crate::clock::Clock;
+use crate::config::{ConfigError, WatchdogConfig};
+use crate::facts::Fact;
+use crate::pass::{PassKind, PassReport};
+use crate::provider::Provider;
+use crate::sink::WatchdogSink;
+use crate::state::State;
+use crate::stats::{Counters, WatchdogStats};
+
+/// The cloud cost watchdog for one provider. Cheap to clone; clones share everything.
+pub struct Watchdog<P: Provider> {
+    pub(crate) inner: Arc<Inner<P>>,
+}
+
+impl<P: Provider> Clone for Watchdog<P> {
+    fn clone(&self) -> Self {
+        Watchdog {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+pub(crate) struct Inner<P> {
+    pub cfg: WatchdogConfig,
+    pub schedule: cron::Schedule,
+    pub provider: P,
+    pub clock: Arc<dyn Clock>,
+    pub sink: Arc<dyn WatchdogSink>,
+    pub state: Mutex<State>,
+    pub counters: Mutex<Counters>,
+    /// Wakes the run loop when a fact may have armed an earlier timer.
+    pub wake: Notify,
+    /// One pass at a time: two passes could otherwise terminate and report the same instance.
+    pub pass_lock: tokio::sync::Mutex<()>,
+}
+
+impl<P> Inner<P> {
+    // The guarded data stays consistent between statements, so a poisoned lock is usable.
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn counters(&self) -> MutexGuard<'_, Counters> {
+        self.counters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<P: Provider> Watchdog<P> {
+    /// Checks the config and builds an idle watchdog; nothing runs until `run` or `sweep`.
+    pub fn new(
+        cfg: WatchdogConfig,
+        provider: P,
+        clock: Arc<dyn Clock>,
+        sink: Arc<dyn WatchdogSink>,
+    ) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        let schedule = cfg.schedule()?;
+        Ok(Watchdog {
+            inner: Arc::new(Inner {
+                cfg,
+                schedule,
+                provider,
+                clock,
+                sink,
+                state: Mutex::new(State::default()),
+                counters: Mutex::new(Counters::default()),
+                wake: Notify::new(),
+                pass_lock: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &WatchdogConfig {
+        &self.inner.cfg
+    }
+
+    /// Feeds one fact: a launch arms a deadline timer, a run end arms a verify-empty check
+    /// `grace_s` later. Facts for another provider are ignored.
+    pub fn record(&self, fact: impl Into<Fact>) {
+        self.apply(fact.into());
+        self.inner.wake.notify_one();
+    }
+
+    /// Feeds the facts of the whole log at start-up (before `run`, which then sweeps once).
+    /// Feeding a fact twice is harmless.
+    pub fn restore(&self, facts: impl IntoIterator<Item = Fact>) {
+        for f in facts {
+            self.apply(f);
+        }
+        self.inner.wake.notify_one();
+    }
+
+    fn apply(&self, fact: Fact) {
+        let cfg = &self.inner.cfg;
+        let mut state = self.inner.state();
+        match fact {
+            Fact::InstanceLaunched(f) if f.provider != self.inner.provider.name() => {
+                tracing::debug!(provider = %f.provider, instance = %f.instance_id, "not our provider");
+            }
+            Fact::InstanceLaunched(f) => state.launched(f, cfg.default_max_lifetime_s),
+            Fact::RunEnded(f) => state.run_ended(f, cfg.grace_s),
+        }
+    }
+
+    /// One full sweep of every region now.
+    pub async fn sweep(&self) -> PassReport {
+        let due = self.inner.state().take_due(self.inner.clock.now_ms());
+        self.inner.pass(PassKind::Sweep, due).await
+    }
+
+    /// Runs the timers that are due now, if any (the run loop does this by itself).
+    pub async fn fire_due_timers(&self) -> Option<PassReport> {
+        let due = self.inner.state().take_due(self.inner.clock.now_ms());
+        if due.is_empty() {
+            return None;
+        }
+        Some(self.inner.pass(PassKind::Timers, due).await)
+    }
+
+    /// Sweeps once, then serves cron sweeps, deadline timers and verify checks until
+    /// `shutdown` completes. A pass in progress is finished first (its API calls are bounded
+    /// by the retry settings), so no termination is left half-reported.
+    pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) {
+        tokio::pin!(shutdown);
+        let clock = &self.inner.clock;
+        self.log_pass(&self.sweep().await);
+        let mut next_sweep = self.next_sweep_after(clock.now_ms());
+        loop {
+            // Registered before reading the timers, so a fact recorded meanwhile still wakes us.
+            let woken = self.inner.wake.notified();
+            let next_timer = self.inner.state().next_wake();
+            let wake_at = [next_sweep, next_timer].into_iter().flatten().min();
+            let sleep = match wake_at {
+                Some(at) => clock.sleep_until(at),
+                None => Box::pin(std::future::pending()),
+            };
+            tokio::select! {
+                () = &mut shutdown => break,
+                () = woken => continue,
+                () = sleep => {}
+            }
+            let now = clock.now_ms();
+            if next_sweep.is_some_and(|at| at <= now) {
+                self.log_pass(&self.sweep().await);
+                next_sweep = self.next_sweep_after(clock.now_ms());
+            } else if let Some(report) = self.fire_due_timers().await {
+                self.log_pass(&report);
+            }
+        }
+        tracing::info!("watchdog stopped");
+    }
+
+    /// The next cron moment strictly after `now_ms`; missed moments are skipped, not
+    /// caught up, so a suspended host does not wake to a burst of sweeps.
+    fn next_sweep_after(&self, now_ms: u64) -> Option<u64> {
+        let now = DateTime::<Utc>::from_timestamp_millis(i64::try_from(now_ms).ok()?)?;
+        let next = self.inner.schedule.after(&now).next()?;
+        u64::try_from(next.timestamp_millis()).ok()
+    }
+
+    fn log_pass(&self, r: &PassReport) {
+        tracing::info!(
+            kind = ?r.kind,
+            listed = r.listed,
+            managed = r.managed,
+            overdue = r.overdue,
+            terminations = r.terminations.len(),
+            held = r.held,
+            region_errors = r.region_errors.len(),
+            took_ms = r.finished_ms.saturating_sub(r.started_ms),
+            "watchdog pass"
+        );
+    }
+
+    /// Current gauges and counters for the metrics crate.
+    pub fn stats(&self) -> WatchdogStats {
+        let next = self.inner.state().next_wake();
+        self.inner
+            .counters()
+            .snapshot(self.inner.clock.now_ms(), next)
+    }
+}

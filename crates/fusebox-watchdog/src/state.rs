@@ -1,0 +1,235 @@
+//! What the watchdog remembers between passes: the facts it was fed and its timers.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+use crate::facts::{InstanceLaunched, RunEnded};
+use crate::sink::Outcome;
+
+/// An instance, cloud-wide: ids are unique per region.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct InstanceKey {
+    pub region: String,
+    pub instance_id: String,
+}
+
+/// A run of a tenant.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RunKey {
+    pub tenant: String,
+    pub run: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    Instance(InstanceKey),
+    Verify(RunKey),
+}
+
+/// Facts and timers. Timers live in a heap with lazy deletion: an entry counts only while it
+/// matches the armed time in `instance_at`/`verify_at`, so re-arming never needs a search.
+#[derive(Debug, Default)]
+pub struct State {
+    pub launched: HashMap<InstanceKey, InstanceLaunched>,
+    pub runs_ended: HashMap<RunKey, u64>,
+    heap: BinaryHeap<Reverse<(u64, Timer)>>,
+    instance_at: HashMap<InstanceKey, u64>,
+    verify_at: HashMap<RunKey, u64>,
+    /// Instances whose final outcome was already reported in this process.
+    pub reported: HashMap<InstanceKey, Outcome>,
+    /// Protected overdue instances already reported.
+    pub reported_protected: HashSet<InstanceKey>,
+    /// Instances whose bad tags were already logged.
+    pub warned_tags: HashSet<InstanceKey>,
+}
+
+/// Timers that came due together.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Due {
+    pub instances: Vec<InstanceKey>,
+    pub runs: Vec<RunKey>,
+}
+
+impl Due {
+    pub fn is_empty(&self) -> bool {
+        self.instances.is_empty() && self.runs.is_empty()
+    }
+}
+
+impl State {
+    /// Records a launch; arms its deadline from the event alone until the cloud says more.
+    pub fn launched(&mut self, f: InstanceLaunched, default_max_lifetime_s: u64) {
+        let key = InstanceKey {
+            region: f.region.clone(),
+            instance_id: f.instance_id.clone(),
+        };
+        let lifetime_s = f.max_lifetime_s.unwrap_or(default_max_lifetime_s);
+        self.arm_instance_at_most(
+            key.clone(),
+            f.ts_ms.saturating_add(lifetime_s.saturating_mul(1000)),
+        );
+        self.launched.insert(key, f);
+    }
+
+    /// Records a run end and arms its verify-empty check.
+    pub fn run_ended(&mut self, f: RunEnded, grace_s: u64) {
+        let key = RunKey {
+            tenant: f.tenant,
+            run: f.run,
+        };
+        let prior = self.runs_ended.get(&key).copied();
+        // A run ends once; a repeated event must not postpone its check.
+        let end = prior.map_or(f.ts_ms, |p| p.min(f.ts_ms));
+        self.runs_ended.insert(key.clone(), end);
+        self.arm_verify(key, end.saturating_add(grace_s.saturating_mul(1000)));
+    }
+
+    /// Arms (or moves) an instance's timer to exactly `at_ms`: the cloud's view is final.
+    pub fn arm_instance(&mut self, key: InstanceKey, at_ms: u64) {
+        if self.instance_at.get(&key) != Some(&at_ms) {
+            self.instance_at.insert(key.clone(), at_ms);
+            self.heap.push(Reverse((at_ms, Timer::Instance(key))));
+        }
+    }
+
+    /// Arms an instance's timer unless an earlier one is armed already.
+    pub fn arm_instance_at_most(&mut self, key: InstanceKey, at_ms: u64) {
+        if self.instance_at.get(&key).map_or(true, |&t| at_ms < t) {
+            self.arm_instance(key, at_ms);
+        }
+    }
+
+    pub fn disarm_instance(&mut self, key: &InstanceKey) {
+        self.instance_at.remove(key);
+    }
+
+    pub fn arm_verify(&mut self, key: RunKey, at_ms: u64) {
+        if self.verify_at.get(&key) != Some(&at_ms) {
+            self.verify_at.insert(key.clone(), at_ms);
+            self.heap.push(Reverse((at_ms, Timer::Verify(key))));
+        }
+    }
+
+    /// The earliest armed timer.
+    pub fn next_wake(&mut self) -> Option<u64> {
+        while let Some(Reverse((at, timer))) = self.heap.peek() {
+            if self.is_live(*at, timer) {
+                return Some(*at);
+            }
+            self.heap.pop();
+        }
+        None
+    }
+
+    /// Removes and returns every timer due at `now_ms`.
+    pub fn take_due(&mut self, now_ms: u64) -> Due {
+        let mut due = Due::default();
+        while let Some(Reverse((at, _))) = self.heap.peek() {
+            if *at > now_ms {
+                break;
+            }
+            let Some(Reverse((at, timer))) = self.heap.pop() else {
+                break;
+            };
+            if !self.is_live(at, &timer) {
+                continue;
+            }
+            match timer {
+                Timer::Instance(k) => {
+                    self.instance_at.remove(&k);
+                    due.instances.push(k);
+                }
+                Timer::Verify(k) => {
+                    self.verify_at.remove(&k);
+                    due.runs.push(k);
+                }
+            }
+        }
+        due
+    }
+
+    fn is_live(&self, at: u64, timer: &Timer) -> bool {
+        match timer {
+            Timer::Instance(k) => self.instance_at.get(k) == Some(&at),
+            Timer::Verify(k) => self.verify_at.get(k) == Some(&at),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> InstanceKey {
+        InstanceKey {
+            region: "r".into(),
+            instance_id: id.into(),
+        }
+    }
+
+    #[test]
+    fn rearming_replaces_the_old_timer() {
+        let mut s = State::default();
+        s.arm_instance(key("a"), 100);
+        s.arm_instance(key("a"), 50);
+        s.arm_instance(key("b"), 70);
+        assert_eq!(s.next_wake(), Some(50));
+        assert_eq!(s.take_due(60).instances, vec![key("a")]);
+        assert_eq!(s.take_due(1_000).instances, vec![key("b")]);
+        assert_eq!(s.next_wake(), None);
+    }
+
+    #[test]
+    fn at_most_keeps_the_earlier() {
+        let mut s = State::default();
+        s.arm_instance_at_most(key("a"), 100);
+        s.arm_instance_at_most(key("a"), 200);
+        assert_eq!(s.next_wake(), Some(100));
+    }
+
+    #[test]
+    fn launch_and_run_end_arm_timers() {
+        let mut s = State::default();
+        s.launched(
+            InstanceLaunched {
+                tenant: "t".into(),
+                run: "r1".into(),
+                provider: "ec2".into(),
+                region: "r".into(),
+                instance_id: "i-1".into(),
+                max_lifetime_s: Some(10),
+                ts_ms: 1_000,
+            },
+            3600,
+        );
+        s.run_ended(
+            RunEnded {
+                tenant: "t".into(),
+                run: "r1".into(),
+                ts_ms: 2_000,
+            },
+            5,
+        );
+        s.run_ended(
+            RunEnded {
+                tenant: "t".into(),
+                run: "r1".into(),
+                ts_ms: 9_000,
+            },
+            5,
+        );
+        let due = s.take_due(100_000);
+        assert_eq!(due.instances, vec![key("i-1")]);
+        assert_eq!(
+            due.runs,
+            vec![RunKey {
+                tenant: "t".into(),
+                run: "r1".into()
+            }]
+        );
+        assert_eq!(
+            s.runs_ended.values().copied().collect::<Vec<_>>(),
+            vec![2_000]
+        );
+    }
+}
