@@ -1,1 +1,375 @@
-//! placeholder
+//! The gate benchmark (`fusebox bench gate`): serial round-trip latency, throughput with
+//! many requests in flight, and JetStream ingest into the durable log — each beside the
+//! raw NATS figure measured in the same run (a trivial echo responder; a plain stream
+//! with no consumer), so the guard's own cost is visible.
+
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream;
+use futures_util::StreamExt;
+
+use crate::client::{FuseboxClient, Gate};
+use crate::error::ClientError;
+
+const ECHO_SUBJECT: &str = "fusebox.bench.echo";
+const RAW_STREAM: &str = "FUSEBOX_BENCH";
+const RAW_SUBJECT: &str = "fusebox.bench.ingest";
+/// Tool calls per benchmark run: runs are spread so no single run's budget decides.
+const CALLS_PER_RUN: usize = 200;
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub tenant: String,
+    /// Requests of the serial (one in flight) measurement.
+    pub serial: usize,
+    /// Requests of the parallel measurement.
+    pub parallel: usize,
+    /// Requests in flight in the parallel measurement.
+    pub in_flight: usize,
+    /// Events published for the ingest measurement.
+    pub ingest: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            tenant: "bench".to_owned(),
+            serial: 5_000,
+            parallel: 100_000,
+            in_flight: 64,
+            ingest: 100_000,
+        }
+    }
+}
+
+/// One measurement.
+#[derive(Debug, Clone)]
+pub struct Figure {
+    pub count: usize,
+    pub elapsed: Duration,
+    /// Round-trip percentiles (zero for ingest, which is measured as a whole).
+    pub p50: Duration,
+    pub p99: Duration,
+}
+
+impl Figure {
+    pub fn per_second(&self) -> f64 {
+        self.count as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn from_samples(mut samples: Vec<Duration>, elapsed: Duration) -> Figure {
+        samples.sort_unstable();
+        let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+        Figure {
+            count: samples.len(),
+            elapsed,
+            p50: at(0.50),
+            p99: at(0.99),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchReport {
+    pub serial_gate: Figure,
+    pub serial_echo: Figure,
+    pub parallel_gate: Figure,
+    pub parallel_echo: Figure,
+    pub ingest: Figure,
+    pub ingest_raw: Figure,
+}
+
+impl std::fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        writeln!(
+            f,
+            "{:<34} {:>10} {:>10} {:>12}",
+            "", "p50 µs", "p99 µs", "per second"
+        )?;
+        for (name, fig) in [
+            ("gate, serial (durable)", &self.serial_gate),
+            ("raw NATS request/reply, serial", &self.serial_echo),
+            ("gate, in flight (durable)", &self.parallel_gate),
+            ("raw NATS request/reply, in flight", &self.parallel_echo),
+        ] {
+            writeln!(
+                f,
+                "{name:<34} {:>10.0} {:>10.0} {:>12.0}",
+                us(fig.p50),
+                us(fig.p99),
+                fig.per_second()
+            )?;
+        }
+        writeln!(
+            f,
+            "{:<34} {:>10} {:>10} {:>12.0}",
+            "JetStream ingest → durable log",
+            "",
+            "",
+            self.ingest.per_second()
+        )?;
+        write!(
+            f,
+            "{:<34} {:>10} {:>10} {:>12.0}",
+            "raw JetStream publish (acked)",
+            "",
+            "",
+            self.ingest_raw.per_second()
+        )
+    }
+}
+
+fn nonce() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{nanos:x}")
+}
+
+/// The `i`-th tool call of the benchmark: distinct arguments, so the guard does real
+/// work (fingerprints, detectors) and never short-circuits on a latched run.
+fn tool_call(tenant: &str, prefix: &str, i: usize) -> (String, Vec<u8>) {
+    let run = format!("{prefix}-{}", i / CALLS_PER_RUN);
+    let body = format!(
+        r#"{{"v":1,"id":"{prefix}-{i}","tenant":"{tenant}","run":"{run}","ts_ms":{},"type":"tool_call","call_id":"c{i}","tool":"search","args":{{"q":"query {i}"}}}}"#,
+        1_700_000_000_000u64 + i as u64
+    );
+    (run, body.into_bytes())
+}
+
+fn check(gate: Gate) -> Result<(), ClientError> {
+    match gate {
+        Gate::Decided(_) => Ok(()),
+        Gate::Refused(error) => Err(ClientError::Refused(error)),
+        Gate::Unanswered { error, .. } => Err(error),
+    }
+}
+
+async fn echo_request(client: &FuseboxClient, payload: Vec<u8>) -> Result<(), ClientError> {
+    client
+        .nats
+        .request(ECHO_SUBJECT, payload.into())
+        .await
+        .map(drop)
+        .map_err(|err| ClientError::Request {
+            subject: ECHO_SUBJECT.to_owned(),
+            detail: err.to_string(),
+        })
+}
+
+/// `total` requests, `in_flight` at a time; each `request(i)` is timed.
+async fn measure<F, Fut>(total: usize, in_flight: usize, request: F) -> Result<Figure, ClientError>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), ClientError>> + Send,
+{
+    let next = Arc::new(AtomicUsize::new(0));
+    let request = Arc::new(request);
+    let started = Instant::now();
+    let workers: Vec<_> = (0..in_flight.max(1))
+        .map(|_| {
+            let (next, request) = (next.clone(), request.clone());
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return Ok::<_, ClientError>(samples);
+                    }
+                    let sent = Instant::now();
+                    request(i).await?;
+                    samples.push(sent.elapsed());
+                }
+            })
+        })
+        .collect();
+    let mut samples = Vec::with_capacity(total);
+    for worker in workers {
+        samples.extend(worker.await.expect("bench worker")?);
+    }
+    Ok(Figure::from_samples(samples, started.elapsed()))
+}
+
+/// Runs every measurement against the daemon `client` talks to.
+pub async fn run(
+    client: &FuseboxClient,
+    options: &BenchOptions,
+) -> Result<BenchReport, ClientError> {
+    let mut echo =
+        client
+            .nats
+            .subscribe(ECHO_SUBJECT)
+            .await
+            .map_err(|err| ClientError::Request {
+                subject: ECHO_SUBJECT.to_owned(),
+                detail: err.to_string(),
+            })?;
+    let responder = client.nats.clone();
+    let echo_task = tokio::spawn(async move {
+        while let Some(message) = echo.next().await {
+            if let Some(reply) = message.reply {
+                let _ = responder.publish(reply, message.payload).await;
+            }
+        }
+    });
+    let id = nonce();
+    let tenant = options.tenant.clone();
+
+    let gate_fn = |prefix: String| {
+        let (client, tenant) = (client.clone(), tenant.clone());
+        move |i| {
+            let (client, tenant, prefix) = (client.clone(), tenant.clone(), prefix.clone());
+            async move {
+                let (run, body) = tool_call(&tenant, &prefix, i);
+                check(client.gate_bytes(&tenant, &run, body).await)
+            }
+        }
+    };
+    let echo_fn = || {
+        let (client, tenant) = (client.clone(), tenant.clone());
+        move |i| {
+            let (client, tenant) = (client.clone(), tenant.clone());
+            async move { echo_request(&client, tool_call(&tenant, "echo", i).1).await }
+        }
+    };
+    let serial_gate = measure(options.serial, 1, gate_fn(format!("s{id}"))).await?;
+    let serial_echo = measure(options.serial, 1, echo_fn()).await?;
+    let parallel_gate = measure(
+        options.parallel,
+        options.in_flight,
+        gate_fn(format!("p{id}")),
+    )
+    .await?;
+    let parallel_echo = measure(options.parallel, options.in_flight, echo_fn()).await?;
+    echo_task.abort();
+
+    let ingest = ingest(client, &tenant, &format!("i{id}"), options.ingest).await?;
+    let ingest_raw = ingest_raw(client, &tenant, options.ingest).await?;
+    Ok(BenchReport {
+        serial_gate,
+        serial_echo,
+        parallel_gate,
+        parallel_echo,
+        ingest,
+        ingest_raw,
+    })
+}
+
+fn js_error(what: &str) -> impl Fn(async_nats::Error) -> ClientError + '_ {
+    move |err| ClientError::JetStream {
+        what: what.to_owned(),
+        detail: err.to_string(),
+    }
+}
+
+/// Publishes `total` events with up to 4096 acks outstanding.
+async fn publish_all(
+    client: &FuseboxClient,
+    total: usize,
+    message: impl Fn(usize) -> (String, String, Vec<u8>),
+) -> Result<(), ClientError> {
+    let mut acks = futures_util::stream::FuturesUnordered::new();
+    for i in 0..total {
+        let (subject, id, body) = message(i);
+        let publish = PublishMessage::build().payload(body.into()).message_id(id);
+        let ack = client
+            .js
+            .send_publish(subject, publish)
+            .await
+            .map_err(|e| js_error("publish")(e.into()))?;
+        acks.push(ack.into_future());
+        if acks.len() >= 4096 {
+            if let Some(result) = acks.next().await {
+                result.map_err(|e| js_error("publish ack")(e.into()))?;
+            }
+        }
+    }
+    while let Some(result) = acks.next().await {
+        result.map_err(|e| js_error("publish ack")(e.into()))?;
+    }
+    Ok(())
+}
+
+/// Events into `FUSEBOX_EVENTS` until the daemon has applied every one (durably: it
+/// acks only after the commit, and reports only committed state).
+async fn ingest(
+    client: &FuseboxClient,
+    tenant: &str,
+    prefix: &str,
+    total: usize,
+) -> Result<Figure, ClientError> {
+    let runs = 64;
+    let started = Instant::now();
+    publish_all(client, total, |i| {
+        let run = format!("{prefix}-{}", i % runs);
+        let seq = i / runs + 1;
+        let body = format!(
+            r#"{{"v":1,"id":"{prefix}-{i}","tenant":"{tenant}","run":"{run}","seq":{seq},"ts_ms":{},"type":"progress","version":{seq}}}"#,
+            1_700_000_000_000u64 + seq as u64
+        );
+        (
+            fusebox_nats::subjects::events(tenant, &run),
+            format!("{tenant}.{run}.{prefix}-{i}"),
+            body.into_bytes(),
+        )
+    })
+    .await?;
+    loop {
+        let applied: u64 = client
+            .runs()
+            .await?
+            .iter()
+            .filter(|r| r.tenant == tenant && r.run.starts_with(prefix))
+            .map(|r| r.events)
+            .sum();
+        if applied as usize >= total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(Figure {
+        count: total,
+        elapsed: started.elapsed(),
+        p50: Duration::ZERO,
+        p99: Duration::ZERO,
+    })
+}
+
+/// The same events into a plain stream nobody consumes: what JetStream alone costs.
+async fn ingest_raw(
+    client: &FuseboxClient,
+    tenant: &str,
+    total: usize,
+) -> Result<Figure, ClientError> {
+    let _ = client.js.delete_stream(RAW_STREAM).await;
+    client
+        .js
+        .create_stream(stream::Config {
+            name: RAW_STREAM.to_owned(),
+            subjects: vec![format!("{RAW_SUBJECT}.>")],
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| js_error("bench stream")(e.into()))?;
+    let started = Instant::now();
+    publish_all(client, total, |i| {
+        let body = format!(
+            r#"{{"v":1,"id":"raw-{i}","tenant":"{tenant}","run":"raw","seq":{i},"ts_ms":1,"type":"progress","version":{i}}}"#
+        );
+        (format!("{RAW_SUBJECT}.{tenant}.raw"), format!("raw-{i}"), body.into_bytes())
+    })
+    .await?;
+    let figure = Figure {
+        count: total,
+        elapsed: started.elapsed(),
+        p50: Duration::ZERO,
+        p99: Duration::ZERO,
+    };
+    let _ = client.js.delete_stream(RAW_STREAM).await;
+    Ok(figure)
+}

@@ -151,7 +151,15 @@ impl<S: GuardStore> Applier<S> {
     ) -> Result<(), StoreError> {
         let mut meta = Vec::with_capacity(events.len());
         let mut batch = Vec::with_capacity(events.len());
-        for (event, origin) in events {
+        for (mut event, origin) in events {
+            if matches!(origin, Origin::Control { .. }) {
+                // An operator command takes effect at the run's own event time: stamping
+                // it with our wall clock would move the run's clock (producers' clocks
+                // are theirs) and could spend its time budget on the spot.
+                if let Some(run) = self.store.engine().run(&event.tenant, &event.run) {
+                    event.ts_ms = run.last_ts_ms;
+                }
+            }
             meta.push((event_key(&event), event.type_name(), origin));
             batch.push(event);
         }

@@ -3,7 +3,9 @@
 //! `cancel` and `resume` become `cancel` / `resume` events written through the same log
 //! path as any other event, with ids derived from the request (its `id`, else a hash of
 //! its body), so a retried command is applied once and answered with the same decision.
-//! `status` and `fusebox.control.runs` are read-only queries.
+//! Their `ts_ms` is the wall clock here; the applier restamps a known run's command
+//! with that run's last event time. `status` and `fusebox.control.runs` are read-only
+//! queries.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

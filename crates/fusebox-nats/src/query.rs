@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use fusebox_core::{Decision, Engine, RunState};
+use fusebox_core::{Decision, Engine, RunState, StopReport};
 
 use crate::applier::RunKey;
 use crate::wire::{ErrorReply, RunStatusReply, RunSummary, WireError};
@@ -48,7 +48,7 @@ pub(crate) fn answer(
                 summary: summary(tenant, run, state),
                 counters: state.counters,
                 progress_version: state.progress_version,
-                report: state.report().cloned(),
+                report: state.report().map(|r| StopReport::clone(r)),
                 last_decisions: recent
                     .get(&(tenant.clone(), run.clone()))
                     .map(|d| d.iter().cloned().collect())

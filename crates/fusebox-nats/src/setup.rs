@@ -103,7 +103,9 @@ pub async fn ensure_stream(
                     ),
                 });
             }
-            if have.max_messages_per_subject != want.max_messages_per_subject {
+            // The server reports "unlimited" as -1 whatever was sent (0 or -1).
+            let limit = |n: i64| if n <= 0 { -1 } else { n };
+            if limit(have.max_messages_per_subject) != limit(want.max_messages_per_subject) {
                 return Err(SetupError::StreamConflict {
                     stream: want.name.clone(),
                     detail: format!(
