@@ -73,7 +73,7 @@ impl Run {
         }
         let call = step.div_ceil(2);
         let is_call = step % 2 == 1;
-        if call % 7 == 0 && is_call {
+        if call.is_multiple_of(7) && is_call {
             // A model turn between tool calls, as in a real loop.
             return Some(format!(
                 r#""type":"model_turn","stop_reason":"tool_use","usage":{{"input_tokens":{},"output_tokens":120,"cache_read_input_tokens":2048}}"#,
@@ -133,10 +133,8 @@ impl Run {
                 call / 2
             ),
             (Shape::Flaky, false) if call % 2 == 1 => format!(
-                r#""type":"tool_result","call_id":"{cid}","tool":"flaky","kind":"RETRYABLE","code":"rate_limited","retry_after_ms":0}}"#
-            )
-            .trim_end_matches('}')
-            .to_owned(),
+                r#""type":"tool_result","call_id":"{cid}","tool":"flaky","kind":"RETRYABLE","code":"rate_limited","retry_after_ms":0"#
+            ),
             (Shape::Flaky, false) => format!(
                 r#""type":"tool_result","call_id":"{cid}","tool":"flaky","kind":"SUCCESS","output":{{"item":{}}}"#,
                 call / 2

@@ -1,1 +1,72 @@
-fn main() {}
+//! Gate + observe throughput on parsed events, one thread.
+//!
+//! `cargo bench -p fusebox-core --bench engine` — the figure to read is `thrpt` in
+//! elements (events) per second. The trace mixes legitimate pagination, runaway repeats
+//! and side effects over 1,000 interleaved runs, so every layer is exercised.
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use fusebox_core::{parse_event, Engine, Event};
+
+fn trace(events: usize) -> Vec<Event> {
+    let runs = 1000;
+    let mut out = Vec::with_capacity(events);
+    let mut seq = vec![0u64; runs];
+    let mut i = 0usize;
+    while out.len() < events {
+        let run = (i * 7919) % runs;
+        seq[run] += 1;
+        let n = seq[run];
+        let call = n.div_ceil(2);
+        let body = match (run % 3, n % 2 == 1) {
+            (0, true) => format!(
+                r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":"nats","page":{call}}}"#
+            ),
+            (0, false) => format!(
+                r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["a{call}","b"],"took_ms":3}}"#
+            ),
+            (1, true) => format!(
+                r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":" weather tokyo"}}"#
+            ),
+            (1, false) => format!(
+                r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["jma"]}}"#
+            ),
+            (_, true) => format!(
+                r#""type":"tool_call","call_id":"c{call}","tool":"send_email","op_key":"k{run}-{}","args":{{"to":"x","n":{call}}}"#,
+                call % 4
+            ),
+            (_, false) => format!(
+                r#""type":"tool_result","call_id":"c{call}","tool":"send_email","kind":"SUCCESS","output":{{"sent":true}}"#
+            ),
+        };
+        let line = format!(
+            r#"{{"v":1,"id":"e{i}","tenant":"t","run":"r{run}","seq":{n},"ts_ms":{},{body}}}"#,
+            1_000_000 + i
+        );
+        out.push(parse_event(line.as_bytes()).expect("valid"));
+        i += 1;
+    }
+    out
+}
+
+fn gate_and_observe(c: &mut Criterion) {
+    let events = trace(100_000);
+    let mut group = c.benchmark_group("engine");
+    group.throughput(Throughput::Elements(events.len() as u64));
+    group.sample_size(20);
+    group.bench_function("apply_100k_mixed", |b| {
+        b.iter_batched(
+            Engine::default,
+            |mut engine| {
+                for event in &events {
+                    std::hint::black_box(engine.apply(event));
+                }
+                engine
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, gate_and_observe);
+criterion_main!(benches);

@@ -1,6 +1,8 @@
 //! Graceful stop (guard contract §4.5): closing a run latches it with a report, and every
 //! later decision of the run is built from that report.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use crate::decision::{
@@ -129,23 +131,28 @@ pub(crate) fn close(
     decided.reason = Some(closing.reason);
     decided.detector = closing.detector;
     decided.count = closing.count;
-    decided.message = Some(message::stop(&report));
-    decided.report = Some(Box::new(report.clone()));
-    run.status = RunStatus::Closed(Box::new(report));
+    let message = message::stop(&report);
+    decided.message = Some(message.clone());
+    let report = Arc::new(report);
+    decided.report = Some(report.clone());
+    run.status = RunStatus::Closed { report, message };
     decided
 }
 
 /// The answer of a closed run to anything that asks it to go on: the same report, with
-/// `run_closed` as the reason when the run had finished normally.
-pub(crate) fn latched(report: &StopReport, event: &Event, call_id: Option<&str>) -> Decision {
+/// `run_closed` as the reason when the run had finished normally. `None` for an open run.
+pub(crate) fn latched(run: &RunState, event: &Event, call_id: Option<&str>) -> Option<Decision> {
+    let RunStatus::Closed { report, message } = &run.status else {
+        return None;
+    };
     let mut decided = decision(event, call_id, Action::Stop);
     decided.reason = Some(match report.terminal_state {
         TerminalState::Completed => Reason::RunClosed,
         _ => report.reason,
     });
-    decided.message = Some(message::stop(report));
-    decided.report = Some(Box::new(report.clone()));
-    decided
+    decided.message = Some(message.clone());
+    decided.report = Some(report.clone());
+    Some(decided)
 }
 
 /// The stored result a `use_completed_result` answer carries.

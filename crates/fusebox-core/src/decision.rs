@@ -4,6 +4,8 @@
 //! Field order in the structs is the field order on the wire; replay compares decisions
 //! byte for byte, so it must never depend on anything but these declarations.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -242,7 +244,7 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub report: Option<Box<StopReport>>,
+    pub report: Option<Arc<StopReport>>,
 }
 
 impl Decision {

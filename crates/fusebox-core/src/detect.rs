@@ -54,8 +54,9 @@ fn verdict(
     reason: Reason,
     detector: Detector,
     count: u32,
-    message: String,
+    message: impl FnOnce(bool) -> String,
 ) -> Option<Verdict> {
+    // The message is only written for a call that gets one: this runs on every call.
     let action = match level {
         Level::Quiet => return None,
         Level::Warn => Action::Warn,
@@ -66,7 +67,7 @@ fn verdict(
         reason,
         detector: Some(detector),
         count: Some(count),
-        message,
+        message: message(action == Action::Block),
     })
 }
 
@@ -112,11 +113,7 @@ fn unknown_tool(run: &RunState, call: &Call<'_>) -> (Option<Verdict>, bool) {
     } else {
         Level::Warn
     };
-    let message = message::unknown_tool(
-        call.tool,
-        run.allowed_tools.as_deref(),
-        matches!(level, Level::Block),
-    );
+    let message = |blocked| message::unknown_tool(call.tool, run.allowed_tools.as_deref(), blocked);
     (
         verdict(
             level,
@@ -154,13 +151,12 @@ fn exact_repeat(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
         .count() as u32;
     let count = prior + 1;
     let level = level(count, limit + 1, policy.warning_threshold, 3);
-    let blocked = matches!(level, Level::Block);
     verdict(
         level,
         Reason::SameCallRepeat,
         Detector::ExactRepeat,
         count,
-        message::same_call_repeat(&(call.label)(), prior, blocked),
+        |blocked| message::same_call_repeat(&(call.label)(), prior, blocked),
     )
 }
 
@@ -170,9 +166,7 @@ fn ping_pong(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
         return None;
     }
     let mut history = run.detection.window.iter().rev();
-    let Some(other) = history.next().map(|e| e.call).filter(|fp| *fp != call.fp) else {
-        return None;
-    };
+    let other = history.next().map(|e| e.call).filter(|fp| *fp != call.fp)?;
     let mut length = 2u32;
     for (i, entry) in history.enumerate() {
         let expected = if i % 2 == 0 { call.fp } else { other };
@@ -182,13 +176,12 @@ fn ping_pong(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
         length += 1;
     }
     let level = level(length, policy.ping_pong_limit, policy.warning_threshold, 4);
-    let blocked = matches!(level, Level::Block);
     verdict(
         level,
         Reason::PingPong,
         Detector::PingPong,
         length,
-        message::ping_pong(&(call.label)(), length, blocked),
+        |blocked| message::ping_pong(&(call.label)(), length, blocked),
     )
 }
 
@@ -225,13 +218,12 @@ fn poll_no_progress(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     } else {
         Level::Quiet
     };
-    let blocked = matches!(level, Level::Block);
     verdict(
         level,
         Reason::PollNoProgress,
         Detector::PollNoProgress,
         answers,
-        message::poll_no_progress(&(call.label)(), answers, critical, blocked),
+        |blocked| message::poll_no_progress(&(call.label)(), answers, critical, blocked),
     )
 }
 
@@ -273,12 +265,11 @@ fn arg_churn(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
         policy.warning_threshold,
         evidence,
     );
-    let blocked = matches!(level, Level::Block);
     verdict(
         level,
         Reason::ArgChurn,
         Detector::ArgChurn,
         count,
-        message::arg_churn(call.tool, variants.len(), count, blocked),
+        |blocked| message::arg_churn(call.tool, variants.len(), count, blocked),
     )
 }

@@ -1,11 +1,14 @@
 //! The engine: all runs of all tenants and the ledger, one event in, one decision out.
 //!
 //! `apply` is the only way state changes, and it is a pure function of the state and the
-//! event: no clock (time is `ts_ms`), no randomness, ordered maps only. Feeding the same
+//! event: no clock (time is `ts_ms`), no randomness. Runs live in hash maps with a fixed
+//! (unseeded) hasher, so nothing random enters; whatever is listed is sorted first, so no
+//! map order ever reaches an output. Feeding the same
 //! events in the same order to a fresh engine, or to one restored from a snapshot taken
 //! anywhere in between, gives byte-identical decisions.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -19,11 +22,28 @@ use crate::observe;
 use crate::policy::PolicySet;
 use crate::run::RunState;
 
+/// SipHash with fixed keys: deterministic across processes, unlike `RandomState`.
+type FixedHasher = BuildHasherDefault<DefaultHasher>;
+type Runs = HashMap<String, HashMap<String, RunState, FixedHasher>, FixedHasher>;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Engine {
     policies: PolicySet,
-    runs: BTreeMap<String, BTreeMap<String, RunState>>,
+    runs: Runs,
     ledger: Ledger,
+    #[serde(skip)]
+    scratch: Scratch,
+}
+
+/// A reusable buffer for canonical encodings; always empty between calls, so it is no
+/// part of the engine's state (equal, never serialised).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Scratch(pub Vec<u8>);
+
+impl PartialEq for Scratch {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Default for Engine {
@@ -36,8 +56,9 @@ impl Engine {
     pub fn new(policies: PolicySet) -> Self {
         Engine {
             policies,
-            runs: BTreeMap::new(),
+            runs: Runs::default(),
             ledger: Ledger::default(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -52,11 +73,12 @@ impl Engine {
             policies,
             runs,
             ledger,
+            scratch,
         } = self;
-        let tenant_runs = match runs.get_mut(event.tenant.as_str()) {
-            Some(tenant_runs) => tenant_runs,
-            None => runs.entry(event.tenant.clone()).or_default(),
-        };
+        if !runs.contains_key(event.tenant.as_str()) {
+            runs.insert(event.tenant.clone(), HashMap::default());
+        }
+        let tenant_runs = runs.get_mut(event.tenant.as_str()).expect("inserted above");
         let run = match tenant_runs.get_mut(event.run.as_str()) {
             Some(run) => run,
             None => {
@@ -77,8 +99,10 @@ impl Engine {
         }
         match &event.body {
             EventBody::RunStarted(started) => run_started(run, policies, event, started),
-            EventBody::ToolCall(call) => gate::gate(run, ledger, event, call),
-            EventBody::ToolResult(result) => observe::tool_result(run, ledger, event, result),
+            EventBody::ToolCall(call) => gate::gate(run, ledger, &mut scratch.0, event, call),
+            EventBody::ToolResult(result) => {
+                observe::tool_result(run, ledger, &mut scratch.0, event, result)
+            }
             EventBody::Progress(update) => observe::progress(run, event, update),
             EventBody::ModelTurn(turn) => observe::model_turn(run, event, turn),
             EventBody::Compaction(_) => observe::compaction(run, event),
@@ -96,14 +120,20 @@ impl Engine {
 
     /// Every run, ordered by tenant then run id.
     pub fn runs(&self) -> impl Iterator<Item = (&str, &str, &RunState)> {
-        self.runs.iter().flat_map(|(tenant, runs)| {
-            runs.iter()
-                .map(move |(id, run)| (tenant.as_str(), id.as_str(), run))
-        })
+        let mut all: Vec<(&str, &str, &RunState)> = self
+            .runs
+            .iter()
+            .flat_map(|(tenant, runs)| {
+                runs.iter()
+                    .map(move |(id, run)| (tenant.as_str(), id.as_str(), run))
+            })
+            .collect();
+        all.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        all.into_iter()
     }
 
     pub fn run_count(&self) -> usize {
-        self.runs.values().map(BTreeMap::len).sum()
+        self.runs.values().map(HashMap::len).sum()
     }
 
     /// Forgets a run (retention). Its ledger entries stay: an operation that completed
@@ -149,8 +179,6 @@ fn run_started(
         tools.dedup();
         run.allowed_tools = Some(tools);
     }
-    match run.report() {
-        Some(report) => crate::close::latched(report, event, None),
-        None => decision(event, None, Action::Continue),
-    }
+    crate::close::latched(run, event, None)
+        .unwrap_or_else(|| decision(event, None, Action::Continue))
 }

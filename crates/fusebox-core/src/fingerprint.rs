@@ -7,7 +7,9 @@
 //! length-prefixed, so no two different canonical values hash the same bytes.
 //!
 //! Fingerprints are kept as the first 128 bits of the digest: the state stays small and
-//! comparisons cheap, and a collision needs ~2^64 distinct calls in one run.
+//! comparisons cheap, and a collision needs ~2^64 distinct calls in one run. The
+//! canonical bytes are written into a reusable buffer and hashed once: feeding SHA-256
+//! a few bytes at a time costs more than the hashing itself.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -16,8 +18,8 @@ use crate::event::{Args, Output, ResultKind};
 
 pub type Fingerprint = u128;
 
-fn finish(hasher: Sha256) -> Fingerprint {
-    let digest = hasher.finalize();
+fn finish(digest: impl AsRef<[u8]>) -> Fingerprint {
+    let digest = digest.as_ref();
     let mut head = [0u8; 16];
     head.copy_from_slice(&digest[..16]);
     u128::from_be_bytes(head)
@@ -25,25 +27,32 @@ fn finish(hasher: Sha256) -> Fingerprint {
 
 /// The identity of a call: which tool, with which (canonical) arguments.
 pub fn call_fingerprint(tool: &str, args: &Args, ignore_args: &[String]) -> Fingerprint {
-    let mut hasher = Sha256::new();
-    hasher.update(b"call\0");
-    write_str(&mut hasher, tool);
+    call_fingerprint_in(&mut Vec::new(), tool, args, ignore_args)
+}
+
+/// [`call_fingerprint`] with a caller-owned scratch buffer (left empty afterwards).
+pub fn call_fingerprint_in(
+    buf: &mut Vec<u8>,
+    tool: &str,
+    args: &Args,
+    ignore_args: &[String],
+) -> Fingerprint {
+    buf.clear();
+    buf.extend_from_slice(b"call\0");
+    write_str(buf, tool);
     match args {
         Args::Json(value) => {
-            hasher.update(b"j");
-            write_canonical(
-                &mut hasher,
-                value,
-                &|key, depth| depth == 0 && ignore_args.iter().any(|k| k == key),
-                0,
-            );
+            buf.push(b'j');
+            let drop_key =
+                |key: &str, depth: usize| depth == 0 && ignore_args.iter().any(|k| k == key);
+            write_canonical(buf, value, &drop_key, 0);
         }
         Args::Hash(hash) => {
-            hasher.update(b"h");
-            write_str(&mut hasher, hash);
+            buf.push(b'h');
+            write_str(buf, hash);
         }
     }
-    finish(hasher)
+    digest(buf)
 }
 
 /// The identity of an answer: its kind, its code, and its output minus volatile keys.
@@ -53,64 +62,90 @@ pub fn result_fingerprint(
     output: Option<&Output>,
     is_volatile: &dyn Fn(&str) -> bool,
 ) -> Fingerprint {
-    let mut hasher = Sha256::new();
-    hasher.update(b"result\0");
-    write_str(&mut hasher, kind.as_str());
-    write_str(&mut hasher, code.unwrap_or(""));
+    result_fingerprint_in(&mut Vec::new(), kind, code, output, is_volatile)
+}
+
+/// [`result_fingerprint`] with a caller-owned scratch buffer.
+pub fn result_fingerprint_in(
+    buf: &mut Vec<u8>,
+    kind: ResultKind,
+    code: Option<&str>,
+    output: Option<&Output>,
+    is_volatile: &dyn Fn(&str) -> bool,
+) -> Fingerprint {
+    buf.clear();
+    buf.extend_from_slice(b"result\0");
+    write_str(buf, kind.as_str());
+    write_str(buf, code.unwrap_or(""));
     match output {
         Some(Output::Json(value)) => {
-            hasher.update(b"j");
-            write_canonical(&mut hasher, value, &|key, _depth| is_volatile(key), 0);
+            buf.push(b'j');
+            write_canonical(buf, value, &|key, _depth| is_volatile(key), 0);
         }
         Some(Output::Hash(hash)) => {
-            hasher.update(b"h");
-            write_str(&mut hasher, hash);
+            buf.push(b'h');
+            write_str(buf, hash);
         }
-        None => hasher.update(b"-"),
+        None => buf.push(b'-'),
     }
-    finish(hasher)
+    digest(buf)
 }
 
-/// A short fingerprint of a tool name, for grouping a window's calls by tool.
+fn digest(buf: &mut Vec<u8>) -> Fingerprint {
+    let fp = finish(Sha256::digest(buf.as_slice()));
+    buf.clear();
+    fp
+}
+
+/// A short hash of a tool name (FNV-1a), for grouping a window's calls by tool; it never
+/// leaves the process, so it need not be SHA-256.
 pub fn tool_fingerprint(tool: &str) -> u64 {
-    let digest = Sha256::digest(tool.as_bytes());
-    let mut head = [0u8; 8];
-    head.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(head)
+    tool.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
-fn write_str(hasher: &mut Sha256, s: &str) {
-    hasher.update((s.len() as u64).to_le_bytes());
-    hasher.update(s.as_bytes());
+fn write_str(buf: &mut Vec<u8>, s: &str) {
+    buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    buf.extend_from_slice(s.as_bytes());
 }
 
 fn write_canonical(
-    hasher: &mut Sha256,
+    buf: &mut Vec<u8>,
     value: &Value,
     drop_key: &dyn Fn(&str, usize) -> bool,
     depth: usize,
 ) {
     match value {
-        Value::Null => hasher.update(b"n"),
-        Value::Bool(true) => hasher.update(b"t"),
-        Value::Bool(false) => hasher.update(b"f"),
+        Value::Null => buf.push(b'n'),
+        Value::Bool(true) => buf.push(b't'),
+        Value::Bool(false) => buf.push(b'f'),
         Value::Number(n) => {
-            hasher.update(b"#");
-            write_str(hasher, &n.to_string());
+            // Integers and floats are tagged apart, so 1 and 1.0 stay different calls.
+            if let Some(u) = n.as_u64() {
+                buf.push(b'u');
+                buf.extend_from_slice(&u.to_le_bytes());
+            } else if let Some(i) = n.as_i64() {
+                buf.push(b'i');
+                buf.extend_from_slice(&i.to_le_bytes());
+            } else {
+                buf.push(b'd');
+                buf.extend_from_slice(&n.as_f64().unwrap_or(f64::NAN).to_bits().to_le_bytes());
+            }
         }
         Value::String(s) => {
-            hasher.update(b"s");
-            write_str(hasher, s.trim());
+            buf.push(b's');
+            write_str(buf, s.trim());
         }
         Value::Array(items) => {
-            hasher.update(b"[");
+            buf.push(b'[');
             for item in items {
-                write_canonical(hasher, item, drop_key, depth + 1);
+                write_canonical(buf, item, drop_key, depth + 1);
             }
-            hasher.update(b"]");
+            buf.push(b']');
         }
         Value::Object(map) => {
-            hasher.update(b"{");
+            buf.push(b'{');
             // serde_json's default map is ordered; if another crate in the build turns on
             // `preserve_order`, it is not, and we sort here instead of trusting it.
             let sorted = map
@@ -119,8 +154,8 @@ fn write_canonical(
                 .all(|(a, b)| a.as_bytes() < b.as_bytes());
             let mut write_entry = |key: &str, item: &Value| {
                 if !drop_key(key, depth) {
-                    write_str(hasher, key);
-                    write_canonical(hasher, item, drop_key, depth + 1);
+                    write_str(buf, key);
+                    write_canonical(buf, item, drop_key, depth + 1);
                 }
             };
             if sorted {
@@ -134,7 +169,7 @@ fn write_canonical(
                     write_entry(key, item);
                 }
             }
-            hasher.update(b"}");
+            buf.push(b'}');
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::close::{self, decision, latched, Closing};
 use crate::decision::{Action, Decision, Detector, Reason};
 use crate::detect::{self, Call, Verdict};
 use crate::event::{Effect, Event, ToolCall};
-use crate::fingerprint::{call_fingerprint, tool_fingerprint};
+use crate::fingerprint::{call_fingerprint_in, tool_fingerprint};
 use crate::ledger::{Ledger, LedgerEntry};
 use crate::message;
 use crate::run::{Entry, Outcome, PendingCall, RunState};
@@ -31,13 +31,13 @@ pub(crate) fn effect_of(
 pub(crate) fn gate(
     run: &mut RunState,
     ledger: &mut Ledger,
+    scratch: &mut Vec<u8>,
     event: &Event,
     call: &ToolCall,
 ) -> Decision {
     let call_id = Some(call.call_id.as_str());
     // 4.0 Latch.
-    if let Some(report) = run.report() {
-        let decided = latched(report, event, call_id);
+    if let Some(decided) = latched(run, event, call_id) {
         run.counters.calls_refused += 1;
         return decided;
     }
@@ -57,7 +57,7 @@ pub(crate) fn gate(
         .tool(&call.tool)
         .map(|t| t.ignore_args.as_slice())
         .unwrap_or_default();
-    let fp = call_fingerprint(&call.tool, &call.args, ignore_args);
+    let fp = call_fingerprint_in(scratch, &call.tool, &call.args, ignore_args);
     let tool_fp = tool_fingerprint(&call.tool);
     let label = || message::call_label(&call.tool, &call.args);
 

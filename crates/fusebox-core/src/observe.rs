@@ -4,11 +4,13 @@
 use crate::close::{self, decision, latched, stored_result, Closing};
 use crate::decision::{Action, Decision, Detector, Reason, ResumeCondition, TerminalState};
 use crate::event::*;
-use crate::fingerprint::{call_fingerprint, result_fingerprint, tool_fingerprint, Fingerprint};
+use crate::fingerprint::{
+    call_fingerprint_in, result_fingerprint_in, tool_fingerprint, Fingerprint,
+};
 use crate::gate::{effect_of, no_progress_stop};
 use crate::ledger::Ledger;
 use crate::message;
-use crate::policy::{Policy, DEFAULT_VOLATILE_RESULT_KEYS};
+use crate::policy::{is_default_volatile, Policy};
 use crate::run::{short, CompactionWatch, PreconditionGate, RetryGate, RunState, RunStatus};
 
 /// Suggested wait between polls when neither the tool nor its policy says.
@@ -20,7 +22,7 @@ const BACKOFF_MAX_MS: u64 = 60_000;
 const GATES_MAX: usize = 32;
 
 fn is_volatile(key: &str, policy: &Policy, tool: &str) -> bool {
-    DEFAULT_VOLATILE_RESULT_KEYS.contains(&key)
+    is_default_volatile(key)
         || policy.volatile_result_keys.iter().any(|k| k == key)
         || policy
             .tool(tool)
@@ -30,6 +32,7 @@ fn is_volatile(key: &str, policy: &Policy, tool: &str) -> bool {
 pub(crate) fn tool_result(
     run: &mut RunState,
     ledger: &mut Ledger,
+    scratch: &mut Vec<u8>,
     event: &Event,
     result: &ToolResult,
 ) -> Decision {
@@ -49,8 +52,8 @@ pub(crate) fn tool_result(
             _ => ledger.release(&event.tenant, op_key, &result.call_id),
         }
     }
-    if let Some(report) = run.report() {
-        return latched(report, event, call_id);
+    if let Some(decided) = latched(run, event, call_id) {
+        return decided;
     }
 
     let policy = run.policy.clone();
@@ -62,9 +65,15 @@ pub(crate) fn tool_result(
     // A result the guard never gated (a producer bug, or passive mode started mid-run)
     // still counts; it gets an identity of its own.
     let call_fp = pending.as_ref().map(|p| p.call).unwrap_or_else(|| {
-        call_fingerprint(&result.tool, &Args::Hash(result.call_id.clone()), &[])
+        call_fingerprint_in(
+            scratch,
+            &result.tool,
+            &Args::Hash(result.call_id.clone()),
+            &[],
+        )
     });
-    let result_fp = result_fingerprint(
+    let result_fp = result_fingerprint_in(
+        scratch,
         kind,
         result.code.as_deref(),
         result.output.as_ref(),
@@ -325,8 +334,8 @@ pub(crate) fn model_turn(run: &mut RunState, event: &Event, turn: &ModelTurn) ->
     if turn.valid == Some(false) {
         counters.invalid_outputs += 1;
     }
-    if let Some(report) = run.report() {
-        return latched(report, event, None);
+    if let Some(decided) = latched(run, event, None) {
+        return decided;
     }
     let policy = run.policy.clone();
     let counters = run.counters;
@@ -354,8 +363,8 @@ pub(crate) fn model_turn(run: &mut RunState, event: &Event, turn: &ModelTurn) ->
 }
 
 pub(crate) fn progress(run: &mut RunState, event: &Event, update: &ProgressUpdate) -> Decision {
-    if let Some(report) = run.report() {
-        return latched(report, event, None);
+    if let Some(decided) = latched(run, event, None) {
+        return decided;
     }
     if run
         .progress_version
@@ -370,8 +379,8 @@ pub(crate) fn progress(run: &mut RunState, event: &Event, update: &ProgressUpdat
 }
 
 pub(crate) fn compaction(run: &mut RunState, event: &Event) -> Decision {
-    if let Some(report) = run.report() {
-        return latched(report, event, None);
+    if let Some(decided) = latched(run, event, None) {
+        return decided;
     }
     let post = run.policy.post_compaction;
     if post.enabled {
@@ -391,8 +400,8 @@ pub(crate) fn tick(run: &mut RunState, event: &Event) -> Decision {
 }
 
 pub(crate) fn cancel(run: &mut RunState, event: &Event, cancel: &Cancel) -> Decision {
-    if let Some(report) = run.report() {
-        return latched(report, event, None);
+    if let Some(decided) = latched(run, event, None) {
+        return decided;
     }
     let detail = match (&cancel.by, &cancel.reason) {
         (Some(by), Some(reason)) => Some(format!("{reason} (by {by})")),
@@ -424,7 +433,7 @@ pub(crate) fn resume(run: &mut RunState, event: &Event, resume: &Resume) -> Deci
         return decided;
     };
     let refuse = |why: String| {
-        let mut decided = latched(&report, event, None);
+        let mut decided = latched(run, event, None).expect("the run is closed");
         decided.reason = Some(Reason::PreconditionUnchanged);
         decided.message = Some(format!("resume refused: {why}; a resume is not a retry."));
         decided

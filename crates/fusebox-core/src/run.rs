@@ -50,7 +50,12 @@ pub struct RunState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum RunStatus {
     Open,
-    Closed(Box<StopReport>),
+    /// The report is shared with every decision that carries it, and the message is
+    /// written once: a latched run answers without rebuilding either.
+    Closed {
+        report: Arc<StopReport>,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -196,10 +201,10 @@ impl RunState {
         matches!(self.status, RunStatus::Open)
     }
 
-    pub fn report(&self) -> Option<&StopReport> {
+    pub fn report(&self) -> Option<&Arc<StopReport>> {
         match &self.status {
             RunStatus::Open => None,
-            RunStatus::Closed(report) => Some(report),
+            RunStatus::Closed { report, .. } => Some(report),
         }
     }
 
