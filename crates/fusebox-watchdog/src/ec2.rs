@@ -34,7 +34,17 @@ impl Ec2Provider {
     /// Credentials and defaults from the standard AWS chain (environment, profile, SSO,
     /// container or instance role); endpoint from the watchdog config when set.
     pub async fn from_env(cfg: &WatchdogConfig) -> Self {
-        let sdk = aws_config::defaults(BehaviorVersion::latest()).load().await;
+        // Regions come from the watchdog config; naming one spares the loader its region
+        // lookup (which may query the instance metadata service).
+        let region = cfg
+            .regions
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "us-east-1".to_owned());
+        let sdk = aws_config::defaults(BehaviorVersion::latest())
+            .region(Region::new(region))
+            .load()
+            .await;
         Self::new(sdk, cfg)
     }
 

@@ -27,8 +27,11 @@ fn launched(run: &str, id: &str, max_lifetime_s: Option<u64>, ts_ms: u64) -> Ins
 async fn never_live_instance_dies_at_its_absolute_deadline() {
     let moto = Moto::start();
     let ec2 = client(&moto.url(), REGION);
+    // B: only the launch event's lifetime (two hours). Launched before t0 is read, because
+    // a fresh moto can take seconds over its first launch and B's clock starts at LaunchTime.
+    let b = launch(&ec2, 1, &tags("acme", "r1", &[])).await.remove(0);
     let t0 = real_now_ms();
-    // A: absolute deadline tag in one hour. B: only the launch event's lifetime (two hours).
+    // A: absolute deadline tag in one hour.
     let a = launch(
         &ec2,
         1,
@@ -40,7 +43,6 @@ async fn never_live_instance_dies_at_its_absolute_deadline() {
     )
     .await
     .remove(0);
-    let b = launch(&ec2, 1, &tags("acme", "r1", &[])).await.remove(0);
 
     let r = rig(
         config(&moto.url(), &[REGION]),
@@ -67,8 +69,8 @@ async fn never_live_instance_dies_at_its_absolute_deadline() {
     .await;
     assert_eq!(state(&ec2, &b).await, "running");
 
-    // Moto's LaunchTime is a little after t0, so B's lifetime ends just after t0 + 2 h.
-    r.clock.set(t0 + 7_200_000 + 5_000);
+    // B's LaunchTime is at or before t0, so its lifetime is over at t0 + 2 h.
+    r.clock.set(t0 + 7_200_000);
     eventually("B terminated at launch + event lifetime", || async {
         is_done(&state(&ec2, &b).await)
     })
