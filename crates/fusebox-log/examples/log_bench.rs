@@ -1,0 +1,97 @@
+//! The log's figures at scale: writes a million-event workload log with group commit,
+//! then measures single-append latency (p50/p99), start-up to ready (snapshot + tail),
+//! full replay rate, on-disk bytes per event and sled's space amplification.
+//!
+//! `cargo run --release -p fusebox-log --example log_bench -- [EVENTS] [BATCH]`
+
+use std::time::{Duration, Instant};
+
+use fusebox_core::PolicySet;
+use fusebox_log::workload::{Workload, WorkloadConfig};
+use fusebox_log::{inspect, log, Guard, GuardOptions, LogState};
+
+fn main() {
+    let mut args = std::env::args()
+        .skip(1)
+        .map(|a| a.parse::<usize>().expect("a number"));
+    let events = args.next().unwrap_or(1_000_000);
+    let batch = args.next().unwrap_or(1_000);
+    let dir = tempfile::tempdir().unwrap();
+    let options = GuardOptions::default();
+    let mut workload = Workload::new(WorkloadConfig {
+        concurrent_runs: 1_000,
+        ..WorkloadConfig::default()
+    });
+
+    let mut guard = Guard::open(dir.path(), PolicySet::default(), options.clone()).unwrap();
+    let mut spent = Duration::ZERO;
+    let mut written = 0;
+    while written < events {
+        let chunk = workload.batch(batch.min(events - written));
+        written += chunk.len();
+        let started = Instant::now();
+        guard.submit_batch(chunk).unwrap();
+        spent += started.elapsed();
+    }
+    println!(
+        "group commit: {written} events in batches of {batch}: {:.2}s, {:.0} events/s (snapshots every {} records included)",
+        spent.as_secs_f64(),
+        written as f64 / spent.as_secs_f64(),
+        options.snapshot_every_records
+    );
+
+    let mut latencies: Vec<Duration> = (0..2_000)
+        .map(|_| {
+            let event = workload.next().unwrap();
+            let started = Instant::now();
+            guard.submit(event).unwrap();
+            started.elapsed()
+        })
+        .collect();
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    println!(
+        "single append+flush: p50 {:?}, p99 {:?}, max {:?} (2000 samples)",
+        pct(0.50),
+        pct(0.99),
+        latencies.last().unwrap()
+    );
+    guard.checkpoint().unwrap();
+    let tail = workload.batch(5_000);
+    guard.submit_batch(tail).unwrap();
+    let position = guard.position();
+    drop(guard);
+
+    let started = Instant::now();
+    let guard = Guard::open(dir.path(), PolicySet::default(), options).unwrap();
+    let ready = started.elapsed();
+    let runs = guard.engine().run_count();
+    assert_eq!(guard.position(), position);
+    println!(
+        "start-up to ready: {:.2}s for {position} records, {runs} runs (latest snapshot + 5000-record tail)",
+        ready.as_secs_f64()
+    );
+
+    let started = Instant::now();
+    let mut state = LogState::new(fusebox_core::sequencer::DEFAULT_MAX_HELD);
+    log::replay_into(guard.log(), &mut state).unwrap();
+    let replay = started.elapsed();
+    assert_eq!(&state, guard.state());
+    println!(
+        "full replay: {position} records in {:.2}s, {:.0} records/s",
+        replay.as_secs_f64(),
+        position as f64 / replay.as_secs_f64()
+    );
+    drop(guard);
+
+    let stats = inspect::stats(&inspect::open(dir.path()).unwrap()).unwrap();
+    println!(
+        "space: {} events, {:.1} MB on disk, {:.0} disk bytes/event, {:.1} MB logical, space amplification {:.2}, latest snapshot {:.1} MB",
+        stats.events,
+        stats.disk_bytes as f64 / 1e6,
+        stats.disk_bytes_per_event(),
+        stats.logical_bytes as f64 / 1e6,
+        stats.space_amplification(),
+        stats.latest_snapshot_bytes as f64 / 1e6,
+    );
+}
