@@ -100,3 +100,38 @@ impl GuardStore for MemoryStore {
         &self.engine
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fusebox_core::parse_event;
+
+    fn event(id: &str, seq: u64) -> Event {
+        let json = format!(
+            r#"{{"v":1,"id":"{id}","tenant":"t","run":"r","seq":{seq},"ts_ms":1,"type":"progress","version":{seq}}}"#
+        );
+        parse_event(json.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn holds_out_of_order_events_and_answers_duplicates_with_the_original() {
+        let mut store = MemoryStore::default();
+        let out = store
+            .submit_batch(vec![event("b", 2), event("b", 2)])
+            .unwrap();
+        assert!(matches!(out[0], Submitted::Held { waiting_for: 1 }));
+        assert!(matches!(out[1], Submitted::Duplicate(None)));
+        let out = store.submit_batch(vec![event("a", 1)]).unwrap();
+        let Submitted::Applied(decisions) = &out[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(decisions.len(), 2);
+        assert_eq!(decisions[1].event_id, "b");
+        let out = store.submit_batch(vec![event("b", 2)]).unwrap();
+        assert!(matches!(&out[0], Submitted::Duplicate(Some(d)) if d == &decisions[1]));
+        assert!(matches!(
+            &store.submit_batch(vec![event("c", 1)]).unwrap()[0],
+            Submitted::Rejected(_)
+        ));
+    }
+}
