@@ -66,6 +66,17 @@ impl Engine {
         &self.policies
     }
 
+    /// New policies for runs that start from now on; running runs keep the policy they
+    /// started with (a reload must not change the rules of a run mid-way).
+    pub fn set_policies(&mut self, policies: PolicySet) {
+        self.policies = policies;
+    }
+
+    /// Forgets a ledger key (the log's ledger retention).
+    pub fn forget_operation(&mut self, tenant: &str, op_key: &str) -> bool {
+        self.ledger.forget(tenant, op_key).is_some()
+    }
+
     /// Applies one event (already validated, deduplicated and in its run's order) and
     /// returns the guard's decision for it.
     pub fn apply(&mut self, event: &Event) -> Decision {

@@ -117,7 +117,10 @@ pub(crate) fn gate(
     if refusal.is_none() {
         if let Some(op_key) = &call.op_key {
             match ledger.get(&event.tenant, op_key) {
-                Some(LedgerEntry::Completed { result, .. }) => answered = Some(result.clone()),
+                Some(LedgerEntry::Completed { result, .. }) => {
+                    // Written by `stored_result` from a parsed value, so it parses back.
+                    answered = Some(serde_json::from_str(result).unwrap_or(serde_json::Value::Null))
+                }
                 Some(LedgerEntry::InFlight { .. }) => {
                     refusal = Some(Verdict {
                         action: Action::Block,

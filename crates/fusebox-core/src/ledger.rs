@@ -5,17 +5,18 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum LedgerEntry {
     /// A call with this key executed and has no result yet.
     InFlight { run: String, call_id: String },
-    /// A call with this key succeeded; `result` is what later calls get instead.
+    /// A call with this key succeeded; `result` (JSON text) is what later calls get
+    /// instead. Kept as text so the ledger stays readable by any serde format, not only
+    /// self-describing ones, and costs nothing until someone asks for it again.
     Completed {
         run: String,
         call_id: String,
-        result: Value,
+        result: String,
     },
 }
 
@@ -45,7 +46,7 @@ impl Ledger {
         op_key: &str,
         run: &str,
         call_id: &str,
-        result: Value,
+        result: String,
     ) {
         self.tenants.entry(tenant.to_owned()).or_default().insert(
             op_key.to_owned(),
@@ -66,6 +67,17 @@ impl Ledger {
                 keys.remove(op_key);
             }
         }
+    }
+
+    /// Forgets one key (retention of very old operations). After this, the operation
+    /// may run again: only the log's retention policy should call it.
+    pub fn forget(&mut self, tenant: &str, op_key: &str) -> Option<LedgerEntry> {
+        let keys = self.tenants.get_mut(tenant)?;
+        let removed = keys.remove(op_key);
+        if keys.is_empty() {
+            self.tenants.remove(tenant);
+        }
+        removed
     }
 
     /// Every entry, for the log's ledger tree and operator inspection.
