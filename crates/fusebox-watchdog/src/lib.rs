@@ -73,6 +73,8 @@ pub mod config;
 pub mod deadline;
 pub mod ec2;
 mod engine;
+#[cfg(test)]
+mod engine_tests;
 pub mod facts;
 mod inventory;
 mod pass;
