@@ -119,9 +119,9 @@ impl Run {
             (Shape::PingPong, true) if call % 2 == 1 => format!(
                 r#""type":"tool_call","call_id":"{cid}","tool":"open_url","args":{{"url":"https://example.com/?q=song"}}"#
             ),
-            (Shape::PingPong, true) => format!(
-                r#""type":"tool_call","call_id":"{cid}","tool":"read_screen","args":{{}}"#
-            ),
+            (Shape::PingPong, true) => {
+                format!(r#""type":"tool_call","call_id":"{cid}","tool":"read_screen","args":{{}}"#)
+            }
             (Shape::PingPong, false) if call % 2 == 1 => format!(
                 r#""type":"tool_result","call_id":"{cid}","tool":"open_url","kind":"SUCCESS","output":{{"opened":true}}"#
             ),
