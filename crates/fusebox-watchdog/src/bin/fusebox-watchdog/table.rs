@@ -10,7 +10,7 @@ pub fn inventory(inv: &Inventory) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<12} {:<20} {:<13} {:<24} {:<20} {:>10} {:<12} PROTECTED",
+        "{:<12} {:<20} {:<13} {:<24} {:<20} {:>11} {:<12} PROTECTED",
         "REGION", "INSTANCE", "STATE", "TENANT/RUN", "DEADLINE (UTC)", "LEFT", "REASON"
     );
     for i in &inv.items {
@@ -26,7 +26,7 @@ pub fn inventory(inv: &Inventory) -> String {
         let left = i.time_left_ms.map_or("-".to_owned(), duration);
         let _ = writeln!(
             s,
-            "{:<12} {:<20} {:<13} {:<24} {:<20} {:>10} {:<12} {}",
+            "{:<12} {:<20} {:<13} {:<24} {:<20} {:>11} {:<12} {}",
             i.region,
             i.instance_id,
             i.state.as_str(),
