@@ -2,12 +2,16 @@
 
 mod config;
 mod generate;
+mod log_commands;
+mod operate;
 mod replay;
+mod watchdog_forward;
 
 use std::fs::File;
 use std::io::{self, BufWriter};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fusebox_core::Preset;
@@ -15,6 +19,8 @@ use fusebox_core::Preset;
 #[derive(Parser)]
 #[command(
     name = "fusebox",
+    after_help = "Commands that talk to a running fuseboxd (runs, run, cancel, resume, tail, bench) \
+                  use --nats-url or $FUSEBOX_NATS_URL (default nats://127.0.0.1:4222).",
     version,
     about = "Guard fleets of AI agents against runaway tool loops and forgotten cloud instances.",
     long_about = "fusebox decides, at the tool-execution boundary, whether an agent's next tool call \
@@ -25,6 +31,78 @@ use fusebox_core::Preset;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// How operator commands reach fuseboxd.
+#[derive(clap::Args)]
+struct Remote {
+    /// NATS server fuseboxd listens on.
+    #[arg(
+        long,
+        env = "FUSEBOX_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    nats_url: String,
+    /// How long to wait for fuseboxd's answer.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Print JSON (one object per line) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected e.g. 500ms, 5s, 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("{text:?}: expected e.g. 500ms, 5s, 2m")),
+    }
+}
+
+#[derive(Subcommand)]
+enum LogSub {
+    /// Counts, sizes on disk, space amplification.
+    Stats,
+    /// Checks every record, re-derives every decision by replay, checks snapshots.
+    /// Exit status 1 when the log has problems.
+    Verify,
+    /// Writes the applied events as JSONL that `fusebox replay` accepts: replaying the
+    /// export reproduces the recorded decisions byte for byte.
+    Export {
+        /// Output file (default: stdout).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchSub {
+    /// Load-generate against fuseboxd's gate: serial round trips, N in flight, and
+    /// JetStream ingest, each beside raw NATS request/reply measured in the same run.
+    Gate {
+        #[command(flatten)]
+        remote: Remote,
+        /// Serial (one in flight) gate requests.
+        #[arg(long, default_value_t = 5_000)]
+        serial: usize,
+        /// Gate requests of the parallel measurement.
+        #[arg(long, default_value_t = 100_000)]
+        parallel: usize,
+        /// Requests in flight in the parallel measurement.
+        #[arg(long, default_value_t = 64)]
+        in_flight: usize,
+        /// Events published to JetStream for the ingest measurement.
+        #[arg(long, default_value_t = 100_000)]
+        ingest: usize,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -94,6 +172,76 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
+    /// List the runs fuseboxd knows: open or closed, outcome, events, steps.
+    Runs {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show one run: counters, progress, stop report, its latest decisions.
+    Run {
+        /// TENANT/RUN
+        run: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Cancel a run: its next tool call is refused and a stop goes out on its kill switch.
+    Cancel {
+        /// TENANT/RUN
+        run: String,
+        /// Why, for the stop report.
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Ask to resume a stopped run. Accepted only on evidence of a changed precondition:
+    /// a progress_version above the report's, or a new approval_id / credential_scope.
+    ///
+    /// Example: fusebox resume acme/r1 --evidence '{"approval_id":"CHG-1234"}'
+    #[command(verbatim_doc_comment)]
+    Resume {
+        /// TENANT/RUN
+        run: String,
+        /// A JSON object naming what changed.
+        #[arg(long)]
+        evidence: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Follow decisions live (all runs, a TENANT, or TENANT/RUN).
+    Tail {
+        run: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Inspect the durable log of a stopped fuseboxd.
+    Log {
+        /// fuseboxd's data directory ([storage] data_dir).
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        #[command(subcommand)]
+        command: LogSub,
+    },
+    /// Benchmarks against a running fuseboxd.
+    Bench {
+        #[command(subcommand)]
+        command: BenchSub,
+    },
+    /// The cloud cost watchdog (runs the fusebox-watchdog binary): list, sweep.
+    #[command(disable_help_flag = true)]
+    Watchdog {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn operate(remote: Remote, op: operate::Op) -> Result<ExitCode, String> {
+    let target = operate::Target {
+        nats_url: remote.nats_url,
+        timeout: remote.timeout,
+        json: remote.json,
+    };
+    operate::run(&target, op).map(|()| ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
@@ -138,6 +286,53 @@ fn main() -> ExitCode {
                 .map(|()| ExitCode::SUCCESS)
                 .map_err(|e| e.to_string())
         }
+        Command::Runs { remote } => operate(remote, operate::Op::Runs),
+        Command::Run { run, remote } => operate(remote, operate::Op::Run { run }),
+        Command::Cancel {
+            run,
+            reason,
+            remote,
+        } => operate(remote, operate::Op::Cancel { run, reason }),
+        Command::Resume {
+            run,
+            evidence,
+            remote,
+        } => operate(remote, operate::Op::Resume { run, evidence }),
+        Command::Tail { run, remote } => operate(remote, operate::Op::Tail { run }),
+        Command::Bench {
+            command:
+                BenchSub::Gate {
+                    remote,
+                    serial,
+                    parallel,
+                    in_flight,
+                    ingest,
+                },
+        } => {
+            let options = fusebox_client::bench::BenchOptions {
+                serial,
+                parallel,
+                in_flight,
+                ingest,
+                ..Default::default()
+            };
+            operate(remote, operate::Op::BenchGate { options })
+        }
+        Command::Log { data_dir, command } => {
+            let command = match command {
+                LogSub::Stats => log_commands::LogCommand::Stats,
+                LogSub::Verify => log_commands::LogCommand::Verify,
+                LogSub::Export { out } => log_commands::LogCommand::Export { out },
+            };
+            log_commands::run(&data_dir, command).map(|sound| {
+                if sound {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            })
+        }
+        Command::Watchdog { args } => watchdog_forward::run(&args),
     };
     result.unwrap_or_else(|message| {
         eprintln!("fusebox: {message}");

@@ -1,0 +1,171 @@
+//! Operator commands against a running fuseboxd, over NATS: list runs, show one, cancel,
+//! resume, follow decisions, and the gate benchmark.
+
+use std::io::{self, Write};
+use std::time::Duration;
+
+use fusebox_client::{parse_run_ref, ClientOptions, FuseboxClient};
+use fusebox_core::Decision;
+use serde::Serialize;
+
+/// Where fuseboxd is, and how to print.
+pub struct Target {
+    pub nats_url: String,
+    pub timeout: Duration,
+    pub json: bool,
+}
+
+pub enum Op {
+    Runs,
+    Run {
+        run: String,
+    },
+    Cancel {
+        run: String,
+        reason: Option<String>,
+    },
+    Resume {
+        run: String,
+        evidence: String,
+    },
+    Tail {
+        run: Option<String>,
+    },
+    BenchGate {
+        options: fusebox_client::bench::BenchOptions,
+    },
+}
+
+fn print_json(value: &impl Serialize) -> Result<(), String> {
+    let mut out = io::stdout().lock();
+    serde_json::to_writer(&mut out, value).map_err(|e| e.to_string())?;
+    writeln!(out).map_err(|e| e.to_string())
+}
+
+fn print_decision(decision: &Decision, json: bool) -> Result<(), String> {
+    if json {
+        return print_json(decision);
+    }
+    let reason = decision.reason.map(|r| r.as_str()).unwrap_or("");
+    println!(
+        "{}/{} {} {} {}",
+        decision.tenant,
+        decision.run,
+        decision.action.as_str(),
+        reason,
+        decision.message.as_deref().unwrap_or("")
+    );
+    Ok(())
+}
+
+pub fn run(target: &Target, op: Op) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let options = ClientOptions {
+            timeout: target.timeout,
+            ..ClientOptions::default()
+        };
+        let client = FuseboxClient::connect(&target.nats_url, options)
+            .await
+            .map_err(|e| format!("cannot reach NATS at {}: {e}", target.nats_url))?;
+        let split = |reference: &str| parse_run_ref(reference).map_err(|e| e.to_string());
+        match op {
+            Op::Runs => {
+                let runs = client.runs().await.map_err(|e| e.to_string())?;
+                if target.json {
+                    return runs.iter().try_for_each(print_json);
+                }
+                println!(
+                    "{:<40} {:<8} {:<36} {:>7} {:>7}",
+                    "RUN", "STATE", "OUTCOME", "EVENTS", "STEPS"
+                );
+                for run in &runs {
+                    let outcome = match (&run.terminal_state, &run.reason) {
+                        (Some(state), Some(reason)) => format!("{state} ({reason})"),
+                        _ => String::new(),
+                    };
+                    println!(
+                        "{:<40} {:<8} {:<36} {:>7} {:>7}",
+                        format!("{}/{}", run.tenant, run.run),
+                        if run.open { "open" } else { "closed" },
+                        outcome,
+                        run.events,
+                        run.steps
+                    );
+                }
+                Ok(())
+            }
+            Op::Run { run } => {
+                let (tenant, run) = split(&run)?;
+                let status = client
+                    .run_status(&tenant, &run)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if target.json {
+                    return print_json(&status);
+                }
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&status).map_err(|e| e.to_string())?
+                );
+                Ok(())
+            }
+            Op::Cancel { run, reason } => {
+                let (tenant, run) = split(&run)?;
+                let by = std::env::var("USER").ok();
+                let decision = client
+                    .cancel(&tenant, &run, by.as_deref(), reason.as_deref())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                print_decision(&decision, target.json)
+            }
+            Op::Resume { run, evidence } => {
+                let (tenant, run) = split(&run)?;
+                let evidence: serde_json::Value = serde_json::from_str(&evidence)
+                    .map_err(|e| format!("--evidence must be a JSON object: {e}"))?;
+                if !evidence.is_object() {
+                    return Err(
+                        "--evidence must be a JSON object, e.g. '{\"approval_id\":\"A-1\"}'"
+                            .to_owned(),
+                    );
+                }
+                let by = std::env::var("USER").ok();
+                let decision = client
+                    .resume(&tenant, &run, by.as_deref(), evidence)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                print_decision(&decision, target.json)
+            }
+            Op::Tail { run } => {
+                let (tenant, run) = match run.as_deref() {
+                    None => (None, None),
+                    Some(reference) if !reference.contains('/') => {
+                        (Some(reference.to_owned()), None)
+                    }
+                    Some(reference) => {
+                        let (t, r) = split(reference)?;
+                        (Some(t), Some(r))
+                    }
+                };
+                let mut tail = client
+                    .tail(tenant.as_deref(), run.as_deref())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                while let Some(decision) = tail.next().await {
+                    print_decision(&decision, target.json)?;
+                }
+                Ok(())
+            }
+            Op::BenchGate { options } => {
+                let report = fusebox_client::bench::run(&client, &options)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!("{report}");
+                Ok(())
+            }
+        }
+    })
+}
