@@ -1,13 +1,18 @@
 //! `fusebox replay`: JSONL event files through the engine, with no daemon, no NATS and
 //! no disk state. One decision JSON per decided event on stdout, then one summary line
 //! per run; errors as `file:line: reason: message` on stderr, good lines still applied.
+//! Two threads: one reads and parses, the other orders, applies and writes; the order of
+//! input lines is kept end to end.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
 use std::path::PathBuf;
+use std::sync::mpsc;
 use std::time::Instant;
 
-use fusebox_core::{parse_event_bounded, Admission, Decision, Engine, Event, EventBody, Sequencer};
+use fusebox_core::{
+    parse_event_bounded, Admission, Decision, Engine, Event, EventBody, EventError, Sequencer,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -48,7 +53,6 @@ fn printed(event: &Event, decision: &Decision) -> bool {
 pub struct Replay<W: Write> {
     engine: Engine,
     sequencer: Sequencer,
-    max_event_bytes: usize,
     out: W,
     pub tally: Tally,
 }
@@ -58,20 +62,18 @@ impl<W: Write> Replay<W> {
         Replay {
             engine: Engine::new(config.policies.clone()),
             sequencer: Sequencer::default(),
-            max_event_bytes: config.max_event_bytes,
             out,
             tally: Tally::default(),
         }
     }
 
-    /// Applies one line. A bad line is reported with its place and skipped.
-    pub fn line(&mut self, place: &dyn Fn() -> String, bytes: &[u8]) -> io::Result<()> {
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(());
-        }
-        let admitted = parse_event_bounded(bytes, self.max_event_bytes)
-            .and_then(|event| self.sequencer.admit(event));
-        match admitted {
+    /// Admits one parsed line. A bad line is reported with its place and skipped.
+    pub fn admit(
+        &mut self,
+        place: &dyn Fn() -> String,
+        parsed: Result<Event, EventError>,
+    ) -> io::Result<()> {
+        match parsed.and_then(|event| self.sequencer.admit(event)) {
             Ok(Admission::Ready(events)) => {
                 for event in &events {
                     self.apply(event)?;
@@ -162,17 +164,28 @@ fn progress_bar(size: Option<u64>) -> Option<ProgressBar> {
     Some(bar)
 }
 
-/// Runs the whole command; returns whether every line was good.
-pub fn run(config: &GuardConfig, files: &[String], quiet: bool) -> io::Result<bool> {
-    let started = Instant::now();
-    let stdout = io::stdout().lock();
-    let mut replay = Replay::new(config, io::BufWriter::with_capacity(1 << 16, stdout));
+/// Lines parsed by the reader thread, sent in batches to keep the channel cheap.
+struct Parsed {
+    file: usize,
+    lines: Vec<(u64, Result<Event, EventError>)>,
+}
+
+const BATCH: usize = 1024;
+
+/// The reader: reads and parses every file on its own thread (parsing is half the work
+/// of a replay), handing batches to the applier in input order.
+fn read_and_parse(
+    files: Vec<String>,
+    max_event_bytes: usize,
+    batches: mpsc::SyncSender<Parsed>,
+) -> io::Result<()> {
     let mut line = Vec::with_capacity(4096);
-    for path in files {
+    for (file, path) in files.iter().enumerate() {
         let (input, size) = open(path)?;
         let bar = progress_bar(size);
         let mut reader = BufReader::with_capacity(1 << 16, input);
         let mut number = 0u64;
+        let mut batch = Vec::with_capacity(BATCH);
         loop {
             line.clear();
             let read = reader.read_until(b'\n', &mut line)?;
@@ -183,13 +196,47 @@ pub fn run(config: &GuardConfig, files: &[String], quiet: bool) -> io::Result<bo
             if let Some(bar) = &bar {
                 bar.inc(read as u64);
             }
-            let place = || format!("{path}:{number}");
-            replay.line(&place, &line)?;
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            batch.push((number, parse_event_bounded(&line, max_event_bytes)));
+            if batch.len() == BATCH {
+                let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                if batches.send(Parsed { file, lines: full }).is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        if !batch.is_empty() && batches.send(Parsed { file, lines: batch }).is_err() {
+            return Ok(());
         }
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
     }
+    Ok(())
+}
+
+/// Runs the whole command; returns whether every line was good.
+pub fn run(config: &GuardConfig, files: &[String], quiet: bool) -> io::Result<bool> {
+    let started = Instant::now();
+    let stdout = io::stdout().lock();
+    let mut replay = Replay::new(config, io::BufWriter::with_capacity(1 << 16, stdout));
+    let (sender, batches) = mpsc::sync_channel::<Parsed>(8);
+    let reader = {
+        let files = files.to_vec();
+        let max_event_bytes = config.max_event_bytes;
+        std::thread::spawn(move || read_and_parse(files, max_event_bytes, sender))
+    };
+    for Parsed { file, lines } in batches {
+        for (number, parsed) in lines {
+            let place = || format!("{}:{number}", files[file]);
+            replay.admit(&place, parsed)?;
+        }
+    }
+    reader
+        .join()
+        .map_err(|_| io::Error::other("the reader thread panicked"))??;
     let (engine, tally) = replay.finish()?;
     if !quiet {
         print_summary(&engine, &tally, started.elapsed().as_secs_f64());
