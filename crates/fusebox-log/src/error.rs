@@ -49,7 +49,7 @@ pub enum LogError {
     Encode {
         what: &'static str,
         #[source]
-        source: serde_json::Error,
+        source: rmp_serde::encode::Error,
     },
     /// An earlier append or flush failed: memory is ahead of the disk, so nothing more
     /// may be decided until the guard is reopened (which rebuilds from what is durable).

@@ -15,10 +15,11 @@ use crate::error::LogError;
 use crate::keys;
 use crate::log::{self, check_format, rebuild, repair_tail};
 use crate::options::GuardOptions;
-use crate::record::LogOp;
+use crate::record::{self, LogOp};
 use crate::sled_log::SledLog;
 use crate::state::LogState;
 use crate::store::{EventLog, Tree, WriteBatch};
+use crate::submit::Pending;
 
 pub struct Guard<L: EventLog = SledLog> {
     pub(crate) log: L,
@@ -108,27 +109,32 @@ impl<L: EventLog> Guard<L> {
         run: &str,
         id: &str,
     ) -> Result<Option<Decision>, LogError> {
-        let Some(pos) = self.log.get(Tree::Ids, &keys::event_id(tenant, run, id))? else {
-            return Ok(None);
-        };
-        let pos = keys::decode_position(pos.as_ref()).ok_or_else(|| {
-            log::corrupt(
-                &self.log,
-                format!("the id entry of event {id:?}"),
-                "not a position".to_owned(),
-            )
-        })?;
-        log::decision_at(&self.log, pos)
+        match self.state.index.get(tenant, run, id) {
+            Some(pos) => self.stored_decision(pos, tenant, run, id),
+            None => Ok(None),
+        }
+    }
+
+    /// The decision stored at `pos`, if it is that event's (the index keys ids by a
+    /// 64-bit hash: a collision must not answer with another event's decision).
+    pub(crate) fn stored_decision(
+        &self,
+        pos: u64,
+        tenant: &str,
+        run: &str,
+        id: &str,
+    ) -> Result<Option<Decision>, LogError> {
+        Ok(log::decision_at(&self.log, pos)?
+            .filter(|d| d.event_id == id && d.tenant == tenant && d.run == run))
     }
 
     /// Takes a snapshot now and flushes: call on graceful shutdown so the next start
     /// replays nothing.
     pub fn checkpoint(&mut self) -> Result<(), LogError> {
         self.guarded(|guard| {
-            let mut batch = WriteBatch::default();
-            guard.snapshot_into(&mut batch)?;
-            guard.log.write(batch)?;
-            guard.log.flush()
+            let mut pending = Pending::default();
+            guard.snapshot_into(&mut pending.batch)?;
+            guard.commit(pending)
         })
     }
 
@@ -151,10 +157,9 @@ impl<L: EventLog> Guard<L> {
 
     fn append_op(&mut self, op: LogOp) -> Result<(), LogError> {
         self.guarded(|guard| {
-            let mut batch = WriteBatch::default();
-            guard.stage_op(&mut batch, op)?;
-            guard.log.write(batch)?;
-            guard.log.flush()
+            let mut pending = Pending::default();
+            guard.stage_op(&mut pending, op)?;
+            guard.commit(pending)
         })
     }
 
@@ -165,7 +170,7 @@ impl<L: EventLog> Guard<L> {
         for (tenant, op_key, entry) in self.state.engine.ledger().iter() {
             wanted.insert(
                 keys::ledger(tenant, op_key),
-                encode_json(entry, "a ledger entry")?,
+                record::encode(entry, "a ledger entry")?,
             );
         }
         let mut batch = WriteBatch::default();
@@ -186,11 +191,4 @@ impl<L: EventLog> Guard<L> {
         }
         Ok(())
     }
-}
-
-pub(crate) fn encode_json<T: serde::Serialize>(
-    value: &T,
-    what: &'static str,
-) -> Result<Vec<u8>, LogError> {
-    serde_json::to_vec(value).map_err(|source| LogError::Encode { what, source })
 }

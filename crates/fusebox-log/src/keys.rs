@@ -1,18 +1,18 @@
 //! Key layouts of the sled trees. Positions are big-endian so sled's byte order is the
-//! log's order; the separators are NUL, which the id character sets of tenants and runs
-//! exclude, so a prefix scan of `tenant NUL run NUL` finds exactly one run's ids.
+//! log's order; the ledger separator is NUL, which the id character set of tenants
+//! excludes.
 
 /// Tree names.
 pub const EVENTS: &str = "events";
-pub const DECISIONS: &str = "decisions";
-pub const IDS: &str = "ids";
 pub const LEDGER: &str = "ledger";
 pub const SNAPSHOTS: &str = "snapshots";
 pub const META: &str = "meta";
 
 /// `meta` key of the on-disk format version.
 pub const FORMAT_VERSION_KEY: &[u8] = b"format_version";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: records and decisions in MessagePack frames of consecutive positions, dedup
+/// index in the snapshot instead of an `ids` tree, MessagePack snapshots and ledger.
+pub const FORMAT_VERSION: u32 = 2;
 
 pub fn position(pos: u64) -> [u8; 8] {
     pos.to_be_bytes()
@@ -23,22 +23,6 @@ pub fn decode_position(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
 
-pub fn run_prefix(tenant: &str, run: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(tenant.len() + run.len() + 2);
-    key.extend_from_slice(tenant.as_bytes());
-    key.push(0);
-    key.extend_from_slice(run.as_bytes());
-    key.push(0);
-    key
-}
-
-/// `ids` key: tenant NUL run NUL event-id.
-pub fn event_id(tenant: &str, run: &str, id: &str) -> Vec<u8> {
-    let mut key = run_prefix(tenant, run);
-    key.extend_from_slice(id.as_bytes());
-    key
-}
-
 /// `ledger` key: tenant NUL op_key.
 pub fn ledger(tenant: &str, op_key: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(tenant.len() + op_key.len() + 1);
@@ -46,13 +30,6 @@ pub fn ledger(tenant: &str, op_key: &str) -> Vec<u8> {
     key.push(0);
     key.extend_from_slice(op_key.as_bytes());
     key
-}
-
-/// The tenant and run of an `ids` key, for counting runs.
-pub fn split_run(key: &[u8]) -> Option<&[u8]> {
-    let tenant_end = key.iter().position(|&b| b == 0)?;
-    let run_end = tenant_end + 1 + key[tenant_end + 1..].iter().position(|&b| b == 0)?;
-    Some(&key[..run_end])
 }
 
 #[cfg(test)]
@@ -72,10 +49,7 @@ mod tests {
     }
 
     #[test]
-    fn run_prefix_does_not_match_a_longer_run_id() {
-        let key = event_id("acme", "run-10", "e1");
-        assert!(key.starts_with(&run_prefix("acme", "run-10")));
-        assert!(!key.starts_with(&run_prefix("acme", "run-1")));
-        assert_eq!(split_run(&key), Some(&b"acme\0run-10"[..]));
+    fn ledger_keys_separate_tenant_and_key() {
+        assert_eq!(ledger("acme", "op-1"), b"acme\0op-1".to_vec());
     }
 }

@@ -6,14 +6,17 @@
 //! ```text
 //! events ──Guard::submit_batch──▶ Sequencer ──▶ Engine::apply ──▶ WriteBatch ──flush──▶ decisions
 //!                                                                   │
-//!            sled trees: events (records) · decisions · ids · ledger · snapshots · meta
+//!            sled trees: events (frames of records + decisions) · ledger · snapshots · meta
 //! ```
 //!
-//! * Every applied event and its decision get the next log position (big-endian key),
-//!   in the order applied; operations on the state (a policy change, a retention prune)
-//!   are records of their own at their position, so replay repeats them.
-//! * Group commit: a batch's records are written and flushed once, before any of its
+//! * Every applied event and its decision get the next log position, in the order
+//!   applied; operations on the state (a policy change, a retention prune, forgotten
+//!   ledger keys) are records of their own at their position, so replay repeats them.
+//!   Consecutive positions share a frame keyed by the first one (big-endian).
+//! * Group commit: a batch's frames are written and flushed once, before any of its
 //!   decisions is returned.
+//! * A re-delivered event gets its original decision from an in-memory index (event id
+//!   → position) that snapshots carry and replay rebuilds.
 //! * Start-up: the newest snapshot that verifies, plus the records after it; this
 //!   equals a replay of the whole log (tested by property).
 //! * [`inspect`] holds `fusebox log stats | verify | export`.
@@ -37,8 +40,8 @@ pub use error::LogError;
 pub use guard::Guard;
 pub use maintain::expired_runs;
 pub use options::GuardOptions;
-pub use record::{LogOp, Record, RunRef};
+pub use record::{LogOp, OpRef, Record, RunRef};
 pub use sled_log::{SledLog, SledOptions};
-pub use state::LogState;
+pub use state::{DedupIndex, LedgerTimes, LogState};
 pub use store::{EventLog, Tree, WriteBatch};
 pub use submit::Outcome;

@@ -1,6 +1,7 @@
 //! Housekeeping at the start of a batch, written in the same commit as the batch:
-//! retention (a logged `prune`, so replay forgets the same runs at the same point)
-//! followed by a snapshot of the state right after it.
+//! retention (a logged `prune`, so replay forgets the same runs at the same point),
+//! ledger retention (a logged `forget_operations`, likewise) and a snapshot of the
+//! state right after them.
 
 use fusebox_core::Engine;
 
@@ -8,12 +9,13 @@ use crate::error::LogError;
 use crate::guard::Guard;
 use crate::keys;
 use crate::log::snapshot_positions;
-use crate::record::{LogOp, RunRef};
+use crate::record::{LogOp, OpRef, RunRef};
 use crate::snapshot;
 use crate::store::{EventLog, Tree, WriteBatch};
+use crate::submit::Pending;
 
 impl<L: EventLog> Guard<L> {
-    pub(crate) fn maintain(&mut self, batch: &mut WriteBatch) -> Result<(), LogError> {
+    pub(crate) fn maintain(&mut self, pending: &mut Pending) -> Result<(), LogError> {
         if !self.snapshot_due() {
             return Ok(());
         }
@@ -25,10 +27,31 @@ impl<L: EventLog> Guard<L> {
             );
             if !runs.is_empty() {
                 tracing::info!(runs = runs.len(), "pruning closed runs past retention");
-                self.stage_op(batch, LogOp::Prune { runs })?;
+                self.stage_op(pending, LogOp::Prune { runs })?;
             }
         }
-        self.snapshot_into(batch)
+        if let Some(retention) = self.options.ledger_retention {
+            let cutoff = self
+                .state
+                .event_time_ms
+                .checked_sub(retention.as_millis() as u64);
+            let operations: Vec<OpRef> = cutoff
+                .into_iter()
+                .flat_map(|cutoff| self.state.ledger_times.older_than(cutoff))
+                .map(|(tenant, op_key)| OpRef {
+                    tenant: tenant.to_owned(),
+                    op_key: op_key.to_owned(),
+                })
+                .collect();
+            if !operations.is_empty() {
+                tracing::info!(
+                    keys = operations.len(),
+                    "forgetting ledger keys past ledger retention"
+                );
+                self.stage_op(pending, LogOp::ForgetOperations { operations })?;
+            }
+        }
+        self.snapshot_into(&mut pending.batch)
     }
 
     fn snapshot_due(&self) -> bool {

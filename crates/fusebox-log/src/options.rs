@@ -19,9 +19,13 @@ pub struct GuardOptions {
     /// start-up fall back when the newest is damaged.
     pub snapshots_kept: usize,
     /// Closed runs whose last event is older than this (event time) are forgotten at
-    /// the next snapshot; `None` keeps every run. Ledger entries are always kept: an
-    /// operation that completed must never run again.
+    /// the next snapshot; `None` keeps every run. Their ledger entries stay (see
+    /// `ledger_retention`).
     pub retention: Option<Duration>,
+    /// Ledger keys last written longer ago than this (event time) are forgotten at the
+    /// next snapshot, and their operations may then run again; `None` (the default)
+    /// keeps every key for good, so a completed operation never runs twice.
+    pub ledger_retention: Option<Duration>,
     /// Events held per run while waiting for a missing `seq`.
     pub max_held: usize,
     pub sled: SledOptions,
@@ -34,6 +38,7 @@ impl Default for GuardOptions {
             snapshot_every_event_time: Duration::from_secs(600),
             snapshots_kept: 2,
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            ledger_retention: None,
             max_held: DEFAULT_MAX_HELD,
             sled: SledOptions::default(),
         }

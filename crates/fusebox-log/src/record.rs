@@ -1,12 +1,24 @@
-//! What one position of the log holds: an applied event, or an operation on the guard
-//! state that replay must repeat at the same point (a policy change, a retention prune).
+//! What one position of the log holds: an applied event with its decision, or an
+//! operation on the guard state that replay must repeat at the same point (a policy
+//! change, a retention prune, forgotten ledger keys).
 //!
-//! Both live in the `events` tree so that one tree is the single commit point of a
-//! batch and its keys are contiguous. An event record is the event's wire JSON (it
-//! starts with `{"v":`); an operation record is `{"op":…}`, which no event can be.
+//! Positions are stored in frames: one `events` value holds consecutive positions, keyed
+//! by the first one (big-endian), so a batch costs a few sled inserts instead of several
+//! per event. A frame is `count: u32 LE` then the LZ4 block (size-prepended) of, per
+//! position, its kind, its record and its decision (empty for an operation), each as
+//! `len: u32 LE` + bytes (records and decisions in MessagePack). LZ4 because field
+//! names repeat in every record: it cuts the bytes sled writes, rereads on open and
+//! keeps on disk by about two thirds for well under a microsecond an event.
+//! MessagePack with named fields is self-describing (the core types skip `None` fields
+//! when serialising), about twice as fast as JSON both ways, and each event and
+//! decision is serialised exactly once, when its batch is staged.
 
-use fusebox_core::{parse_event, Event, PolicySet};
+use std::ops::Range;
+
+use fusebox_core::{Decision, Event, PolicySet};
 use serde::{Deserialize, Serialize};
+
+use crate::error::LogError;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -15,6 +27,8 @@ pub enum LogOp {
     SetPolicies { policies: PolicySet },
     /// Retention: these closed runs are forgotten (their ledger entries stay).
     Prune { runs: Vec<RunRef> },
+    /// Ledger retention: these keys are forgotten; their operations may run again.
+    ForgetOperations { operations: Vec<OpRef> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -23,51 +37,328 @@ pub struct RunRef {
     pub run: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct OpRef {
+    pub tenant: String,
+    pub op_key: String,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
     Event(Box<Event>),
     Op(LogOp),
 }
 
-const OP_PREFIX: &[u8] = b"{\"op\":";
+/// Kind byte of a frame entry.
+const EVENT: u8 = 0;
+const OP: u8 = 1;
 
-/// Whether stored bytes are an operation record (without decoding them).
-pub fn is_op(bytes: &[u8]) -> bool {
-    bytes.starts_with(OP_PREFIX)
+/// Frames are cut at about this size before compression: sled keeps up to 16 values
+/// per leaf and writes a node above 128 KiB as a separate blob file, so compressed
+/// frames must stay well below 8 KiB.
+pub const FRAME_BYTES: usize = 16 * 1024;
+
+/// MessagePack with field names (self-describing: `skip_serializing_if` safe).
+pub fn encode<T: Serialize + ?Sized>(value: &T, what: &'static str) -> Result<Vec<u8>, LogError> {
+    let mut out = Vec::with_capacity(128);
+    encode_into(&mut out, value, what)?;
+    Ok(out)
 }
 
-/// Decodes a stored record; the error is a sentence for a corruption report.
-pub fn decode(bytes: &[u8]) -> Result<Record, String> {
-    if is_op(bytes) {
-        serde_json::from_slice(bytes)
-            .map(Record::Op)
-            .map_err(|e| format!("operation record does not decode: {e}"))
-    } else {
-        parse_event(bytes)
-            .map(|event| Record::Event(Box::new(event)))
-            .map_err(|e| format!("event record does not parse: {e}"))
+pub fn encode_into<T: Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    value: &T,
+    what: &'static str,
+) -> Result<(), LogError> {
+    rmp_serde::encode::write_named(out, value).map_err(|source| LogError::Encode { what, source })
+}
+
+pub fn decode_value<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
+    rmp_serde::from_slice(bytes).map_err(|e| e.to_string())
+}
+
+/// One position in a frame, borrowed from the stored bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameEntry<'a> {
+    pub is_op: bool,
+    pub record: &'a [u8],
+    /// The decision's bytes (empty for an operation).
+    pub decision: &'a [u8],
+}
+
+impl FrameEntry<'_> {
+    /// Decodes the record; the error is a sentence for a corruption report.
+    pub fn decode(&self) -> Result<Record, String> {
+        if self.is_op {
+            decode_value(self.record)
+                .map(Record::Op)
+                .map_err(|e| format!("operation record does not decode: {e}"))
+        } else {
+            decode_value::<Event>(self.record)
+                .map(|event| Record::Event(Box::new(event)))
+                .map_err(|e| format!("event record does not decode: {e}"))
+        }
     }
+
+    pub fn decode_decision(&self) -> Result<Decision, String> {
+        decode_value(self.decision).map_err(|e| format!("decision does not decode: {e}"))
+    }
+}
+
+/// Number of positions a frame holds, from its header alone.
+pub fn frame_len(bytes: &[u8]) -> Result<u64, String> {
+    let header: [u8; 4] = bytes
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or("frame shorter than its header")?;
+    match u32::from_le_bytes(header) {
+        0 => Err("empty frame".to_owned()),
+        n => Ok(u64::from(n)),
+    }
+}
+
+/// A decompressed frame whose entries have all been length-checked.
+#[derive(Debug)]
+pub struct Frame {
+    data: Vec<u8>,
+    /// Per entry: whether it is an operation, and where its record and decision are.
+    entries: Vec<(bool, Range<usize>, Range<usize>)>,
+}
+
+impl Frame {
+    pub fn entries(&self) -> impl Iterator<Item = FrameEntry<'_>> {
+        self.entries
+            .iter()
+            .map(|(is_op, record, decision)| FrameEntry {
+                is_op: *is_op,
+                record: &self.data[record.clone()],
+                decision: &self.data[decision.clone()],
+            })
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Decompresses a stored frame and checks every length against the bytes there are.
+pub fn decode_frame(bytes: &[u8]) -> Result<Frame, String> {
+    let count = frame_len(bytes)? as usize;
+    let data = lz4_flex::decompress_size_prepended(&bytes[4..])
+        .map_err(|e| format!("frame does not decompress: {e}"))?;
+    let mut rest = Parts { data: &data, at: 0 };
+    let mut entries = Vec::with_capacity(count);
+    for _ in 0..count {
+        let kind = rest.take("kind")?;
+        let is_op = match &data[kind] {
+            [EVENT] => false,
+            [OP] => true,
+            other => return Err(format!("bad entry kind {other:?}")),
+        };
+        let record = rest.take("record")?;
+        let decision = rest.take("decision")?;
+        entries.push((is_op, record, decision));
+    }
+    if rest.at != data.len() {
+        return Err(format!(
+            "{} bytes after the last entry",
+            data.len() - rest.at
+        ));
+    }
+    Ok(Frame { data, entries })
+}
+
+/// The unread rest of a frame: length-prefixed parts (the kind is one too, so every
+/// part of an entry is checked the same way).
+struct Parts<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Parts<'_> {
+    fn take(&mut self, what: &str) -> Result<Range<usize>, String> {
+        let len = self
+            .data
+            .get(self.at..self.at + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+            .ok_or_else(|| format!("frame cut short before a {what} length"))?;
+        let start = self.at + 4;
+        if self.data.len() - start < len {
+            return Err(format!("frame cut short inside a {what}"));
+        }
+        self.at = start + len;
+        Ok(start..start + len)
+    }
+}
+
+/// Builds frames for consecutive positions, cutting a new one every [`FRAME_BYTES`].
+#[derive(Debug, Default)]
+pub struct FrameWriter {
+    /// (first position, bytes), in order.
+    frames: Vec<(u64, Vec<u8>)>,
+    next: u64,
+}
+
+impl FrameWriter {
+    pub fn push_event(
+        &mut self,
+        pos: u64,
+        event: &Event,
+        decision: &Decision,
+    ) -> Result<(), LogError> {
+        let frame = self.entry(pos, EVENT);
+        put(frame, |out| encode_into(out, event, "an event"))?;
+        put(frame, |out| encode_into(out, decision, "a decision"))
+    }
+
+    pub fn push_op(&mut self, pos: u64, op: &LogOp) -> Result<(), LogError> {
+        let frame = self.entry(pos, OP);
+        put(frame, |out| encode_into(out, op, "a log operation"))?;
+        put(frame, |_| Ok(()))
+    }
+
+    /// Adds an already encoded entry (a frame being rewritten).
+    pub fn push_raw(&mut self, pos: u64, entry: &FrameEntry<'_>) {
+        let frame = self.entry(pos, if entry.is_op { OP } else { EVENT });
+        for part in [entry.record, entry.decision] {
+            frame.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            frame.extend_from_slice(part);
+        }
+    }
+
+    /// Starts the entry of `pos` (which must follow the previous one) and writes its kind.
+    fn entry(&mut self, pos: u64, kind: u8) -> &mut Vec<u8> {
+        let cut = match self.frames.last() {
+            None => true,
+            Some((_, bytes)) => {
+                assert_eq!(pos, self.next, "frame positions must be consecutive");
+                bytes.len() >= FRAME_BYTES
+            }
+        };
+        if cut {
+            self.frames.push((pos, vec![0; 4]));
+        }
+        self.next = pos + 1;
+        let frame = &mut self.frames.last_mut().expect("pushed above").1;
+        let count = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) + 1;
+        frame[..4].copy_from_slice(&count.to_le_bytes());
+        frame.extend_from_slice(&1u32.to_le_bytes());
+        frame.push(kind);
+        frame
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// The frames as stored: count, then the compressed entries.
+    pub fn into_frames(self) -> Vec<(u64, Vec<u8>)> {
+        self.frames
+            .into_iter()
+            .map(|(first, frame)| {
+                let mut stored = frame[..4].to_vec();
+                stored.extend_from_slice(&lz4_flex::compress_prepend_size(&frame[4..]));
+                (first, stored)
+            })
+            .collect()
+    }
+}
+
+/// Writes a length-prefixed part whose length is known only once it is written.
+fn put(
+    frame: &mut Vec<u8>,
+    write: impl FnOnce(&mut Vec<u8>) -> Result<(), LogError>,
+) -> Result<(), LogError> {
+    let at = frame.len();
+    frame.extend_from_slice(&[0; 4]);
+    write(frame)?;
+    let len = (frame.len() - at - 4) as u32;
+    frame[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use fusebox_core::parse_event;
+
     use super::*;
+    use crate::state::LogState;
 
     #[test]
-    fn operations_and_events_are_told_apart() {
+    fn frames_round_trip_events_decisions_and_operations() {
         let op = LogOp::Prune {
             runs: vec![RunRef {
                 tenant: "acme".into(),
                 run: "r1".into(),
             }],
         };
-        let bytes = serde_json::to_vec(&op).unwrap();
-        assert!(bytes.starts_with(OP_PREFIX));
-        assert_eq!(decode(&bytes), Ok(Record::Op(op)));
+        let event = parse_event(
+            br#"{"v":1,"id":"e1","tenant":"acme","run":"r1","ts_ms":5,"type":"tool_call","call_id":"c","tool":"send","args":{"n":-1.5,"big":18446744073709551615,"neg":-3,"f":1.0,"s":"\u00e9"},"op_key":"k"}"#,
+        )
+        .unwrap();
+        let decision = LogState::new(4).apply_event(&event);
+        let mut writer = FrameWriter::default();
+        writer.push_op(1, &op).unwrap();
+        writer.push_event(2, &event, &decision).unwrap();
+        let frames = writer.into_frames();
+        assert_eq!(frames.len(), 1);
+        let frame = decode_frame(&frames[0].1).unwrap();
+        let entries: Vec<_> = frame.entries().collect();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].decode(), Ok(Record::Op(op)));
+        assert!(entries[0].decision.is_empty());
+        assert_eq!(
+            entries[1].decode(),
+            Ok(Record::Event(Box::new(event.clone())))
+        );
+        assert_eq!(entries[1].decode_decision(), Ok(decision));
+        // The export writes the decoded event as JSON: it must be the wire form again.
+        let Ok(Record::Event(back)) = entries[1].decode() else {
+            unreachable!("checked above")
+        };
+        assert_eq!(
+            serde_json::to_vec(&back).unwrap(),
+            serde_json::to_vec(&event).unwrap()
+        );
 
-        let event = br#"{"v":1,"id":"e1","tenant":"acme","run":"r1","ts_ms":5,"type":"tick"}"#;
-        assert!(matches!(decode(event), Ok(Record::Event(e)) if e.id == "e1"));
-        assert!(decode(b"{\"op\":\"nope\"}").is_err());
-        assert!(decode(b"garbage").is_err());
+        let mut bytes = frames[0].1.clone();
+        bytes.truncate(bytes.len() - 1);
+        assert!(decode_frame(&bytes).is_err());
+        assert!(decode_frame(&[1, 0, 0, 0, 9]).is_err());
+        assert!(decode_frame(&[0, 0, 0, 0]).is_err());
+        // A count that promises more entries than the frame holds.
+        let mut more = frames[0].1.clone();
+        more[0] = 3;
+        assert!(decode_frame(&more).is_err());
+        let garbage = FrameEntry {
+            is_op: false,
+            record: b"garbage",
+            decision: b"",
+        };
+        assert!(garbage.decode().is_err());
+    }
+
+    #[test]
+    fn frames_are_cut_by_size_and_keep_positions_consecutive() {
+        let mut writer = FrameWriter::default();
+        let op = LogOp::SetPolicies {
+            policies: PolicySet::default(),
+        };
+        for pos in 10..400 {
+            writer.push_op(pos, &op).unwrap();
+        }
+        let frames = writer.into_frames();
+        assert!(frames.len() > 1);
+        let mut next = 10;
+        for (first, bytes) in &frames {
+            assert_eq!(*first, next);
+            assert!(bytes.len() < 8 * 1024);
+            next += frame_len(bytes).unwrap();
+        }
+        assert_eq!(next, 400);
     }
 }

@@ -167,6 +167,14 @@ impl EventLog for SledLog {
         self.tree(tree).last().map_err(|e| self.storage(e))
     }
 
+    fn floor(&self, tree: Tree, key: &[u8]) -> Result<Option<Entry<IVec>>, LogError> {
+        self.tree(tree)
+            .range(..=key)
+            .next_back()
+            .transpose()
+            .map_err(|e| self.storage(e))
+    }
+
     fn write(&mut self, batch: WriteBatch) -> Result<(), LogError> {
         for (tree, writes) in batch.into_trees() {
             if writes.is_empty() {

@@ -1,13 +1,22 @@
 //! The guard state the log rebuilds: the engine, the sequencer of applied events (ids
-//! and per-run order, without anything held in memory only), the log position and the
-//! latest event time. Start-up, verify and the tests all go through `apply`, so a
-//! rebuild and a full replay cannot drift apart.
+//! and per-run order, without anything held in memory only), where each applied event
+//! sits in the log (to answer a re-delivery with its original decision), when each
+//! ledger key was last written, the log position and the latest event time. Start-up,
+//! verify and the tests all go through `apply`, so a rebuild and a full replay cannot
+//! drift apart.
 
-use fusebox_core::{Decision, Engine, Event, PolicySet, Sequencer};
-use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, DefaultHasher};
+
+use fusebox_core::{Decision, Engine, Event, EventBody, Sequencer};
+use serde::{Deserialize, Serialize};
 
 use crate::error::LogError;
 use crate::record::{LogOp, Record};
+
+/// Deterministic hashing (no random keys): equal states hash and compare alike across
+/// processes.
+type Fixed = BuildHasherDefault<DefaultHasher>;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogState {
@@ -15,10 +24,116 @@ pub struct LogState {
     /// Mirrors what the log holds (fed by `note_applied`), so a snapshot of it never
     /// contains events held for a missing `seq` that the log does not have.
     pub applied: Sequencer,
+    /// Event id → log position, per run. Kept in memory and in snapshots instead of an
+    /// index tree written per event.
+    pub index: DedupIndex,
+    /// Event time each ledger key was last written (for ledger retention).
+    pub ledger_times: LedgerTimes,
     /// Position of the last record applied (0: none).
     pub position: u64,
     /// Latest `ts_ms` applied: the log's clock for snapshots and retention.
     pub event_time_ms: u64,
+}
+
+/// tenant → run → FNV-1a of the event id → position. 64-bit hashes keep the index at
+/// ~25 bytes an event; a lookup checks the id of the decision it finds, so a
+/// collision can only miss, never answer with another event's decision.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct DedupIndex(HashMap<String, HashMap<String, RunIds, Fixed>, Fixed>);
+
+/// One run's id hashes and positions.
+type RunIds = HashMap<u64, u64, Fixed>;
+
+pub fn id_hash(id: &str) -> u64 {
+    id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl DedupIndex {
+    fn insert(&mut self, event: &Event, pos: u64) {
+        let tenant = match self.0.get_mut(event.tenant.as_str()) {
+            Some(tenant) => tenant,
+            None => self.0.entry(event.tenant.clone()).or_default(),
+        };
+        let run = match tenant.get_mut(event.run.as_str()) {
+            Some(run) => run,
+            None => tenant.entry(event.run.clone()).or_default(),
+        };
+        run.insert(id_hash(&event.id), pos);
+    }
+
+    /// Where the event with this id was applied, if its run is still in the log.
+    pub fn get(&self, tenant: &str, run: &str, id: &str) -> Option<u64> {
+        self.0.get(tenant)?.get(run)?.get(&id_hash(id)).copied()
+    }
+
+    fn forget_run(&mut self, tenant: &str, run: &str) {
+        if let Some(runs) = self.0.get_mut(tenant) {
+            runs.remove(run);
+            if runs.is_empty() {
+                self.0.remove(tenant);
+            }
+        }
+    }
+
+    /// Every entry: tenant, run, id hash, position.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, u64, u64)> {
+        self.0.iter().flat_map(|(tenant, runs)| {
+            runs.iter().flat_map(move |(run, ids)| {
+                ids.iter()
+                    .map(move |(&hash, &pos)| (tenant.as_str(), run.as_str(), hash, pos))
+            })
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.0
+            .values()
+            .flat_map(HashMap::values)
+            .map(HashMap::len)
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// tenant → op_key → `ts_ms` of the event that last wrote the ledger entry.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct LedgerTimes(BTreeMap<String, BTreeMap<String, u64>>);
+
+impl LedgerTimes {
+    fn set(&mut self, tenant: &str, op_key: String, ts_ms: Option<u64>) {
+        match ts_ms {
+            Some(ts) => {
+                self.0
+                    .entry(tenant.to_owned())
+                    .or_default()
+                    .insert(op_key, ts);
+            }
+            None => self.forget(tenant, &op_key),
+        }
+    }
+
+    fn forget(&mut self, tenant: &str, op_key: &str) {
+        if let Some(keys) = self.0.get_mut(tenant) {
+            keys.remove(op_key);
+            if keys.is_empty() {
+                self.0.remove(tenant);
+            }
+        }
+    }
+
+    /// Keys last written at or before `cutoff_ms`, in order.
+    pub fn older_than(&self, cutoff_ms: u64) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().flat_map(move |(tenant, keys)| {
+            keys.iter()
+                .filter(move |(_, &ts)| ts <= cutoff_ms)
+                .map(move |(key, _)| (tenant.as_str(), key.as_str()))
+        })
+    }
 }
 
 impl LogState {
@@ -26,29 +141,48 @@ impl LogState {
         LogState {
             engine: Engine::default(),
             applied: Sequencer::new(max_held),
+            index: DedupIndex::default(),
+            ledger_times: LedgerTimes::default(),
             position: 0,
             event_time_ms: 0,
         }
     }
 
     pub fn apply_event(&mut self, event: &Event) -> Decision {
+        self.apply_event_touching(event).0
+    }
+
+    /// Applies an event; also returns the `op_key` whose ledger entry it may have
+    /// changed (the guard writes that entry to the ledger tree).
+    pub fn apply_event_touching(&mut self, event: &Event) -> (Decision, Option<String>) {
+        let op_key = op_key_touched(&self.engine, event);
         let decision = self.engine.apply(event);
         self.applied.note_applied(event);
         self.position += 1;
+        self.index.insert(event, self.position);
         self.event_time_ms = self.event_time_ms.max(event.ts_ms);
-        decision
+        if let Some(op_key) = &op_key {
+            let kept = self.engine.ledger().get(&event.tenant, op_key).is_some();
+            self.ledger_times
+                .set(&event.tenant, op_key.clone(), kept.then_some(event.ts_ms));
+        }
+        (decision, op_key)
     }
 
     pub fn apply_op(&mut self, op: &LogOp) -> Result<(), LogError> {
         match op {
-            LogOp::SetPolicies { policies } => {
-                let engine = std::mem::take(&mut self.engine);
-                self.engine = with_policies(engine, policies.clone())?;
-            }
+            LogOp::SetPolicies { policies } => self.engine.set_policies(policies.clone()),
             LogOp::Prune { runs } => {
                 for run in runs {
                     self.engine.forget_run(&run.tenant, &run.run);
                     self.applied.forget_run(&run.tenant, &run.run);
+                    self.index.forget_run(&run.tenant, &run.run);
+                }
+            }
+            LogOp::ForgetOperations { operations } => {
+                for op in operations {
+                    self.engine.forget_operation(&op.tenant, &op.op_key);
+                    self.ledger_times.forget(&op.tenant, &op.op_key);
                 }
             }
         }
@@ -65,69 +199,60 @@ impl LogState {
     }
 }
 
-/// The engine with new policies for runs that start from now on.
-///
-/// fusebox-core has no setter for the policies, so the engine is rebuilt through its
-/// serialised form (the same form a snapshot uses) with the policies swapped. It runs
-/// once per configuration change, never per event.
-fn with_policies(engine: Engine, policies: PolicySet) -> Result<Engine, LogError> {
-    if engine.run_count() == 0 && engine.ledger().is_empty() {
-        return Ok(Engine::new(policies));
+/// The `op_key` whose ledger entry this event may change: a call's own key, or for a
+/// result the key of the call it answers.
+fn op_key_touched(engine: &Engine, event: &Event) -> Option<String> {
+    match &event.body {
+        EventBody::ToolCall(call) => call.op_key.clone(),
+        EventBody::ToolResult(result) => engine
+            .run(&event.tenant, &event.run)?
+            .pending
+            .get(&result.call_id)?
+            .op_key
+            .clone(),
+        _ => None,
     }
-    #[derive(Serialize)]
-    struct Parts<'a> {
-        policies: &'a PolicySet,
-        runs: std::collections::BTreeMap<
-            &'a str,
-            std::collections::BTreeMap<&'a str, &'a fusebox_core::RunState>,
-        >,
-        ledger: &'a fusebox_core::ledger::Ledger,
-    }
-    let mut runs: std::collections::BTreeMap<_, std::collections::BTreeMap<_, _>> =
-        std::collections::BTreeMap::new();
-    for (tenant, run, state) in engine.runs() {
-        runs.entry(tenant).or_default().insert(run, state);
-    }
-    let encode = |source| LogError::Encode {
-        what: "the engine with new policies",
-        source,
-    };
-    let bytes = serde_json::to_vec(&Parts {
-        policies: &policies,
-        runs,
-        ledger: engine.ledger(),
-    })
-    .map_err(encode)?;
-    serde_json::from_slice(&bytes).map_err(encode)
 }
 
 #[cfg(test)]
 mod tests {
-    use fusebox_core::{parse_event, Policy, Preset};
+    use fusebox_core::{parse_event, PolicySet, Preset};
 
     use super::*;
+    use crate::record::OpRef;
 
     #[test]
-    fn a_policy_change_keeps_runs_and_ledger() {
+    fn a_policy_change_keeps_runs_and_ledger_and_forgetting_a_key_frees_it() {
         let mut state = LogState::new(16);
         let event = parse_event(
             br#"{"v":1,"id":"e1","tenant":"t","run":"r","ts_ms":1,"type":"tool_call","call_id":"c","tool":"send","args":{},"op_key":"k"}"#,
         )
         .unwrap();
         state.apply_event(&event);
+        assert_eq!(state.index.get("t", "r", "e1"), Some(1));
+        assert_eq!(state.ledger_times.older_than(1).count(), 1);
         let before = state.engine.clone();
 
         let strict = PolicySet::new(Preset::Strict.policy());
-        let changed = with_policies(before.clone(), strict.clone()).unwrap();
-        assert_eq!(changed.policies(), &strict);
-        assert_eq!(changed.runs().count(), 1);
-        assert_eq!(changed.ledger(), before.ledger());
+        state
+            .apply_op(&LogOp::SetPolicies {
+                policies: strict.clone(),
+            })
+            .unwrap();
+        assert_eq!(state.engine.policies(), &strict);
+        assert_eq!(state.engine.runs().count(), 1);
+        assert_eq!(state.engine.ledger(), before.ledger());
 
-        let back = with_policies(changed, before.policies().clone()).unwrap();
-        assert_eq!(back, before);
-        assert_eq!(
-            with_policies(Engine::default(), PolicySet::new(Policy::default())).unwrap(),
-            Engine::default()
-        );
+        state
+            .apply_op(&LogOp::ForgetOperations {
+                operations: vec![OpRef {
+                    tenant: "t".into(),
+                    op_key: "k".into(),
+                }],
+            })
+            .unwrap();
+        assert!(state.engine.ledger().is_empty());
+        assert_eq!(state.ledger_times.older_than(u64::MAX).count(), 0);
+        assert_eq!(state.position, 3);
     }
 }

@@ -8,37 +8,26 @@ use std::path::Path;
 use crate::error::LogError;
 
 /// The trees of the log, in the order a batch writes them. sled recovers a prefix of
-/// its writes, so `events` last means a record on disk implies its decision, id and
-/// ledger writes are there too; and `decisions` before `ids` means an id entry of a
-/// batch cut short implies its decision, through which opening the log finds and
-/// removes it (see `log::repair_tail`).
+/// its writes, so `events` (records and their decisions, in frames) last means a frame
+/// on disk implies the batch's ledger writes and snapshot are there too; what a batch
+/// cut short left in `ledger` and `snapshots` is repaired on open (see
+/// `log::repair_tail` and `Guard::reconcile_ledger`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Tree {
     Meta,
-    Decisions,
-    Ids,
     Ledger,
     Snapshots,
     Events,
 }
 
 impl Tree {
-    pub const ALL: [Tree; 6] = [
-        Tree::Meta,
-        Tree::Decisions,
-        Tree::Ids,
-        Tree::Ledger,
-        Tree::Snapshots,
-        Tree::Events,
-    ];
+    pub const ALL: [Tree; 4] = [Tree::Meta, Tree::Ledger, Tree::Snapshots, Tree::Events];
 
     pub fn name(self) -> &'static str {
         use crate::keys::*;
         match self {
             Tree::Meta => META,
-            Tree::Ids => IDS,
             Tree::Ledger => LEDGER,
-            Tree::Decisions => DECISIONS,
             Tree::Snapshots => SNAPSHOTS,
             Tree::Events => EVENTS,
         }
@@ -81,9 +70,11 @@ impl WriteBatch {
 pub type Entry<B> = (B, B);
 pub type Scan<'a, B> = Box<dyn Iterator<Item = Result<Entry<B>, LogError>> + 'a>;
 
-pub trait EventLog {
+/// `Sync` and `Send` bytes: a replay reads and decodes on one thread while another
+/// applies.
+pub trait EventLog: Sync {
     /// Stored bytes, without a copy where the store allows it.
-    type Bytes: AsRef<[u8]>;
+    type Bytes: AsRef<[u8]> + Send;
 
     /// Where the data lives, for error messages and recovery commands.
     fn path(&self) -> &Path;
@@ -93,6 +84,8 @@ pub trait EventLog {
     /// Entries whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Scan<'_, Self::Bytes>;
     fn last(&self, tree: Tree) -> Result<Option<Entry<Self::Bytes>>, LogError>;
+    /// The entry with the greatest key `<= key`: the frame that holds a position.
+    fn floor(&self, tree: Tree, key: &[u8]) -> Result<Option<Entry<Self::Bytes>>, LogError>;
     /// Applies the batch (each tree atomically, in commit order). Not yet durable.
     fn write(&mut self, batch: WriteBatch) -> Result<(), LogError>;
     /// Makes every write before it durable.

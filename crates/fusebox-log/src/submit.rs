@@ -3,12 +3,14 @@
 //! before any of its decisions is returned (write-ahead: a decision that lets a side
 //! effect run is on disk before anyone acts on it).
 
-use fusebox_core::{Admission, Decision, Event, EventBody, EventError};
+use std::collections::BTreeMap;
+
+use fusebox_core::{Admission, Decision, Event, EventError};
 
 use crate::error::LogError;
-use crate::guard::{encode_json, Guard};
+use crate::guard::Guard;
 use crate::keys;
-use crate::record::LogOp;
+use crate::record::{self, FrameWriter, LogOp};
 use crate::store::{EventLog, Tree, WriteBatch};
 
 /// What became of one submitted event.
@@ -27,20 +29,16 @@ pub enum Outcome {
     Rejected(EventError),
 }
 
-/// The writes of one batch and the events it applied.
+/// The writes of one batch: snapshots (`batch`), the ledger entries it changed (the
+/// last value of each key only), its records in frames, and where the decisions of the
+/// events it applied sit in the outcomes (to answer a duplicate inside the batch).
 #[derive(Default)]
-struct Pending {
-    batch: WriteBatch,
-    applied: Vec<Applied>,
-}
-
-/// An event applied in the batch: its ids key and position, and where its decision
-/// sits in the outcomes (to answer a duplicate inside the same batch).
-struct Applied {
-    id: Vec<u8>,
-    pos: u64,
-    outcome: usize,
-    index: usize,
+pub(crate) struct Pending {
+    pub(crate) batch: WriteBatch,
+    pub(crate) ledger: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    pub(crate) frames: FrameWriter,
+    /// (position, outcome index, index in that outcome's decisions), by position.
+    applied: Vec<(u64, usize, usize)>,
 }
 
 impl<L: EventLog> Guard<L> {
@@ -48,16 +46,31 @@ impl<L: EventLog> Guard<L> {
     /// batch may be acted on, and the guard must be reopened.
     pub fn submit_batch(&mut self, events: Vec<Event>) -> Result<Vec<Outcome>, LogError> {
         self.guarded(|guard| {
+            let durable = guard.state.position;
             let mut pending = Pending::default();
-            guard.maintain(&mut pending.batch)?;
+            guard.maintain(&mut pending)?;
             let mut outcomes = Vec::with_capacity(events.len());
+            let mut duplicates = Vec::new();
             for event in events {
-                let id = keys::event_id(&event.tenant, &event.run, &event.id);
+                // Where an earlier copy was applied (this batch included), looked up
+                // before admission takes the event; the id is kept only for those.
+                let seen = guard
+                    .state
+                    .index
+                    .get(&event.tenant, &event.run, &event.id)
+                    .map(|pos| Seen {
+                        outcome: outcomes.len(),
+                        pos,
+                        tenant: event.tenant.clone(),
+                        run: event.run.clone(),
+                        id: event.id.clone(),
+                    });
                 let outcome = match guard.admission.admit(event) {
                     Err(error) => Outcome::Rejected(error),
                     Ok(Admission::Held { waiting_for }) => Outcome::Held { waiting_for },
                     Ok(Admission::Duplicate) => {
-                        Outcome::Duplicate(guard.original(&pending, &outcomes, &id)?)
+                        duplicates.extend(seen);
+                        Outcome::Duplicate(None)
                     }
                     Ok(Admission::Ready(ready)) => {
                         Outcome::Applied(guard.stage_events(&mut pending, ready, outcomes.len())?)
@@ -65,6 +78,7 @@ impl<L: EventLog> Guard<L> {
                 };
                 outcomes.push(outcome);
             }
+            guard.answer_duplicates(&pending, durable, duplicates, &mut outcomes)?;
             guard.commit(pending)?;
             Ok(outcomes)
         })
@@ -88,10 +102,18 @@ impl<L: EventLog> Guard<L> {
         })
     }
 
-    fn commit(&mut self, pending: Pending) -> Result<(), LogError> {
+    /// Writes the batch (ledger and snapshots first, the frames last and in one atomic
+    /// write: the frames are the commit point) and flushes once.
+    pub(crate) fn commit(&mut self, pending: Pending) -> Result<(), LogError> {
         let mut batch = pending.batch;
-        for applied in pending.applied {
-            batch.insert(Tree::Ids, applied.id, keys::position(applied.pos).to_vec());
+        for (key, value) in pending.ledger {
+            match value {
+                Some(value) => batch.insert(Tree::Ledger, key, value),
+                None => batch.remove(Tree::Ledger, key),
+            }
+        }
+        for (first, frame) in pending.frames.into_frames() {
+            batch.insert(Tree::Events, keys::position(first), frame);
         }
         if batch.is_empty() {
             return Ok(());
@@ -100,26 +122,35 @@ impl<L: EventLog> Guard<L> {
         self.log.flush()
     }
 
-    /// The decision of an id applied before: in this batch, or in the log.
-    fn original(
+    /// Fills in the original decision of each duplicate: from this batch's outcomes,
+    /// or from the log (the decision stored next to the event). Done after staging, so
+    /// no decision is cloned for the common batch without duplicates.
+    fn answer_duplicates(
         &self,
         pending: &Pending,
-        outcomes: &[Outcome],
-        id: &[u8],
-    ) -> Result<Option<Decision>, LogError> {
-        if let Some(applied) = pending.applied.iter().find(|applied| applied.id == id) {
-            return Ok(match outcomes.get(applied.outcome) {
-                Some(Outcome::Applied(decisions)) => decisions.get(applied.index).cloned(),
-                _ => None,
-            });
+        durable: u64,
+        duplicates: Vec<Seen>,
+        outcomes: &mut [Outcome],
+    ) -> Result<(), LogError> {
+        for seen in duplicates {
+            let original = if seen.pos > durable {
+                pending
+                    .applied
+                    .binary_search_by_key(&seen.pos, |a| a.0)
+                    .ok()
+                    .and_then(|at| {
+                        let (_, outcome, index) = pending.applied[at];
+                        match &outcomes[outcome] {
+                            Outcome::Applied(decisions) => decisions.get(index).cloned(),
+                            _ => None,
+                        }
+                    })
+            } else {
+                self.stored_decision(seen.pos, &seen.tenant, &seen.run, &seen.id)?
+            };
+            outcomes[seen.outcome] = Outcome::Duplicate(original);
         }
-        match self.log.get(Tree::Ids, id)? {
-            Some(pos) => match keys::decode_position(pos.as_ref()) {
-                Some(pos) => crate::log::decision_at(&self.log, pos),
-                None => Ok(None),
-            },
-            None => Ok(None),
-        }
+        Ok(())
     }
 
     /// Applies and stages events; `outcome` is the index their decisions will have in
@@ -132,71 +163,51 @@ impl<L: EventLog> Guard<L> {
     ) -> Result<Vec<Decision>, LogError> {
         let mut decisions = Vec::with_capacity(events.len());
         for event in events {
-            let op_key = self.op_key_touched(&event);
-            let decision = self.state.apply_event(&event);
+            let (decision, op_key) = self.state.apply_event_touching(&event);
             let pos = self.state.position;
-            let key = keys::position(pos);
             if let Some(op_key) = op_key {
-                let ledger_key = keys::ledger(&event.tenant, &op_key);
-                match self.state.engine.ledger().get(&event.tenant, &op_key) {
-                    Some(entry) => pending.batch.insert(
-                        Tree::Ledger,
-                        ledger_key,
-                        encode_json(entry, "a ledger entry")?,
-                    ),
-                    None => pending.batch.remove(Tree::Ledger, ledger_key),
-                }
+                let entry = match self.state.engine.ledger().get(&event.tenant, &op_key) {
+                    Some(entry) => Some(record::encode(entry, "a ledger entry")?),
+                    None => None,
+                };
+                pending
+                    .ledger
+                    .insert(keys::ledger(&event.tenant, &op_key), entry);
             }
-            pending
-                .batch
-                .insert(Tree::Decisions, key, encode_json(&decision, "a decision")?);
-            pending
-                .batch
-                .insert(Tree::Events, key, encode_json(&event, "an event")?);
-            pending.applied.push(Applied {
-                id: keys::event_id(&event.tenant, &event.run, &event.id),
-                pos,
-                outcome,
-                index: decisions.len(),
-            });
+            pending.frames.push_event(pos, &event, &decision)?;
+            pending.applied.push((pos, outcome, decisions.len()));
             decisions.push(decision);
         }
         Ok(decisions)
     }
 
-    /// The `op_key` whose ledger entry this event may change: a call's own key, or for
-    /// a result the key of the call it answers.
-    fn op_key_touched(&self, event: &Event) -> Option<String> {
-        match &event.body {
-            EventBody::ToolCall(call) => call.op_key.clone(),
-            EventBody::ToolResult(result) => self
-                .state
-                .engine
-                .run(&event.tenant, &event.run)?
-                .pending
-                .get(&result.call_id)?
-                .op_key
-                .clone(),
-            _ => None,
-        }
-    }
-
     /// Applies and stages an operation record.
-    pub(crate) fn stage_op(&mut self, batch: &mut WriteBatch, op: LogOp) -> Result<(), LogError> {
-        if let LogOp::Prune { runs } = &op {
-            for run in runs {
-                self.admission.forget_run(&run.tenant, &run.run);
-                for item in self
-                    .log
-                    .scan_prefix(Tree::Ids, &keys::run_prefix(&run.tenant, &run.run))
-                {
-                    batch.remove(Tree::Ids, item?.0.as_ref());
+    pub(crate) fn stage_op(&mut self, pending: &mut Pending, op: LogOp) -> Result<(), LogError> {
+        match &op {
+            LogOp::Prune { runs } => {
+                for run in runs {
+                    self.admission.forget_run(&run.tenant, &run.run);
                 }
             }
+            LogOp::ForgetOperations { operations } => {
+                for op in operations {
+                    pending
+                        .ledger
+                        .insert(keys::ledger(&op.tenant, &op.op_key), None);
+                }
+            }
+            LogOp::SetPolicies { .. } => {}
         }
-        let bytes = encode_json(&op, "a log operation")?;
         self.state.apply_op(&op)?;
-        batch.insert(Tree::Events, keys::position(self.state.position), bytes);
-        Ok(())
+        pending.frames.push_op(self.state.position, &op)
     }
+}
+
+/// A submitted event whose id the dedup index knows.
+struct Seen {
+    outcome: usize,
+    pos: u64,
+    tenant: String,
+    run: String,
+    id: String,
 }

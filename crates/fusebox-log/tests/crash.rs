@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{full_replay, open, options};
 use fusebox_core::Event;
 use fusebox_log::workload::{Workload, WorkloadConfig};
-use fusebox_log::{inspect, record, EventLog, GuardOptions, Tree};
+use fusebox_log::{inspect, log, EventLog, GuardOptions, Record};
 
 const CHILD: &str = "FUSEBOX_LOG_CRASH_CHILD";
 const LOGS: u64 = 25;
@@ -38,10 +38,12 @@ fn child_options() -> GuardOptions {
     }
 }
 
-fn events_in(log: &impl EventLog) -> Vec<Vec<u8>> {
-    log.scan(Tree::Events, &[])
-        .map(|item| item.unwrap().1.as_ref().to_vec())
-        .filter(|bytes| !record::is_op(bytes))
+fn events_in(log: &impl EventLog) -> Vec<Event> {
+    log::records(log, 1)
+        .filter_map(|item| match item.unwrap().1 {
+            Record::Event(event) => Some(*event),
+            Record::Op(_) => None,
+        })
         .collect()
 }
 
@@ -137,8 +139,7 @@ fn check(dir: &Path, acked: &HashSet<String>, expected: &mut Expected) -> usize 
     let guard = open(dir, child_options());
     let stored = events_in(guard.log());
     let mut ids = HashSet::new();
-    for (i, bytes) in stored.iter().enumerate() {
-        let event = fusebox_core::parse_event(bytes).unwrap();
+    for (i, event) in stored.into_iter().enumerate() {
         assert_eq!(
             &event,
             expected.get(i),
@@ -149,7 +150,7 @@ fn check(dir: &Path, acked: &HashSet<String>, expected: &mut Expected) -> usize 
     let lost: Vec<_> = acked.difference(&ids).collect();
     assert!(lost.is_empty(), "acknowledged but lost: {lost:?}");
     assert_eq!(&full_replay(guard.log()), guard.state());
-    let len = stored.len();
+    let len = ids.len();
     drop(guard);
     let report = inspect::verify(&inspect::open(dir).unwrap()).unwrap();
     assert!(report.is_ok(), "{report:#?}");

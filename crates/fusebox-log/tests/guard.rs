@@ -189,3 +189,44 @@ fn retention_prunes_long_closed_runs_and_keeps_their_ledger_keys() {
     assert!(report.is_ok(), "{report:#?}");
     assert_eq!(inspect::stats(&log).unwrap().runs, 1);
 }
+
+#[test]
+fn ledger_retention_forgets_old_keys_as_a_logged_operation() {
+    let dir = tempfile::tempdir().unwrap();
+    let retained = fusebox_log::GuardOptions {
+        ledger_retention: Some(Duration::from_secs(60)),
+        ..options(1)
+    };
+    let mut guard = open(dir.path(), retained.clone());
+    guard
+        .submit_batch(vec![ev("r1", 1, 1_000, CALL), ev("r1", 2, 1_001, OK)])
+        .unwrap();
+    // Still within retention: another run asking for the operation gets the result.
+    let again = guard.submit(ev("r2", 1, 30_000, CALL)).unwrap();
+    assert_eq!(applied(&again), vec![Action::UseCompletedResult]);
+    assert_eq!(guard.engine().ledger().len(), 1);
+    // Two minutes of event time later the key is forgotten at the next snapshot, and
+    // the operation may run again.
+    guard
+        .submit(ev("r3", 1, 121_000, r#""type":"progress","version":1"#))
+        .unwrap();
+    guard
+        .submit(ev("r3", 2, 121_001, r#""type":"progress","version":2"#))
+        .unwrap();
+    assert!(guard.engine().ledger().is_empty());
+    let fresh = guard.submit(ev("r4", 1, 121_002, CALL)).unwrap();
+    assert_eq!(applied(&fresh), vec![Action::Execute]);
+    let state = guard.state().clone();
+    drop(guard);
+
+    let guard = open(dir.path(), retained);
+    assert_eq!(guard.state(), &state);
+    assert_eq!(&full_replay(guard.log()), &state);
+    drop(guard);
+    let report = inspect::verify(&inspect::open(dir.path()).unwrap()).unwrap();
+    assert!(report.is_ok(), "{report:#?}");
+    assert_eq!(
+        report.operations, 2,
+        "the policy record and one forget_operations"
+    );
+}

@@ -71,10 +71,12 @@ proptest! {
         duplicate_every in 5usize..40,
         swap_every in 3usize..30,
         retention_ms in proptest::option::of(20u64..400),
+        ledger_retention_ms in proptest::option::of(20u64..400),
     ) {
         let dir = tempfile::tempdir().unwrap();
         let options = GuardOptions {
             retention: retention_ms.map(Duration::from_millis),
+            ledger_retention: ledger_retention_ms.map(Duration::from_millis),
             snapshots_kept: 3,
             ..options(snapshot_every)
         };

@@ -1,10 +1,11 @@
-use std::collections::BTreeSet;
+use std::collections::HashSet;
 
 use serde::Serialize;
 
 use crate::error::LogError;
 use crate::keys;
-use crate::record;
+use crate::log::{decode_frame, records};
+use crate::record::{LogOp, Record};
 use crate::store::{EventLog, Tree};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -12,9 +13,11 @@ pub struct LogStats {
     /// Records in the log: events plus operations.
     pub records: u64,
     pub events: u64,
-    /// Policy changes and retention prunes.
+    /// Policy changes, retention prunes and forgotten ledger keys.
     pub operations: u64,
     pub decisions: u64,
+    /// Frames the records are stored in (sled values of the events tree).
+    pub frames: u64,
     /// Runs with events in the log (pruned runs no longer count).
     pub runs: u64,
     pub ledger_keys: u64,
@@ -41,24 +44,25 @@ impl LogStats {
 
 pub fn stats<L: EventLog>(log: &L) -> Result<LogStats, LogError> {
     let mut stats = LogStats::default();
-    let mut runs = BTreeSet::new();
     for tree in Tree::ALL {
         for item in log.scan(tree, &[]) {
             let (key, value) = item?;
             let (key, value) = (key.as_ref(), value.as_ref());
             stats.logical_bytes += (key.len() + value.len()) as u64;
             match tree {
-                Tree::Events if record::is_op(value) => stats.operations += 1,
-                Tree::Events => stats.events += 1,
-                Tree::Decisions => stats.decisions += 1,
-                Tree::Ledger => stats.ledger_keys += 1,
-                Tree::Ids => {
-                    if let Some(run) = keys::split_run(key) {
-                        if !runs.contains(run) {
-                            runs.insert(run.to_vec());
+                Tree::Events => {
+                    stats.frames += 1;
+                    let first = keys::decode_position(key).unwrap_or_default();
+                    for entry in decode_frame(log, first, value)?.entries() {
+                        if entry.is_op {
+                            stats.operations += 1;
+                        } else {
+                            stats.events += 1;
+                            stats.decisions += u64::from(!entry.decision.is_empty());
                         }
                     }
                 }
+                Tree::Ledger => stats.ledger_keys += 1,
                 Tree::Snapshots => {
                     stats.snapshots += 1;
                     stats.latest_snapshot_position = keys::decode_position(key);
@@ -69,7 +73,26 @@ pub fn stats<L: EventLog>(log: &L) -> Result<LogStats, LogError> {
         }
     }
     stats.records = stats.events + stats.operations;
-    stats.runs = runs.len() as u64;
+    stats.runs = runs(log)?;
     stats.disk_bytes = log.size_on_disk()?;
     Ok(stats)
+}
+
+/// Runs with events in the log: every event's run, less the runs pruned after it.
+fn runs<L: EventLog>(log: &L) -> Result<u64, LogError> {
+    let mut runs: HashSet<(String, String)> = HashSet::new();
+    for item in records(log, 1) {
+        match item?.1 {
+            Record::Event(event) => {
+                runs.insert((event.tenant, event.run));
+            }
+            Record::Op(LogOp::Prune { runs: pruned }) => {
+                for run in pruned {
+                    runs.remove(&(run.tenant, run.run));
+                }
+            }
+            Record::Op(_) => {}
+        }
+    }
+    Ok(runs.len() as u64)
 }

@@ -5,10 +5,10 @@ use serde::Serialize;
 
 use crate::error::LogError;
 use crate::keys::{self, FORMAT_VERSION, FORMAT_VERSION_KEY};
-use crate::log::{last_position, records, snapshot_positions};
-use crate::record::{LogOp, Record};
+use crate::log::{decode_frame, frames, last_position, snapshot_positions};
+use crate::record::{self, Record};
 use crate::snapshot;
-use crate::state::LogState;
+use crate::state::{id_hash, LogState};
 use crate::store::{EventLog, Tree};
 
 /// Problems listed in full; more are only counted.
@@ -23,6 +23,7 @@ pub struct VerifyReport {
     pub decisions_matched: u64,
     /// Snapshots that decoded and equal the replayed state at their position.
     pub snapshots_matched: u64,
+    /// Entries of the replayed dedup index checked against the event they point at.
     pub ids_checked: u64,
     pub ledger_keys: u64,
     pub problems: Vec<String>,
@@ -45,8 +46,8 @@ impl VerifyReport {
 
 /// Checks the whole log: the format version; records contiguous from position 1 and
 /// each decoding; every decision re-derived byte for byte by replaying from scratch;
-/// every snapshot decoding and equal to the replayed state at its position; the ids
-/// and ledger trees consistent with the replay. Problems are collected, not raised;
+/// every snapshot decoding and equal to the replayed state at its position; the dedup
+/// index pointing at the right events; the ledger tree consistent with the replay. Problems are collected, not raised;
 /// `Err` is for a store that cannot be read at all.
 pub fn verify<L: EventLog>(log: &L) -> Result<VerifyReport, LogError> {
     let mut report = VerifyReport::default();
@@ -65,15 +66,8 @@ pub fn verify<L: EventLog>(log: &L) -> Result<VerifyReport, LogError> {
             state.position
         ));
     }
-    check_ids(log, &mut report, &state)?;
+    check_index(&mut report, &state);
     check_ledger(log, &mut report, &state)?;
-    let decisions = log.scan(Tree::Decisions, &[]).count() as u64;
-    if decisions != report.events {
-        report.problem(format!(
-            "{decisions} decisions stored for {} events",
-            report.events
-        ));
-    }
     Ok(report)
 }
 
@@ -102,59 +96,63 @@ fn load_snapshots<L: EventLog>(
     Ok(snapshots)
 }
 
-/// Replays from scratch, comparing decisions and snapshots on the way. Also counts
-/// the events of each run still in the log (for the ids check).
+/// Replays from scratch, comparing decisions and snapshots on the way. Also notes
+/// the id of the event at each position (for the index check).
 fn replay_and_compare<L: EventLog>(
     log: &L,
     report: &mut VerifyReport,
     snapshots: &mut BTreeMap<u64, LogState>,
 ) -> Result<ReplayedLog, LogError> {
     let mut state = LogState::new(DEFAULT_MAX_HELD);
-    let mut run_events: HashMap<Vec<u8>, u64> = HashMap::new();
+    let mut ids: HashMap<u64, (String, String, u64)> = HashMap::new();
     let end = last_position(log)?;
-    for item in records(log, 1) {
-        let (pos, record) = match item {
-            Ok(item) => item,
+    'frames: for frame in frames(log, 1) {
+        let (first, frame) = match frame
+            .and_then(|(first, bytes)| Ok((first, decode_frame(log, first, bytes.as_ref())?)))
+        {
+            Ok(frame) => frame,
             Err(LogError::Corrupt { what, detail, .. }) => {
                 report.problem(format!("{what}: {detail}; replay stops here"));
                 break;
             }
             Err(other) => return Err(other),
         };
-        report.records += 1;
-        match &record {
-            Record::Event(event) => {
-                report.events += 1;
-                *run_events
-                    .entry(keys::run_prefix(&event.tenant, &event.run))
-                    .or_default() += 1;
+        for (pos, entry) in (first..).zip(frame.entries()) {
+            let record = match entry.decode() {
+                Ok(record) => record,
+                Err(detail) => {
+                    report.problem(format!("position {pos}: {detail}; replay stops here"));
+                    break 'frames;
+                }
+            };
+            report.records += 1;
+            match &record {
+                Record::Event(event) => {
+                    report.events += 1;
+                    ids.insert(
+                        pos,
+                        (event.tenant.clone(), event.run.clone(), id_hash(&event.id)),
+                    );
+                }
+                Record::Op(_) => report.operations += 1,
             }
-            Record::Op(op) => {
-                report.operations += 1;
-                if let LogOp::Prune { runs } = op {
-                    for run in runs {
-                        run_events.remove(&keys::run_prefix(&run.tenant, &run.run));
-                    }
+            if let Some(decision) = state.apply(&record)? {
+                let derived = record::encode(&decision, "a decision")?;
+                if entry.decision == derived.as_slice() {
+                    report.decisions_matched += 1;
+                } else if entry.decision.is_empty() {
+                    report.problem(format!("decision at position {pos} is missing"));
+                } else {
+                    report.problem(format!(
+                        "decision at position {pos} differs from replay: stored {}, replayed {}",
+                        describe(entry.decode_decision()),
+                        describe(Ok(decision))
+                    ));
                 }
             }
-        }
-        if let Some(decision) = state.apply(&record)? {
-            let derived = serde_json::to_vec(&decision).map_err(|source| LogError::Encode {
-                what: "a decision",
-                source,
-            })?;
-            match log.get(Tree::Decisions, &keys::position(pos))? {
-                Some(stored) if stored.as_ref() == derived => report.decisions_matched += 1,
-                Some(stored) => report.problem(format!(
-                    "decision at position {pos} differs from replay: stored {}, replayed {}",
-                    String::from_utf8_lossy(stored.as_ref()),
-                    String::from_utf8_lossy(&derived)
-                )),
-                None => report.problem(format!("decision at position {pos} is missing")),
+            if let Some(snapshot) = snapshots.remove(&pos) {
+                compare_snapshot(report, pos, &snapshot, &state);
             }
-        }
-        if let Some(snapshot) = snapshots.remove(&pos) {
-            compare_snapshot(report, pos, &snapshot, &state);
         }
     }
     if report.records != end {
@@ -166,13 +164,25 @@ fn replay_and_compare<L: EventLog>(
     Ok(ReplayedLog {
         position: state.position,
         state,
-        run_events,
+        ids,
     })
+}
+
+/// A decision as JSON for a report, or why it does not decode.
+fn describe(decision: Result<fusebox_core::Decision, String>) -> String {
+    match decision {
+        Ok(decision) => serde_json::to_string(&decision).unwrap_or_else(|e| e.to_string()),
+        Err(why) => why,
+    }
 }
 
 fn compare_snapshot(report: &mut VerifyReport, pos: u64, snapshot: &LogState, state: &LogState) {
     // The sequencer's held-event bound is configuration, not state: compare the rest.
-    if snapshot.engine == state.engine && snapshot.event_time_ms == state.event_time_ms {
+    if snapshot.engine == state.engine
+        && snapshot.event_time_ms == state.event_time_ms
+        && snapshot.index == state.index
+        && snapshot.ledger_times == state.ledger_times
+    {
         report.snapshots_matched += 1;
     } else {
         report.problem(format!(
@@ -184,53 +194,24 @@ fn compare_snapshot(report: &mut VerifyReport, pos: u64, snapshot: &LogState, st
 struct ReplayedLog {
     position: u64,
     state: LogState,
-    run_events: HashMap<Vec<u8>, u64>,
+    /// Position → tenant, run and id hash of the event there.
+    ids: HashMap<u64, (String, String, u64)>,
 }
 
-/// Every id entry points at the event with that id, and every event of a run still in
-/// the log has one.
-fn check_ids<L: EventLog>(
-    log: &L,
-    report: &mut VerifyReport,
-    replayed: &ReplayedLog,
-) -> Result<(), LogError> {
-    let mut per_run: HashMap<Vec<u8>, u64> = HashMap::new();
-    for item in log.scan(Tree::Ids, &[]) {
-        let (key, value) = item?;
+/// Every entry of the replayed dedup index points at the event with that id.
+fn check_index(report: &mut VerifyReport, replayed: &ReplayedLog) {
+    for (tenant, run, hash, pos) in replayed.state.index.iter() {
         report.ids_checked += 1;
-        let Some(pos) = keys::decode_position(value.as_ref()) else {
-            report.problem("an id entry holds no position".to_owned());
-            continue;
-        };
-        let points_right = match log.get(Tree::Events, &keys::position(pos))? {
-            Some(bytes) => match crate::record::decode(bytes.as_ref()) {
-                Ok(Record::Event(e)) => keys::event_id(&e.tenant, &e.run, &e.id) == key.as_ref(),
-                _ => false,
-            },
-            None => false,
-        };
-        if !points_right {
+        let right = replayed
+            .ids
+            .get(&pos)
+            .is_some_and(|(t, r, h)| t == tenant && r == run && *h == hash);
+        if !right {
             report.problem(format!(
-                "id entry {:?} points at position {pos}, which is not that event",
-                String::from_utf8_lossy(key.as_ref())
-            ));
-        }
-        if let Some(run) = keys::split_run(key.as_ref()) {
-            let mut prefix = run.to_vec();
-            prefix.push(0);
-            *per_run.entry(prefix).or_default() += 1;
-        }
-    }
-    for (run, events) in &replayed.run_events {
-        let ids = per_run.get(run).copied().unwrap_or(0);
-        if ids < *events {
-            report.problem(format!(
-                "run {:?} has {events} events but {ids} id entries",
-                String::from_utf8_lossy(run)
+                "the index entry of run {tenant}/{run} points at position {pos}, which is not that event"
             ));
         }
     }
-    Ok(())
 }
 
 fn check_ledger<L: EventLog>(
@@ -240,10 +221,7 @@ fn check_ledger<L: EventLog>(
 ) -> Result<(), LogError> {
     let mut wanted = BTreeMap::new();
     for (tenant, op_key, entry) in replayed.state.engine.ledger().iter() {
-        let bytes = serde_json::to_vec(entry).map_err(|source| LogError::Encode {
-            what: "a ledger entry",
-            source,
-        })?;
+        let bytes = record::encode(entry, "a ledger entry")?;
         wanted.insert(keys::ledger(tenant, op_key), bytes);
     }
     for item in log.scan(Tree::Ledger, &[]) {
