@@ -1,0 +1,309 @@
+//! Shared by the test files: where the repo's deploy/ is, free loopback ports, copying
+//! deploy/nats/ into a temp dir with its addresses and store dirs rewritten, and a
+//! nats-server child process that is killed when dropped (also when a test panics).
+
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use std::collections::HashMap;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The repository's `deploy/` directory.
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+pub fn repo_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// `nats-server` from $NATS_SERVER or the PATH; a missing binary is a clear failure, not
+/// a skipped test: these tests are the only thing that proves the configs work.
+pub fn nats_server_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("NATS_SERVER") {
+        return PathBuf::from(path);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join("nats-server");
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "nats-server not found on PATH (nor $NATS_SERVER): run scripts/setup.sh, which \
+         installs the official nats-server binary these deploy tests start"
+    );
+}
+
+/// A port nobody listens on right now (the OS picks it; released before use, which is
+/// racy in theory and fine on a test machine).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding an ephemeral loopback port")
+        .port()
+}
+
+/// Rewrites every `<host>:<port>` in `text` whose host is `from_host` and whose port is a
+/// key of `ports` to `127.0.0.1:<new port>`. Scans whole port numbers, so a new port that
+/// happens to start with an old one (42231 vs 4223) is never rewritten twice.
+pub fn remap_addresses(text: &str, from_host: &str, ports: &HashMap<u16, u16>) -> String {
+    let needle = format!("{from_host}:");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(&needle) {
+        let after = &rest[at + needle.len()..];
+        let digits = after.chars().take_while(|c| c.is_ascii_digit()).count();
+        out.push_str(&rest[..at]);
+        match after[..digits]
+            .parse::<u16>()
+            .ok()
+            .and_then(|p| ports.get(&p))
+        {
+            Some(new) => out.push_str(&format!("127.0.0.1:{new}")),
+            None => out.push_str(&rest[at..at + needle.len() + digits]),
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `text` with `from` replaced by `to`, failing loudly when `from` is absent: a deploy
+/// file that changed shape must fail the test that rewrites it, not silently keep its
+/// production value (e.g. a store dir under /var/lib).
+pub fn replace_required(text: &str, from: &str, to: &str, what: &str) -> String {
+    assert!(
+        text.contains(from),
+        "{what}: expected to find {from:?} to rewrite for the test; the file changed shape"
+    );
+    text.replace(from, to)
+}
+
+/// A copy of deploy/nats/ in a temp dir, ready to be edited before servers start.
+pub struct NatsConfigDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl NatsConfigDir {
+    pub fn copy() -> NatsConfigDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let src = deploy_dir().join("nats");
+        for entry in std::fs::read_dir(&src).expect("listing deploy/nats") {
+            let entry = entry.expect("dir entry");
+            if entry.path().extension().is_some_and(|e| e == "conf") {
+                std::fs::copy(entry.path(), dir.path().join(entry.file_name()))
+                    .expect("copying a config");
+            }
+        }
+        NatsConfigDir { dir }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn edit(&self, name: &str, f: impl FnOnce(&str) -> String) {
+        let path = self.path(name);
+        let text = read(&path);
+        std::fs::write(&path, f(&text)).expect("writing a config");
+    }
+
+    /// Switches the opt-in partition mapping on, exactly as deploy/nats/accounts.conf
+    /// tells an operator to (remove the "# " of the marked line).
+    pub fn enable_partitions(&self) {
+        self.edit("accounts.conf", |text| {
+            replace_required(
+                text,
+                "    # mappings { include \"partitions.conf\" }",
+                "    mappings { include \"partitions.conf\" }",
+                "accounts.conf",
+            )
+        });
+    }
+}
+
+/// A running nats-server; killed (and reaped) on drop.
+pub struct NatsServer {
+    pub name: String,
+    pub client_port: u16,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl NatsServer {
+    /// Starts `nats-server -c config`, its output in `<config>.log`, and waits until the
+    /// client port accepts connections.
+    pub fn start(name: &str, config: &Path, client_port: u16) -> NatsServer {
+        let log = config.with_extension("log");
+        let out = std::fs::File::create(&log).expect("creating the server log");
+        let child = Command::new(nats_server_bin())
+            .arg("-c")
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log handle"))
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting nats-server ({e}); run scripts/setup.sh"));
+        let mut server = NatsServer {
+            name: name.to_owned(),
+            client_port,
+            child: Some(child),
+            log,
+        };
+        server.wait_listening();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.client_port)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_listening(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "nats-server {} exited ({status}) at start-up; its log:\n{}",
+                        self.name,
+                        self.log_text()
+                    );
+                }
+            }
+            if TcpStream::connect(("127.0.0.1", self.client_port)).is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nats-server {} did not listen on {} within 15 s; its log:\n{}",
+                self.name,
+                self.client_port,
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL: the crash case, no graceful shutdown, no goodbye to the cluster.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Connects as `user` (password from deploy/nats/accounts.conf's placeholders), with an
+/// optional inbox prefix and a channel receiving the server's error messages (permission
+/// violations arrive there, asynchronously, as `-ERR` lines).
+pub async fn connect(
+    urls: &[String],
+    user: &str,
+    inbox_prefix: Option<&str>,
+) -> (
+    async_nats::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (errors_tx, errors) = tokio::sync::mpsc::unbounded_channel();
+    let mut options = async_nats::ConnectOptions::new()
+        .user_and_password(user.to_owned(), placeholder_password(user))
+        .connection_timeout(Duration::from_secs(5))
+        .event_callback(move |event| {
+            let errors_tx = errors_tx.clone();
+            async move {
+                if let async_nats::Event::ServerError(err) = event {
+                    let _ = errors_tx.send(err.to_string());
+                }
+            }
+        });
+    if let Some(prefix) = inbox_prefix {
+        options = options.custom_inbox_prefix(prefix);
+    }
+    let addrs: Vec<async_nats::ServerAddr> = urls
+        .iter()
+        .map(|u| u.parse().expect("server url"))
+        .collect();
+    let client = options
+        .connect(addrs)
+        .await
+        .unwrap_or_else(|e| panic!("connecting as {user}: {e}"));
+    (client, errors)
+}
+
+/// The placeholder password accounts.conf gives `user`, read from the file so the test
+/// breaks if the naming scheme changes rather than quietly testing something else.
+pub fn placeholder_password(user: &str) -> String {
+    let accounts = read(&deploy_dir().join("nats/accounts.conf"));
+    let password = format!("PLACEHOLDER-{user}-change-me");
+    assert!(
+        accounts.contains(&format!("user: {user}\n"))
+            || accounts.contains(&format!("user: {user},"))
+            || accounts.contains(&format!("user: {user} ")),
+        "accounts.conf has no user {user}"
+    );
+    assert!(
+        accounts.contains(&format!("\"{password}\"")),
+        "accounts.conf: user {user} should have the placeholder password {password:?}"
+    );
+    password
+}
+
+/// Waits (up to `within`) for a server error mentioning every one of `needles`.
+pub async fn expect_error(
+    errors: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    needles: &[&str],
+    within: Duration,
+) -> String {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, errors.recv()).await {
+            Ok(Some(err)) => {
+                if needles.iter().all(|n| err.contains(n)) {
+                    return err;
+                }
+                seen.push(err);
+            }
+            Ok(None) | Err(_) => panic!("no server error containing {needles:?}; saw {seen:?}"),
+        }
+    }
+}
+
+/// No server error arrives within `within` (a permitted action really was permitted).
+pub async fn expect_no_error(
+    errors: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    within: Duration,
+) {
+    if let Ok(Some(err)) = tokio::time::timeout(within, errors.recv()).await {
+        panic!("unexpected server error: {err}");
+    }
+}
+
+/// FNV-1a, 32 bit: the hash nats-server's `partition(N, …)` mapping applies to the
+/// selected tokens (concatenated without separator), mod N.
+pub fn fnv1a32(bytes: &[u8]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for b in bytes {
+        hash ^= u32::from(*b);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash
+}
