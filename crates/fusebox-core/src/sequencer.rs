@@ -7,7 +7,8 @@
 //! in arrival order. What it lets through, in the order it lets it through, is exactly
 //! what the log records, so a rebuild never needs the sequencer again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, DefaultHasher};
 
 use serde::{Deserialize, Serialize};
 
@@ -33,13 +34,17 @@ struct RunOrder {
     next_seq: u64,
     /// FNV-1a of every admitted id (ids are unique per run in practice; 64 bits make a
     /// false duplicate ~1e-8 likely after a million events in one run).
-    ids: BTreeSet<u64>,
+    ids: HashSet<u64, FixedHasher>,
     held: BTreeMap<u64, Event>,
 }
 
+/// SipHash with fixed keys: nothing random enters, and nothing iterates these maps
+/// without sorting first.
+type FixedHasher = BuildHasherDefault<DefaultHasher>;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sequencer {
-    runs: BTreeMap<String, BTreeMap<String, RunOrder>>,
+    runs: HashMap<String, HashMap<String, RunOrder, FixedHasher>, FixedHasher>,
     max_held: usize,
 }
 
@@ -58,14 +63,14 @@ fn id_hash(id: &str) -> u64 {
 impl Sequencer {
     pub fn new(max_held: usize) -> Self {
         Sequencer {
-            runs: BTreeMap::new(),
+            runs: HashMap::default(),
             max_held,
         }
     }
 
     fn order(&mut self, tenant: &str, run: &str) -> &mut RunOrder {
         if !self.runs.contains_key(tenant) {
-            self.runs.insert(tenant.to_owned(), BTreeMap::new());
+            self.runs.insert(tenant.to_owned(), HashMap::default());
         }
         let runs = self.runs.get_mut(tenant).expect("inserted above");
         if !runs.contains_key(run) {
@@ -147,13 +152,20 @@ impl Sequencer {
         held.into_values().collect()
     }
 
-    /// Runs that have events waiting for a gap to fill, with the `seq` they wait for.
+    /// Runs that have events waiting for a gap to fill, with the `seq` they wait for,
+    /// ordered by tenant and run.
     pub fn waiting(&self) -> impl Iterator<Item = (&str, &str, u64)> {
-        self.runs.iter().flat_map(|(tenant, runs)| {
-            runs.iter()
-                .filter(|(_, order)| !order.held.is_empty())
-                .map(move |(run, order)| (tenant.as_str(), run.as_str(), order.next_seq))
-        })
+        let mut waiting: Vec<(&str, &str, u64)> = self
+            .runs
+            .iter()
+            .flat_map(|(tenant, runs)| {
+                runs.iter()
+                    .filter(|(_, order)| !order.held.is_empty())
+                    .map(move |(run, order)| (tenant.as_str(), run.as_str(), order.next_seq))
+            })
+            .collect();
+        waiting.sort_unstable();
+        waiting.into_iter()
     }
 
     /// Records an event that was applied before (a log being replayed at start-up), so
