@@ -133,6 +133,16 @@ impl Metrics {
         }
     }
 
+    /// Creates each API operation's error series at 0, for the same reason as
+    /// `init_watchdog_regions`: `rate()` over a series born at 1 misses the first error.
+    pub fn init_watchdog_api_ops(&self, ops: &[&str]) {
+        for op in ops {
+            self.watchdog_api_errors
+                .with_label_values(&[self.api_ops.bound(op)])
+                .inc_by(0);
+        }
+    }
+
     /// A cloud API call `op` (e.g. `describe_instances`) failed after its retries.
     pub fn watchdog_api_error(&self, op: &str) {
         self.watchdog_api_errors

@@ -188,3 +188,19 @@ fn configured_regions_start_with_zeroed_termination_series() {
         "{text}"
     );
 }
+
+#[test]
+fn configured_api_ops_start_with_zeroed_error_series() {
+    let m = Metrics::new("t", MetricsOptions::default()).unwrap();
+    m.init_watchdog_api_ops(&["DescribeInstances", "TerminateInstances"]);
+    m.watchdog_api_error("TerminateInstances");
+    let text = m.encode().unwrap();
+    assert!(
+        text.contains("fusebox_watchdog_api_errors_total{op=\"DescribeInstances\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fusebox_watchdog_api_errors_total{op=\"TerminateInstances\"} 1"),
+        "{text}"
+    );
+}

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WatchdogConfig {
+    /// Whether `fuseboxd` runs the watchdog at all. The `fusebox-watchdog` CLI ignores it:
+    /// an operator asking for a listing or a sweep means it.
+    pub enabled: bool,
     /// Report "would terminate" instead of terminating.
     pub dry_run: bool,
     /// Regions to watch; each is listed on every sweep.
@@ -48,6 +51,7 @@ pub struct RetryConfig {
 impl Default for WatchdogConfig {
     fn default() -> Self {
         WatchdogConfig {
+            enabled: true,
             dry_run: false,
             regions: vec!["us-east-1".to_owned()],
             endpoint_url: None,

@@ -260,6 +260,7 @@ impl<P: Provider> Inner<P> {
         let mut c = self.counters();
         c.instances_by_state = by_state;
         c.protected_instances = live().filter(|a| a.tags.protect).count() as u64;
+        c.protected_overdue = plan.protected.len() as u64;
         c.oldest_launch_ms = live().filter_map(|a| a.launch_ms).min();
         c.managed = live().count();
         c.last_sweep_ms = Some(self.clock.now_ms());

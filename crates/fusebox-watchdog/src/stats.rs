@@ -14,6 +14,9 @@ pub struct WatchdogStats {
     pub instances_by_state: BTreeMap<String, u64>,
     /// Live managed instances tagged `fusebox:protect`, as of the last full sweep.
     pub protected_instances: u64,
+    /// Overdue instances kept alive by `fusebox:protect`, as of the last full sweep
+    /// (`fusebox_watchdog_protected_instances`).
+    pub protected_overdue: u64,
     /// Overdue instances kept alive by `fusebox:protect` (counter).
     pub protected_overdue_total: u64,
     /// Age of the oldest live managed instance
@@ -41,6 +44,7 @@ pub struct WatchdogStats {
 pub(crate) struct Counters {
     pub instances_by_state: BTreeMap<String, u64>,
     pub protected_instances: u64,
+    pub protected_overdue: u64,
     pub protected_overdue_total: u64,
     pub oldest_launch_ms: Option<u64>,
     pub api_calls: BTreeMap<Op, u64>,
@@ -63,6 +67,7 @@ impl Counters {
         WatchdogStats {
             instances_by_state: self.instances_by_state.clone(),
             protected_instances: self.protected_instances,
+            protected_overdue: self.protected_overdue,
             protected_overdue_total: self.protected_overdue_total,
             oldest_instance_age_s: self
                 .oldest_launch_ms
