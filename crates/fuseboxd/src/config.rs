@@ -1,5 +1,6 @@
 //! The daemon's view of `fusebox.toml`: the policy sections (built by `fusebox-core`) and
-//! the daemon's own `[nats]`, `[storage]`, `[daemon]`, `[metrics]` sections. Every key has
+//! the daemon's own `[nats]`, `[storage]`, `[daemon]`, `[metrics]` sections, and the cloud
+//! watchdog's `[watchdog]` (read by `fusebox-watchdog` itself). Every key has
 //! a default, unknown keys are errors (a typo must not silently fall back to a default).
 
 use std::net::SocketAddr;
@@ -142,6 +143,7 @@ pub struct DaemonConfig {
     pub service: ServiceOptions,
     pub metrics_listen: SocketAddr,
     pub metrics_tenant_label: bool,
+    pub watchdog: fusebox_watchdog::WatchdogConfig,
 }
 
 /// Command-line values that win over the file.
@@ -197,6 +199,12 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
     let mut storage: StorageConfig = section(&doc, path, "storage")?;
     let daemon: DaemonSection = section(&doc, path, "daemon")?;
     let mut metrics: MetricsConfig = section(&doc, path, "metrics")?;
+    let watchdog: fusebox_watchdog::WatchdogConfig = section(&doc, path, "watchdog")?;
+    watchdog.validate().map_err(|err| ConfigError::Section {
+        path: path.to_owned(),
+        section: "watchdog",
+        message: err.to_string(),
+    })?;
     if let Some(urls) = overrides.nats_url {
         nats.urls = urls.split(',').map(|u| u.trim().to_owned()).collect();
     }
@@ -284,6 +292,7 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
         service,
         metrics_listen,
         metrics_tenant_label: metrics.tenant_label,
+        watchdog,
     })
 }
 

@@ -1,9 +1,11 @@
 //! Start-up order and shutdown order.
 //!
 //! Start: open the log (rebuild state) → bind the metrics endpoint → connect to NATS →
-//! check/create streams and subscribe → serve. Any failure before serving is a clear
-//! error and a non-zero exit. Stop (SIGTERM/SIGINT): stop taking input, commit and
-//! answer what was received, ack it, snapshot the log, close NATS, stop metrics.
+//! start the cloud watchdog (timers from its journal) → check/create streams and
+//! subscribe → serve. Any failure before serving is a clear error and a non-zero exit.
+//! Stop (SIGTERM/SIGINT): stop taking input, commit and answer what was received, ack
+//! it, snapshot the log, finish the watchdog's pass and publish its outcomes, close
+//! NATS, stop metrics.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,6 +19,7 @@ use crate::connect::{connect, ConnectError};
 use crate::observer::MetricsObserver;
 use crate::signals;
 use crate::store::DurableStore;
+use crate::watchdog::{self, FeedStore, WatchdogError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -30,6 +33,8 @@ pub enum DaemonError {
     Connect(#[from] ConnectError),
     #[error(transparent)]
     Service(#[from] ServiceError),
+    #[error(transparent)]
+    Watchdog(#[from] WatchdogError),
 }
 
 pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
@@ -80,9 +85,21 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     });
     let client = connect(&config.nats, observer.clone()).await?;
     observer.nats_connected(true);
+    // The watchdog hears of launches and run ends through the store, as they are applied.
+    let (watchdog, facts) = match watchdog::start(
+        config.watchdog.clone(),
+        &config.storage.data_dir,
+        metrics.clone(),
+        client.clone(),
+    )
+    .await?
+    {
+        Some((running, facts)) => (Some(running), Some(facts)),
+        None => (None, None),
+    };
     let service = Service::start(
         client.clone(),
-        DurableStore(guard),
+        FeedStore::new(DurableStore(guard), facts),
         config.service.clone(),
         observer,
     )
@@ -93,6 +110,9 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         "fuseboxd ready"
     );
     let served = service.run_until(signals::terminated()).await;
+    if let Some(watchdog) = watchdog {
+        watchdog.shutdown().await;
+    }
     if let Err(err) = client.drain().await {
         tracing::warn!(%err, "draining the NATS connection failed");
     }

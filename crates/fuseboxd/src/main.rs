@@ -6,6 +6,7 @@ mod daemon;
 mod observer;
 mod signals;
 mod store;
+mod watchdog;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ use clap::Parser;
 #[command(name = "fuseboxd", version)]
 struct Args {
     /// The config file (`[guard]`, `[policy]`, `[agents.*]`, `[nats]`, `[storage]`,
-    /// `[daemon]`, `[metrics]`).
+    /// `[daemon]`, `[metrics]`, `[watchdog]`).
     #[arg(long, env = "FUSEBOX_CONFIG")]
     config: PathBuf,
     /// NATS server URL(s), comma-separated; overrides `[nats].urls`.

@@ -100,7 +100,9 @@ impl Drop for NatsServer {
 }
 
 /// The shipped config with the test's daemon settings (short gap timeout, small max
-/// event size so `too_large` can be sent through NATS).
+/// event size so `too_large` can be sent through NATS) and the cloud watchdog off: these
+/// tests have no EC2 to talk to and must stay on loopback (no instance-metadata lookups);
+/// `monitoring.rs` turns it on against moto_server.
 pub fn write_config(dir: &Path) -> PathBuf {
     let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/fusebox.toml");
     let mut doc: toml::Table = toml::from_str(&std::fs::read_to_string(shipped).unwrap()).unwrap();
@@ -110,6 +112,8 @@ pub fn write_config(dir: &Path) -> PathBuf {
     daemon.insert("gap_timeout_ms".into(), toml::Value::Integer(1000));
     daemon.insert("timer_interval_ms".into(), toml::Value::Integer(100));
     doc.insert("daemon".into(), toml::Value::Table(daemon));
+    let watchdog = doc.get_mut("watchdog").unwrap().as_table_mut().unwrap();
+    watchdog.insert("enabled".into(), toml::Value::Boolean(false));
     let path = dir.join("fusebox.toml");
     std::fs::write(&path, toml::to_string(&doc).unwrap()).unwrap();
     path

@@ -1,0 +1,235 @@
+//! The cloud cost watchdog inside the daemon (`[watchdog]` in fusebox.toml).
+//!
+//! Wiring only; the engine is `fusebox-watchdog`:
+//! * facts in: [`feed::FeedStore`] turns applied `instance_launched` events and run-closing
+//!   decisions into facts, journals them (fsync) and records them with the watchdog;
+//! * start: facts are read back from the journal and the timers rebuilt, permissions are
+//!   checked with EC2's DryRun flag, then the watchdog sweeps once and serves its timers;
+//! * outcomes out: through a channel to [`outcomes::publish`] (journal, NATS, metrics);
+//! * gauges: copied into `fusebox-metrics` every second.
+//!
+//! Missing AWS credentials are not fatal: the watchdog says so and retries every sweep,
+//! and the guard runs regardless.
+
+mod feed;
+mod journal;
+mod outcomes;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fusebox_metrics::Metrics;
+use fusebox_watchdog::{
+    Ec2Provider, Fact, PermissionStatus, SystemClock, Watchdog, WatchdogConfig,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+pub use feed::{FactSink, FeedStore};
+use journal::{Entry, Journal};
+
+/// How often the watchdog's gauges are copied into the metrics registry.
+const STATS_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WatchdogError {
+    #[error("cannot open the watchdog journal in {dir}: {source}")]
+    Journal { dir: String, source: std::io::Error },
+    #[error("[watchdog]: {0}")]
+    Config(#[from] fusebox_watchdog::ConfigError),
+}
+
+/// A running watchdog; [`Running::shutdown`] stops it cleanly.
+pub struct Running {
+    stop: watch::Sender<bool>,
+    engine: JoinHandle<()>,
+    stats: JoinHandle<()>,
+    stop_publisher: oneshot::Sender<()>,
+    publisher: JoinHandle<()>,
+}
+
+/// Starts the watchdog unless `[watchdog] enabled = false`; returns it with the sink the
+/// guard store feeds facts into.
+pub async fn start(
+    cfg: WatchdogConfig,
+    data_dir: &Path,
+    metrics: Arc<Metrics>,
+    client: async_nats::Client,
+) -> Result<Option<(Running, Box<dyn FactSink>)>, WatchdogError> {
+    if !cfg.enabled {
+        tracing::info!("cloud watchdog disabled ([watchdog] enabled = false)");
+        return Ok(None);
+    }
+    let opened = Journal::open(data_dir).map_err(|source| WatchdogError::Journal {
+        dir: data_dir.display().to_string(),
+        source,
+    })?;
+    let journal = Arc::new(opened.journal);
+    let regions: Vec<&str> = cfg.regions.iter().map(String::as_str).collect();
+    metrics.init_watchdog_regions(&regions);
+    metrics.init_watchdog_api_ops(&["DescribeInstances", "TerminateInstances"]);
+    tracing::info!(
+        regions = %cfg.regions.join(","),
+        endpoint = cfg.endpoint_url.as_deref().unwrap_or("AWS default"),
+        dry_run = cfg.dry_run,
+        grace_s = cfg.grace_s,
+        sweep = %cfg.sweep_cron,
+        "cloud watchdog starting (credentials: standard AWS chain)"
+    );
+    let provider = Ec2Provider::from_env(&cfg).await;
+    let (records, received) = mpsc::unbounded_channel();
+    let wd = Watchdog::new(
+        cfg,
+        provider,
+        Arc::new(SystemClock),
+        Arc::new(outcomes::ChannelSink(records)),
+    )?;
+    let restored = opened.facts.len();
+    wd.restore(opened.facts);
+    tracing::info!(
+        journal = %journal.path().display(),
+        facts = restored,
+        terminations = opened.terminations,
+        "watchdog timers rebuilt from its journal"
+    );
+
+    let (stop_publisher, publisher_stopped) = oneshot::channel();
+    let publisher = tokio::spawn(outcomes::publish(
+        received,
+        publisher_stopped,
+        journal.clone(),
+        client,
+        metrics.clone(),
+    ));
+    let (stop, stopped) = watch::channel(false);
+    let engine = tokio::spawn(serve(wd.clone(), stopped.clone()));
+    let stats = tokio::spawn(copy_stats(wd.clone(), metrics, stopped));
+    let running = Running {
+        stop,
+        engine,
+        stats,
+        stop_publisher,
+        publisher,
+    };
+    Ok(Some((running, Box::new(Facts { journal, wd }))))
+}
+
+impl Running {
+    /// Finishes the pass in progress, then publishes what it produced.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        if let Err(err) = self.engine.await {
+            tracing::error!(%err, "watchdog task failed");
+        }
+        let _ = self.stats.await;
+        let _ = self.stop_publisher.send(());
+        if let Err(err) = self.publisher.await {
+            tracing::error!(%err, "watchdog publisher failed");
+        }
+        tracing::info!("cloud watchdog stopped");
+    }
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Permission check, then the watchdog's own loop (which sweeps once first).
+async fn serve(wd: Watchdog<Ec2Provider>, stop: watch::Receiver<bool>) {
+    tokio::select! {
+        () = check_permissions(&wd) => {}
+        () = stopped(stop.clone()) => return,
+    }
+    wd.run(stopped(stop)).await;
+}
+
+async fn check_permissions(wd: &Watchdog<Ec2Provider>) {
+    let checks = wd.check_permissions().await;
+    let granted = checks
+        .iter()
+        .filter(|c| c.status == PermissionStatus::Granted)
+        .count();
+    let missing = checks
+        .iter()
+        .filter(|c| matches!(c.status, PermissionStatus::Missing(_)))
+        .count();
+    if granted == checks.len() {
+        tracing::info!(
+            checks = checks.len(),
+            "watchdog permissions verified with EC2 DryRun"
+        );
+    } else if missing > 0 {
+        tracing::error!(
+            missing,
+            "watchdog lacks EC2 permissions (see the MISSING lines above); it cannot \
+             terminate overdue instances until they are granted; the guard keeps running"
+        );
+    } else {
+        tracing::warn!(
+            unverified = checks.len() - granted,
+            "watchdog could not verify its EC2 permissions (no AWS credentials, or EC2 \
+             unreachable: see above); it retries on every sweep; the guard keeps running"
+        );
+    }
+}
+
+/// Copies the watchdog's gauges and counters into the registry.
+async fn copy_stats(wd: Watchdog<Ec2Provider>, metrics: Arc<Metrics>, stop: watch::Receiver<bool>) {
+    let mut errors_seen: BTreeMap<String, u64> = BTreeMap::new();
+    let mut tick = tokio::time::interval(STATS_EVERY);
+    let stop = stopped(stop);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut stop => break,
+        }
+        let s = wd.stats();
+        let by_state: Vec<(&str, u64)> = s
+            .instances_by_state
+            .iter()
+            .map(|(state, n)| (state.as_str(), *n))
+            .collect();
+        metrics.set_watchdog_instances(&by_state);
+        metrics.set_watchdog_oldest_instance_age(s.oldest_instance_age_s.map(Duration::from_secs));
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i128);
+        metrics.set_watchdog_next_deadline(
+            s.next_deadline_ms
+                .map(|at| (i128::from(at) - now_ms) as f64 / 1000.0),
+        );
+        metrics.set_watchdog_protected_instances(s.protected_overdue);
+        // The registry's counter only goes up; the watchdog reports running totals.
+        for (op, total) in &s.api_errors_by_op {
+            let seen = errors_seen.entry(op.clone()).or_default();
+            for _ in *seen..*total {
+                metrics.watchdog_api_error(op);
+            }
+            *seen = (*seen).max(*total);
+        }
+    }
+}
+
+/// The guard store's fact sink: durable first, then the watchdog's timers.
+struct Facts {
+    journal: Arc<Journal>,
+    wd: Watchdog<Ec2Provider>,
+}
+
+impl FactSink for Facts {
+    fn facts(&self, facts: Vec<Fact>) {
+        let entries: Vec<Entry<'_>> = facts.iter().map(|fact| Entry::Fact { fact }).collect();
+        if let Err(err) = self.journal.append(&entries) {
+            // The live timers still get the facts; only a restart before the next sweep
+            // would miss them (the sweep finds tagged instances on its own).
+            tracing::error!(%err, "cannot journal watchdog facts");
+        }
+        for fact in facts {
+            tracing::info!(?fact, "watchdog fact");
+            self.wd.record(fact);
+        }
+    }
+}
