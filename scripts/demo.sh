@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The fusebox demo: a real nats-server (JetStream) and fuseboxd on loopback, two Rust
 # agents behind the gate — one stuck in a loop, one paginating legitimately — and the
-# kill switch stopping the first while the second finishes.
+# kill switch stopping the first while the second finishes. Then the cloud watchdog: the
+# looping run had launched an EC2 instance (on a local moto_server) and never got to
+# shut it down; grace_s after the run was stopped, fuseboxd terminates the leftover.
 #
 #   bash scripts/demo.sh
 #
@@ -17,7 +19,8 @@ say "setup (nats-server, moto_server, prometheus)"
 bash scripts/setup.sh
 
 say "build (release)"
-cargo build --release -q -p fuseboxd -p fusebox-client --bin fuseboxd --example demo_agent
+cargo build --release -q -p fuseboxd -p fusebox-client -p fusebox-watchdog \
+  --bin fuseboxd --bin fusebox-watchdog --example demo_agent --example watchdog_tail --example launch
 BIN=target/release
 
 WORK=$(mktemp -d -t fusebox-demo.XXXXXX)
@@ -41,8 +44,32 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 
-say "fuseboxd (log in $WORK/data, metrics on 127.0.0.1:$METRICS_PORT)"
-"$BIN/fuseboxd" --config config/fusebox.toml --nats-url "$NATS_URL" \
+# --- cloud watchdog: a local EC2 (moto_server) and an instance launched for a run -------
+MOTO_PORT=$(free_port)
+MOTO_URL="http://127.0.0.1:$MOTO_PORT"
+# moto accepts any credentials; no instance-metadata lookups on a laptop.
+export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_EC2_METADATA_DISABLED=true
+say "moto_server (a local EC2 API) on $MOTO_URL"
+moto_server -H 127.0.0.1 -p "$MOTO_PORT" >"$WORK/moto.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 150); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$MOTO_PORT") 2>/dev/null && break
+  sleep 0.1
+done
+
+# The shipped config, with the watchdog pointed at moto and a 5 s grace after a run ends.
+sed -e "s|^# endpoint_url = .*|endpoint_url = \"$MOTO_URL\"|" -e 's|^grace_s = .*|grace_s = 5|' \
+  config/fusebox.toml >"$WORK/fusebox.toml"
+WATCHDOG=("$BIN/fusebox-watchdog" --config "$WORK/fusebox.toml")
+
+say "the looping run launches an EC2 instance (tags in TagSpecifications, 1 h lifetime)"
+INSTANCE=$("$BIN/examples/launch" --endpoint-url "$MOTO_URL" --tenant demo --run research-42 --max-lifetime 3600)
+echo "launched $INSTANCE"
+"${WATCHDOG[@]}" list
+# ---------------------------------------------------------------------------------------
+
+say "fuseboxd (log in $WORK/data, metrics on 127.0.0.1:$METRICS_PORT, watchdog on moto)"
+"$BIN/fuseboxd" --config "$WORK/fusebox.toml" --nats-url "$NATS_URL" \
   --data-dir "$WORK/data" --metrics-listen "127.0.0.1:$METRICS_PORT" 2>"$WORK/fuseboxd.log" &
 PIDS+=($!)
 for _ in $(seq 1 100); do
@@ -52,8 +79,13 @@ done
 curl -sf "http://127.0.0.1:$METRICS_PORT/readyz" >/dev/null || { cat "$WORK/fuseboxd.log"; echo "fuseboxd not ready" >&2; exit 1; }
 echo "ready"
 
+# Listens for the watchdog's announcement from now on (the demo waits for it below).
+"$BIN/examples/watchdog_tail" --nats "$NATS_URL" --count 1 --timeout-s 60 >"$WORK/terminated.log" 2>/dev/null &
+TAIL=$!
+PIDS+=($TAIL)
+
 say "two agents: one loops on the same search, one pages through a listing"
-"$BIN/examples/demo_agent" --nats "$NATS_URL" --mode loop --run research-42 &
+"$BIN/examples/demo_agent" --nats "$NATS_URL" --mode loop --run research-42 --instance "us-east-1/$INSTANCE" &
 LOOP=$!
 "$BIN/examples/demo_agent" --nats "$NATS_URL" --mode paginate --run triage-7 &
 PAGE=$!
@@ -64,10 +96,24 @@ curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" \
   | grep -E '^fusebox_(runs_stopped_total|decisions_total\{action="(block|stop|warn)")' || true
 
 # --- cloud watchdog -------------------------------------------------------------------
-# Placeholder for the cloud-watchdog part of the demo (owned by the watchdog work): start
-# moto_server on a free loopback port, launch an EC2 instance for a run, stop the run,
-# and show the leftover instance torn down. Add it here; $WORK, $NATS_URL, $PIDS and
-# free_port are available, and cleanup() kills everything appended to PIDS.
+say "cloud watchdog: research-42 was stopped but its instance is still up"
+"${WATCHDOG[@]}" list
+echo "waiting for fuseboxd's verify-empty check (grace_s = 5 after the stop) ..."
+if wait "$TAIL"; then
+  echo "fusebox.watchdog.*.terminated:"
+  sed -e 's/^[^ ]* //' "$WORK/terminated.log" | python3 -m json.tool --compact
+else
+  echo "no termination announced within 60 s; fuseboxd log:" >&2
+  tail -20 "$WORK/fuseboxd.log" >&2
+  exit 1
+fi
+echo "fuseboxd's log about it:"
+sed -e 's/\x1b\[[0-9;]*m//g' "$WORK/fuseboxd.log" \
+  | grep -E 'watchdog (permissions|timers|termination)|granted' | sed -e 's/^[^ ]* *[A-Z]* /  /' || true
+say "moto's view after the watchdog acted"
+"${WATCHDOG[@]}" list
+curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^fusebox_watchdog_terminations_total' | grep -v ' 0$' || true
 # --------------------------------------------------------------------------------------
 
-say "done: the looping run was stopped on its kill switch; the paging run completed"
+say "done: the looping run was stopped on its kill switch; the paging run completed;"
+echo "      the instance the stopped run left behind was terminated by the watchdog"

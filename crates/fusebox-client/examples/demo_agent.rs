@@ -6,6 +6,10 @@
 //! Tool calls go through the gate (request/reply); results are reported to JetStream;
 //! a watcher task listens on the run's kill switch. Every event carries `seq`, so the
 //! daemon applies the two paths in order.
+//!
+//! `--instance REGION/ID`: the run reports an EC2 instance it launched (`instance_launched`)
+//! right after `run_started`, so the daemon's cloud watchdog tears it down once the run
+//! ends, should the agent itself never get to it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,6 +39,9 @@ struct Args {
     /// Give up after this many steps (the loop agent would otherwise never stop itself).
     #[arg(long, default_value_t = 50)]
     max_iterations: u64,
+    /// An EC2 instance this run launched, as REGION/INSTANCE_ID.
+    #[arg(long)]
+    instance: Option<String>,
 }
 
 struct Agent {
@@ -130,6 +137,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     agent
         .report(json!({"type":"run_started","agent":agent_name}))
         .await;
+    if let Some((region, id)) = args.instance.as_deref().and_then(|i| i.split_once('/')) {
+        agent
+            .report(json!({"type":"instance_launched","provider":"ec2","region":region,"instance_id":id}))
+            .await;
+        agent.say(format!(
+            "launched EC2 instance {id} in {region} (reported to the guard)"
+        ));
+    }
     let mut step = 0;
     while step < args.max_iterations && !stopped.load(Ordering::SeqCst) {
         step += 1;
