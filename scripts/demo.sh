@@ -18,10 +18,12 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 say "setup (nats-server, moto_server, prometheus)"
 bash scripts/setup.sh
 
-say "build (release)"
-cargo build --release -q -p fuseboxd -p fusebox-client -p fusebox-watchdog \
+# A debug build: the demo is about behaviour, not speed, and it shares every artifact
+# with `scripts/test.sh` (an optimised aws-sdk-ec2 alone takes many minutes on 2 cores).
+say "build"
+cargo build -q -p fuseboxd -p fusebox-client -p fusebox-watchdog \
   --bin fuseboxd --bin fusebox-watchdog --example demo_agent --example watchdog_tail --example launch
-BIN=target/release
+BIN=target/debug
 
 WORK=$(mktemp -d -t fusebox-demo.XXXXXX)
 PIDS=()
