@@ -12,13 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::Subject;
+use bytes::Bytes;
 use fusebox_core::{Action, Decision, Event};
 use tokio::sync::mpsc::{Receiver, UnboundedSender};
 
-use crate::dispatch::Output;
+use crate::dispatch::{Outbox, Output};
 use crate::observer::Observer;
 use crate::query::{self, Query};
-use crate::reject::{reject, send, Origin};
+use crate::reject::{reject, Origin};
 use crate::store::{GuardStore, StoreError, Submitted};
 use crate::{subjects, ticks};
 
@@ -50,7 +51,9 @@ pub(crate) struct ApplierOptions {
 
 pub(crate) struct Applier<S> {
     store: S,
-    out: UnboundedSender<Output>,
+    out: UnboundedSender<Outbox>,
+    /// What the batch being handled will send, handed over once it is durable.
+    outbox: Outbox,
     observer: Arc<dyn Observer>,
     options: ApplierOptions,
     /// Inputs whose event is held (waiting for a gap): answered once it is applied.
@@ -63,6 +66,13 @@ pub(crate) struct Applier<S> {
     started: Instant,
 }
 
+/// A decision's JSON, serialised once for its reply, its publish and its stop.
+fn encode(decision: &Decision) -> Bytes {
+    serde_json::to_vec(decision)
+        .expect("decisions serialise")
+        .into()
+}
+
 fn event_key(event: &Event) -> EventKey {
     (event.tenant.clone(), event.run.clone(), event.id.clone())
 }
@@ -70,7 +80,7 @@ fn event_key(event: &Event) -> EventKey {
 impl<S: GuardStore> Applier<S> {
     pub(crate) fn new(
         store: S,
-        out: UnboundedSender<Output>,
+        out: UnboundedSender<Outbox>,
         observer: Arc<dyn Observer>,
         options: ApplierOptions,
     ) -> Self {
@@ -84,6 +94,7 @@ impl<S: GuardStore> Applier<S> {
         Applier {
             store,
             out,
+            outbox: Outbox::default(),
             observer,
             options,
             waiters: HashMap::new(),
@@ -106,7 +117,10 @@ impl<S: GuardStore> Applier<S> {
                     Err(_) => break,
                 }
             }
-            self.handle(inputs)?;
+            let handled = self.handle(inputs);
+            // Whatever was committed before a failure is durable and is answered.
+            std::mem::take(&mut self.outbox).send(&self.out);
+            handled?;
         }
         self.store.close()
     }
@@ -132,14 +146,11 @@ impl<S: GuardStore> Applier<S> {
         self.settle_stops(&touched);
         for (query, reply) in queries {
             let body = query::answer(self.store.engine(), &self.recent, &query);
-            send(
-                &self.out,
-                Output::Reply {
-                    to: reply,
-                    body,
-                    gate_received: None,
-                },
-            );
+            self.outbox.answers.push(Output::Reply {
+                to: reply,
+                body: body.into(),
+                gate_received: None,
+            });
         }
         Ok(())
     }
@@ -184,15 +195,13 @@ impl<S: GuardStore> Applier<S> {
                     self.waiters.entry(key).or_default().push(origin);
                 }
                 Submitted::Duplicate(Some(decision)) => {
-                    let body = serde_json::to_vec(&decision).expect("decisions serialise");
-                    if let Some(answer) = origin.answer(&body) {
-                        send(&self.out, answer);
-                    }
+                    let body = encode(&decision);
+                    self.outbox.answers.extend(origin.answer(&body));
                 }
                 Submitted::Duplicate(None) => {
                     self.waiters.entry(key).or_default().push(origin);
                 }
-                Submitted::Rejected(err) => reject(&self.out, &*self.observer, origin, &err),
+                Submitted::Rejected(err) => reject(&mut self.outbox, &*self.observer, origin, &err),
             }
         }
         Ok(())
@@ -204,15 +213,12 @@ impl<S: GuardStore> Applier<S> {
         let run_key = (decision.tenant.clone(), decision.run.clone());
         self.observer.decision(&decision);
         self.last_seen.insert(run_key.clone(), Instant::now());
-        let body = serde_json::to_vec(&decision).expect("decisions serialise");
+        let body = encode(&decision);
         if decision.is_notable() {
-            send(
-                &self.out,
-                Output::Publish {
-                    subject: subjects::decisions(&decision.tenant, &decision.run),
-                    body: body.clone(),
-                },
-            );
+            self.outbox.publishes.push(Output::Publish {
+                subject: subjects::decisions(&decision.tenant, &decision.run),
+                body: body.clone(),
+            });
             let recent = self.recent.entry(run_key.clone()).or_default();
             if recent.len() == self.options.recent_decisions {
                 recent.pop_front();
@@ -228,21 +234,16 @@ impl<S: GuardStore> Applier<S> {
                 );
             }
             if decision.action == Action::Stop {
-                send(
-                    &self.out,
-                    Output::Stop {
-                        tenant: decision.tenant.clone(),
-                        run: decision.run.clone(),
-                        body: body.clone(),
-                    },
-                );
+                self.outbox.publishes.push(Output::Stop {
+                    tenant: decision.tenant.clone(),
+                    run: decision.run.clone(),
+                    body: body.clone(),
+                });
             }
         }
         let event_key = (decision.tenant, decision.run, decision.event_id);
         for origin in self.waiters.remove(&event_key).unwrap_or_default() {
-            if let Some(answer) = origin.answer(&body) {
-                send(&self.out, answer);
-            }
+            self.outbox.answers.extend(origin.answer(&body));
         }
         touched.insert(run_key);
     }
@@ -259,13 +260,10 @@ impl<S: GuardStore> Applier<S> {
                     .is_some_and(|run| run.is_open());
             if reopened {
                 self.stopped.remove(key);
-                send(
-                    &self.out,
-                    Output::ClearStop {
-                        tenant: key.0.clone(),
-                        run: key.1.clone(),
-                    },
-                );
+                self.outbox.publishes.push(Output::ClearStop {
+                    tenant: key.0.clone(),
+                    run: key.1.clone(),
+                });
             }
         }
     }

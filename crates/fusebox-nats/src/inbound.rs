@@ -93,7 +93,7 @@ mod tests {
 #[derive(Clone)]
 pub(crate) struct Inbound {
     pub tx: tokio::sync::mpsc::Sender<crate::applier::Input>,
-    pub out: tokio::sync::mpsc::UnboundedSender<crate::dispatch::Output>,
+    pub out: tokio::sync::mpsc::UnboundedSender<crate::dispatch::Outbox>,
     pub observer: std::sync::Arc<dyn crate::observer::Observer>,
     pub max_event_bytes: usize,
 }
@@ -109,7 +109,9 @@ impl Inbound {
     }
 
     pub(crate) fn reject(&self, origin: crate::reject::Origin, err: &EventError) {
-        crate::reject::reject(&self.out, &*self.observer, origin, err);
+        let mut outbox = crate::dispatch::Outbox::default();
+        crate::reject::reject(&mut outbox, &*self.observer, origin, err);
+        outbox.send(&self.out);
     }
 }
 

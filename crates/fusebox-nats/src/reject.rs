@@ -4,10 +4,10 @@
 use std::time::Instant;
 
 use async_nats::Subject;
+use bytes::Bytes;
 use fusebox_core::EventError;
-use tokio::sync::mpsc::UnboundedSender;
 
-use crate::dispatch::Output;
+use crate::dispatch::{Outbox, Output};
 use crate::observer::Observer;
 use crate::subjects;
 use crate::wire::{DeadLetter, ErrorReply, WireError};
@@ -40,17 +40,17 @@ impl Origin {
     }
 
     /// The answer to this input, `body` being a decision or an error reply.
-    pub(crate) fn answer(self, body: &[u8]) -> Option<Output> {
+    pub(crate) fn answer(self, body: &Bytes) -> Option<Output> {
         match self {
             Origin::Gate { message, received } => message.reply.map(|to| Output::Reply {
                 to,
-                body: body.to_vec(),
+                body: body.clone(),
                 gate_received: Some(received),
             }),
             Origin::Stream(message) => Some(Output::Ack(message)),
             Origin::Control { reply } => Some(Output::Reply {
                 to: reply,
-                body: body.to_vec(),
+                body: body.clone(),
                 gate_received: None,
             }),
             Origin::Internal => None,
@@ -61,7 +61,7 @@ impl Origin {
 /// Refuses one input: dead letter (when it came from the wire), counter, and the error
 /// as its answer (a stream message is terminated instead: redelivering cannot fix it).
 pub(crate) fn reject(
-    out: &UnboundedSender<Output>,
+    outbox: &mut Outbox,
     observer: &dyn Observer,
     origin: Origin,
     err: &EventError,
@@ -77,29 +77,16 @@ pub(crate) fn reject(
         };
         let tenant = subjects::tenant_of(subject).unwrap_or("_");
         let body = serde_json::to_vec(&letter).expect("dead letters serialise");
-        send(
-            out,
-            Output::Publish {
-                subject: subjects::dlq(tenant),
-                body,
-            },
-        );
+        outbox.publishes.push(Output::Publish {
+            subject: subjects::dlq(tenant),
+            body: body.into(),
+        });
         observer.dead_letter();
     }
     let reply = serde_json::to_vec(&ErrorReply { error }).expect("error replies serialise");
     let answer = match origin {
         Origin::Stream(message) => Some(Output::Terminate(message)),
-        other => other.answer(&reply),
+        other => other.answer(&reply.into()),
     };
-    if let Some(answer) = answer {
-        send(out, answer);
-    }
-}
-
-/// The dispatcher outlives every producer of outputs; a closed channel means the
-/// process is already going down and there is nobody left to tell.
-pub(crate) fn send(out: &UnboundedSender<Output>, output: Output) {
-    if out.send(output).is_err() {
-        tracing::warn!("dispatcher gone; output dropped during shutdown");
-    }
+    outbox.answers.extend(answer);
 }
