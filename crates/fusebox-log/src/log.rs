@@ -3,14 +3,14 @@
 
 use std::sync::mpsc;
 
-use fusebox_core::Decision;
+use fusebox_core::{Decision, Sequencer};
 use tracing::{info, warn};
 
 use crate::error::LogError;
 use crate::keys::{self, FORMAT_VERSION, FORMAT_VERSION_KEY};
 use crate::record::{self, Frame, FrameEntry, Record};
 use crate::snapshot;
-use crate::state::LogState;
+use crate::state::{note_order, LogState};
 use crate::store::{EventLog, Tree, WriteBatch};
 
 pub(crate) fn corrupt<L: EventLog>(log: &L, what: String, detail: String) -> LogError {
@@ -258,31 +258,46 @@ pub fn rebuild<L: EventLog>(log: &L, max_held: usize) -> Result<LogState, LogErr
 /// Frames decoded ahead of the thread that applies them.
 const DECODED_AHEAD: usize = 8;
 
-/// Applies every record after `state.position`. Reading and decoding run on a second
-/// thread while this one applies (the engine is sequential; decoding is about as costly
-/// as applying, so two cores nearly halve a replay).
+/// Applies every record after `state.position`. Reading, decoding and the order and
+/// dedup bookkeeping (sequencer, index: functions of the records alone) run on a
+/// second thread while this one applies the records to the engine, so a replay uses
+/// both cores. The result is the same as `LogState::apply` record by record (the
+/// rebuild property test compares them).
 pub fn replay_into<L: EventLog>(log: &L, state: &mut LogState) -> Result<(), LogError> {
     let from = state.position + 1;
-    std::thread::scope(|scope| {
+    let mut applied = std::mem::replace(&mut state.applied, Sequencer::new(0));
+    let mut index = std::mem::take(&mut state.index);
+    let result = std::thread::scope(|scope| {
         let (send, receive) = mpsc::sync_channel(DECODED_AHEAD);
-        scope.spawn(move || {
+        let (applied, index) = (&mut applied, &mut index);
+        let reader = scope.spawn(move || {
             for frame in frames(log, from) {
                 let decoded = match frame {
                     Ok((first, bytes)) => decode_frame_records(log, first, bytes.as_ref(), from),
                     Err(e) => vec![Err(e)],
                 };
+                for (pos, record) in decoded.iter().flatten() {
+                    note_order(applied, index, *pos, record);
+                }
                 // The applying side stops at an error and drops its end.
                 if send.send(decoded).is_err() {
                     break;
                 }
             }
         });
-        for decoded in receive {
-            for item in decoded {
-                let (_, record) = item?;
-                state.apply(&record)?;
+        let applying = (|| {
+            for decoded in receive {
+                for item in decoded {
+                    let (_, record) = item?;
+                    state.apply_to_engine(&record);
+                }
             }
-        }
-        Ok(())
-    })
+            Ok(())
+        })();
+        reader.join().expect("the replay reader does not panic");
+        applying
+    });
+    state.applied = applied;
+    state.index = index;
+    result
 }

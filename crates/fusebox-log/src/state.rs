@@ -155,11 +155,38 @@ impl LogState {
     /// Applies an event; also returns the `op_key` whose ledger entry it may have
     /// changed (the guard writes that entry to the ledger tree).
     pub fn apply_event_touching(&mut self, event: &Event) -> (Decision, Option<String>) {
+        let applied = self.event_to_engine(event);
+        note_event(&mut self.applied, &mut self.index, event, self.position);
+        applied
+    }
+
+    pub fn apply_op(&mut self, op: &LogOp) -> Result<(), LogError> {
+        self.op_to_engine(op);
+        note_op(&mut self.applied, &mut self.index, op);
+        Ok(())
+    }
+
+    /// Applies one record; an event's decision is returned.
+    pub fn apply(&mut self, record: &Record) -> Result<Option<Decision>, LogError> {
+        match record {
+            Record::Event(event) => Ok(Some(self.apply_event(event))),
+            Record::Op(op) => self.apply_op(op).map(|()| None),
+        }
+    }
+
+    /// The part of applying a record that needs the engine; the rest (`note_order`)
+    /// depends on the records alone, so a replay runs it on its decoding thread.
+    pub(crate) fn apply_to_engine(&mut self, record: &Record) {
+        match record {
+            Record::Event(event) => drop(self.event_to_engine(event)),
+            Record::Op(op) => self.op_to_engine(op),
+        }
+    }
+
+    fn event_to_engine(&mut self, event: &Event) -> (Decision, Option<String>) {
         let op_key = op_key_touched(&self.engine, event);
         let decision = self.engine.apply(event);
-        self.applied.note_applied(event);
         self.position += 1;
-        self.index.insert(event, self.position);
         self.event_time_ms = self.event_time_ms.max(event.ts_ms);
         if let Some(op_key) = &op_key {
             let kept = self.engine.ledger().get(&event.tenant, op_key).is_some();
@@ -169,14 +196,12 @@ impl LogState {
         (decision, op_key)
     }
 
-    pub fn apply_op(&mut self, op: &LogOp) -> Result<(), LogError> {
+    fn op_to_engine(&mut self, op: &LogOp) {
         match op {
             LogOp::SetPolicies { policies } => self.engine.set_policies(policies.clone()),
             LogOp::Prune { runs } => {
                 for run in runs {
                     self.engine.forget_run(&run.tenant, &run.run);
-                    self.applied.forget_run(&run.tenant, &run.run);
-                    self.index.forget_run(&run.tenant, &run.run);
                 }
             }
             LogOp::ForgetOperations { operations } => {
@@ -187,14 +212,33 @@ impl LogState {
             }
         }
         self.position += 1;
-        Ok(())
     }
+}
 
-    /// Applies one record; an event's decision is returned.
-    pub fn apply(&mut self, record: &Record) -> Result<Option<Decision>, LogError> {
-        match record {
-            Record::Event(event) => Ok(Some(self.apply_event(event))),
-            Record::Op(op) => self.apply_op(op).map(|()| None),
+/// The order and dedup bookkeeping of the record at `pos`: the applied-events
+/// sequencer and the dedup index.
+pub(crate) fn note_order(
+    applied: &mut Sequencer,
+    index: &mut DedupIndex,
+    pos: u64,
+    record: &Record,
+) {
+    match record {
+        Record::Event(event) => note_event(applied, index, event, pos),
+        Record::Op(op) => note_op(applied, index, op),
+    }
+}
+
+fn note_event(applied: &mut Sequencer, index: &mut DedupIndex, event: &Event, pos: u64) {
+    applied.note_applied(event);
+    index.insert(event, pos);
+}
+
+fn note_op(applied: &mut Sequencer, index: &mut DedupIndex, op: &LogOp) {
+    if let LogOp::Prune { runs } = op {
+        for run in runs {
+            applied.forget_run(&run.tenant, &run.run);
+            index.forget_run(&run.tenant, &run.run);
         }
     }
 }
