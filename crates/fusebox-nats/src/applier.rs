@@ -226,19 +226,22 @@ impl<S: GuardStore> Applier<S> {
             recent.push_back(decision.clone());
         }
         if let Some(report) = decision.stop_report() {
+            // Only the decision that closes the run goes on the kill switch: the stream
+            // keeps one message per run, and the latched answers to later calls (same
+            // report) would otherwise replace it under a worker that is still catching up.
             if self.stopped.insert(run_key.clone()) {
                 self.observer.run_stopped(
                     &decision.tenant,
                     report.terminal_state.as_str(),
                     report.reason.as_str(),
                 );
-            }
-            if decision.action == Action::Stop {
-                self.outbox.publishes.push(Output::Stop {
-                    tenant: decision.tenant.clone(),
-                    run: decision.run.clone(),
-                    body: body.clone(),
-                });
+                if decision.action == Action::Stop {
+                    self.outbox.publishes.push(Output::Stop {
+                        tenant: decision.tenant.clone(),
+                        run: decision.run.clone(),
+                        body: body.clone(),
+                    });
+                }
             }
         }
         let event_key = (decision.tenant, decision.run, decision.event_id);
