@@ -2,13 +2,12 @@
 //!
 //! `apply` is the only way state changes, and it is a pure function of the state and the
 //! event: no clock (time is `ts_ms`), no randomness. Runs live in hash maps with a fixed
-//! (unseeded) hasher, so nothing random enters; whatever is listed is sorted first, so no
+//! (unseeded) hasher, FNV-1a, so nothing random enters; whatever is listed is sorted first, so no
 //! map order ever reaches an output. Feeding the same
 //! events in the same order to a fresh engine, or to one restored from a snapshot taken
 //! anywhere in between, gives byte-identical decisions.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -16,14 +15,13 @@ use serde::{Deserialize, Serialize};
 use crate::close::decision;
 use crate::decision::{Action, Decision};
 use crate::event::{Event, EventBody, RunStarted};
+use crate::fixed_hash::FixedHasher;
 use crate::gate;
 use crate::ledger::Ledger;
 use crate::observe;
 use crate::policy::PolicySet;
 use crate::run::RunState;
 
-/// SipHash with fixed keys: deterministic across processes, unlike `RandomState`.
-type FixedHasher = BuildHasherDefault<DefaultHasher>;
 type Runs = HashMap<String, HashMap<String, RunState, FixedHasher>, FixedHasher>;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,11 +8,11 @@
 //! what the log records, so a rebuild never needs the sequencer again.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::hash::{BuildHasherDefault, DefaultHasher};
 
 use serde::{Deserialize, Serialize};
 
 use crate::event::Event;
+use crate::fixed_hash::FixedHasher;
 use crate::parse::{EventError, RejectReason};
 
 /// Events held per run while waiting for a missing `seq`, at most.
@@ -37,10 +37,6 @@ struct RunOrder {
     ids: HashSet<u64, FixedHasher>,
     held: BTreeMap<u64, Event>,
 }
-
-/// SipHash with fixed keys: nothing random enters, and nothing iterates these maps
-/// without sorting first.
-type FixedHasher = BuildHasherDefault<DefaultHasher>;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sequencer {
