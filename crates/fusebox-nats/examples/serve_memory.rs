@@ -1,5 +1,5 @@
 //! The guard service over [`MemoryStore`] instead of the durable log, for profiling the
-//! NATS side alone: `bench_gate` against this shows what everything but the log commit
+//! NATS side alone: `fusebox bench gate` against this shows what everything but the log commit
 //! costs. Not a daemon (nothing survives it); `fuseboxd` always runs the durable log.
 //!
 //! `cargo run --release -p fusebox-nats --example serve_memory -- nats://127.0.0.1:4222`
