@@ -137,7 +137,7 @@ enum Command {
     /// reported as FILE:LINE: reason: message on stderr and skipped; the good ones still
     /// count. Exit status: 0 when every line was good, 2 when any was not.
     ///
-    /// Example: fusebox replay --preset strict ../shared/fixtures/*.jsonl
+    /// Example: fusebox replay --preset strict crates/fusebox-core/tests/fixtures/*.jsonl
     #[command(verbatim_doc_comment)]
     Replay {
         /// A fusebox.toml whose [guard] preset, [policy] and [agents.*.policy] apply.

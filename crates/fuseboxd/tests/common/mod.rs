@@ -271,7 +271,7 @@ impl Setup {
 
 pub fn fixture(name: &str) -> Vec<Event> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures")
+        .join("../fusebox-core/tests/fixtures")
         .join(name);
     std::fs::read_to_string(&path)
         .unwrap_or_else(|err| panic!("{}: {err}", path.display()))
