@@ -79,8 +79,11 @@ impl FuseboxClient {
         FuseboxClient { nats, js, options }
     }
 
-    /// Connects to NATS at `url` (plain, loopback-style; build your own
-    /// `async_nats::Client` with credentials and TLS and use [`FuseboxClient::new`] otherwise).
+    /// Connects to NATS at `url` (plain, loopback-style). Otherwise build your own
+    /// `async_nats::Client` with credentials and TLS and use [`FuseboxClient::new`]; under
+    /// the per-tenant accounts of `deploy/nats/`, also give it
+    /// `custom_inbox_prefix("_INBOX.<tenant>")`, since a tenant may only receive replies
+    /// on its own inboxes.
     pub async fn connect(url: &str, options: ClientOptions) -> Result<Self, ClientError> {
         let nats = async_nats::ConnectOptions::new()
             .connection_timeout(options.timeout)
