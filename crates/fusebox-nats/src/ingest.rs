@@ -15,6 +15,8 @@ use crate::setup;
 /// Consecutive pull errors (missed heartbeats, no responders while NATS is down) after
 /// which the consumer is bound afresh.
 const REBIND_AFTER_ERRORS: u32 = 3;
+/// How often the consumer's backlog is read for `fusebox_consumer_lag_messages`.
+const LAG_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 pub(crate) async fn run(
     js: async_nats::jetstream::Context,
@@ -23,15 +25,16 @@ pub(crate) async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     while !*shutdown.borrow() {
-        let messages = match setup::events_consumer(&js).await {
+        let (mut consumer, messages) = match setup::events_consumer(&js).await {
             Ok(consumer) => {
-                consumer
+                let messages = consumer
                     .stream()
                     .max_messages_per_batch(pull_batch)
                     .heartbeat(Duration::from_secs(5))
                     .expires(Duration::from_secs(30))
                     .messages()
-                    .await
+                    .await;
+                (consumer, messages)
             }
             Err(err) => {
                 tracing::warn!(%err, "binding the events consumer failed; retrying");
@@ -54,10 +57,19 @@ pub(crate) async fn run(
         };
         inbound.observer.consumer_bound(true);
         let mut errors = 0;
+        let mut lag_check = tokio::time::interval(LAG_CHECK_EVERY);
         loop {
             tokio::select! {
                 biased;
                 _ = stopped(&mut shutdown) => break,
+                _ = lag_check.tick() => {
+                    // Not yet delivered plus delivered but not yet acked: what the daemon
+                    // still owes the stream.
+                    if let Ok(info) = consumer.info().await {
+                        let owed = info.num_pending.saturating_add(info.num_ack_pending as u64);
+                        inbound.observer.consumer_lag(owed);
+                    }
+                }
                 next = messages.next() => match next {
                     Some(Ok(message)) => {
                         errors = 0;

@@ -24,6 +24,8 @@ pub trait Observer: Send + Sync + 'static {
     fn nats_connected(&self, _connected: bool) {}
     /// The JetStream consumer is bound and pulling.
     fn consumer_bound(&self, _bound: bool) {}
+    /// Events in the stream the daemon has not yet acknowledged.
+    fn consumer_lag(&self, _messages: u64) {}
 }
 
 /// Observes nothing (tests, benchmarks).

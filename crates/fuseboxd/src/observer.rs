@@ -62,4 +62,8 @@ impl Observer for MetricsObserver {
     fn consumer_bound(&self, bound: bool) {
         self.readiness.set_consumer_bound(bound);
     }
+
+    fn consumer_lag(&self, messages: u64) {
+        self.metrics.set_consumer_lag(messages);
+    }
 }
