@@ -100,9 +100,7 @@ fn digest(buf: &mut Vec<u8>) -> Fingerprint {
 /// A short hash of a tool name (FNV-1a), for grouping a window's calls by tool; it never
 /// leaves the process, so it need not be SHA-256.
 pub fn tool_fingerprint(tool: &str) -> u64 {
-    tool.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    crate::fixed_hash::fnv1a(tool.as_bytes())
 }
 
 fn write_str(buf: &mut Vec<u8>, s: &str) {

@@ -1,4 +1,5 @@
-//! A fixed, unseeded hasher for the engine's maps: FNV-1a.
+//! FNV-1a: the one short, unseeded, process-independent hash of the workspace — for the
+//! engine's maps, event-id dedup, tool grouping, and ids derived from request bodies.
 //!
 //! The engine may not use `RandomState` (no randomness), and SipHash with fixed keys was
 //! a measurable share of every event (two lookups: tenant, then run). FNV-1a is short,
@@ -7,19 +8,29 @@
 
 use std::hash::{BuildHasherDefault, Hasher};
 
+const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+const PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// FNV-1a of `bytes`.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(OFFSET_BASIS, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(PRIME)
+    })
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Fnv1a(u64);
 
 impl Default for Fnv1a {
     fn default() -> Self {
-        Fnv1a(0xcbf2_9ce4_8422_2325)
+        Fnv1a(OFFSET_BASIS)
     }
 }
 
 impl Hasher for Fnv1a {
     fn write(&mut self, bytes: &[u8]) {
         for byte in bytes {
-            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3);
+            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(PRIME);
         }
     }
 

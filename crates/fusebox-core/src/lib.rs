@@ -22,7 +22,7 @@ mod detect;
 pub mod engine;
 pub mod event;
 pub mod fingerprint;
-mod fixed_hash;
+pub mod fixed_hash;
 mod gate;
 pub mod ledger;
 mod message;

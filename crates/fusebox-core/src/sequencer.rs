@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::event::Event;
-use crate::fixed_hash::FixedHasher;
+use crate::fixed_hash::{fnv1a, FixedHasher};
 use crate::parse::{EventError, RejectReason};
 
 /// Events held per run while waiting for a missing `seq`, at most.
@@ -51,9 +51,7 @@ impl Default for Sequencer {
 }
 
 fn id_hash(id: &str) -> u64 {
-    id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    fnv1a(id.as_bytes())
 }
 
 impl Sequencer {

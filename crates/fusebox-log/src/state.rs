@@ -45,9 +45,7 @@ pub struct DedupIndex(HashMap<String, HashMap<String, RunIds, Fixed>, Fixed>);
 type RunIds = HashMap<u64, u64, Fixed>;
 
 pub fn id_hash(id: &str) -> u64 {
-    id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    fusebox_core::fixed_hash::fnv1a(id.as_bytes())
 }
 
 impl DedupIndex {

@@ -67,13 +67,6 @@ pub(crate) async fn handle(inbound: &Inbound, message: async_nats::Message) {
     }
 }
 
-/// FNV-1a, for ids derived from a request body (stable across processes and builds).
-fn fnv64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -111,7 +104,7 @@ fn command(tenant: &str, run: &str, resume: bool, payload: &[u8]) -> Result<Even
     let id = match id {
         Some(id) if !id.is_empty() && id.len() <= fusebox_core::parse::MAX_ID_LEN => id,
         Some(_) => return Err(invalid("request id must be 1 to 256 characters".to_owned())),
-        None => format!("{verb}-{:016x}", fnv64(raw)),
+        None => format!("{verb}-{:016x}", fusebox_core::fixed_hash::fnv1a(raw)),
     };
     Ok(Event {
         v: 1,
