@@ -17,7 +17,7 @@ use crate::decision::{Action, Decision};
 use crate::event::{Event, EventBody, RunStarted};
 use crate::fixed_hash::FixedHasher;
 use crate::gate;
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, LedgerEntry};
 use crate::observe;
 use crate::policy::PolicySet;
 use crate::run::RunState;
@@ -73,6 +73,12 @@ impl Engine {
     /// Forgets a ledger key (the log's ledger retention).
     pub fn forget_operation(&mut self, tenant: &str, op_key: &str) -> bool {
         self.ledger.forget(tenant, op_key).is_some()
+    }
+
+    /// What a cluster's shared ledger says about a key that runs on other daemons
+    /// touched (see [`Ledger`]'s `adopt`): the next call with this key is judged by it.
+    pub fn adopt_operation(&mut self, tenant: &str, op_key: &str, entry: Option<LedgerEntry>) {
+        self.ledger.adopt(tenant, op_key, entry);
     }
 
     /// Applies one event (already validated, deduplicated and in its run's order) and

@@ -69,6 +69,29 @@ impl Ledger {
         }
     }
 
+    /// Takes what the shared ledger of a cluster (another daemon's runs) says about a
+    /// key: an entry, or `None` when the key is free there. A completed operation is
+    /// never replaced or freed (a SUCCESS is never undone); anything else is.
+    pub(crate) fn adopt(&mut self, tenant: &str, op_key: &str, entry: Option<LedgerEntry>) {
+        if matches!(
+            self.get(tenant, op_key),
+            Some(LedgerEntry::Completed { .. })
+        ) {
+            return;
+        }
+        match entry {
+            Some(entry) => {
+                self.tenants
+                    .entry(tenant.to_owned())
+                    .or_default()
+                    .insert(op_key.to_owned(), entry);
+            }
+            None => {
+                self.forget(tenant, op_key);
+            }
+        }
+    }
+
     /// Forgets one key (retention of very old operations). After this, the operation
     /// may run again: only the log's retention policy should call it.
     pub fn forget(&mut self, tenant: &str, op_key: &str) -> Option<LedgerEntry> {
@@ -94,5 +117,32 @@ impl Ledger {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_flight(run: &str) -> LedgerEntry {
+        LedgerEntry::InFlight {
+            run: run.to_owned(),
+            call_id: "c".to_owned(),
+        }
+    }
+
+    #[test]
+    fn adopting_replaces_or_frees_anything_but_a_completed_operation() {
+        let mut ledger = Ledger::default();
+        ledger.adopt("t", "k", Some(in_flight("elsewhere")));
+        assert_eq!(ledger.get("t", "k"), Some(&in_flight("elsewhere")));
+        ledger.adopt("t", "k", None);
+        assert!(ledger.is_empty());
+
+        ledger.complete("t", "k", "r", "c", "{}".to_owned());
+        let completed = ledger.get("t", "k").cloned();
+        ledger.adopt("t", "k", Some(in_flight("elsewhere")));
+        ledger.adopt("t", "k", None);
+        assert_eq!(ledger.get("t", "k").cloned(), completed);
     }
 }

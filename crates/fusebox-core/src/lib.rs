@@ -37,6 +37,7 @@ pub use decision::{
 };
 pub use engine::Engine;
 pub use event::{Event, EventBody};
+pub use ledger::LedgerEntry;
 pub use parse::{parse_event, parse_event_bounded, EventError, RejectReason};
 pub use policy::{Policy, PolicySet, Preset};
 pub use run::RunState;

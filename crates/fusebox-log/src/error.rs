@@ -58,6 +58,10 @@ pub enum LogError {
          from what is durable before deciding anything else"
     )]
     Poisoned { path: PathBuf },
+    /// The `before_commit` hook of `Guard::submit_batch_then` refused the batch (a
+    /// cluster daemon could not replicate it, e.g. it no longer owns the partition).
+    #[error("the batch was not committed: {0}")]
+    BeforeCommit(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("cannot write the export: {0}")]
     Export(#[source] std::io::Error),
 }

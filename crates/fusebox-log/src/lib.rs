@@ -40,7 +40,7 @@ pub use error::LogError;
 pub use guard::Guard;
 pub use maintain::expired_runs;
 pub use options::GuardOptions;
-pub use record::{LogOp, OpRef, Record, RunRef};
+pub use record::{AdoptedOp, LogOp, OpRef, Record, RunRef};
 pub use sled_log::{SledLog, SledOptions};
 pub use state::{DedupIndex, LedgerTimes, LogState};
 pub use store::{EventLog, Tree, WriteBatch};

@@ -15,7 +15,7 @@
 
 use std::ops::Range;
 
-use fusebox_core::{Decision, Event, PolicySet};
+use fusebox_core::{Decision, Event, LedgerEntry, PolicySet};
 use serde::{Deserialize, Serialize};
 
 use crate::error::LogError;
@@ -29,6 +29,17 @@ pub enum LogOp {
     Prune { runs: Vec<RunRef> },
     /// Ledger retention: these keys are forgotten; their operations may run again.
     ForgetOperations { operations: Vec<OpRef> },
+    /// Cluster: what the shared (JetStream KV) ledger said about these keys just before
+    /// the batch that follows was decided, so a replay judges its calls the same way.
+    AdoptOperations { operations: Vec<AdoptedOp> },
+}
+
+/// One key as the cluster's shared ledger had it: an entry, or `None` when free.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdoptedOp {
+    pub tenant: String,
+    pub op_key: String,
+    pub entry: Option<LedgerEntry>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -208,6 +208,18 @@ impl LogState {
                     self.ledger_times.forget(&op.tenant, &op.op_key);
                 }
             }
+            LogOp::AdoptOperations { operations } => {
+                for op in operations {
+                    self.engine
+                        .adopt_operation(&op.tenant, &op.op_key, op.entry.clone());
+                    let kept = self.engine.ledger().get(&op.tenant, &op.op_key).is_some();
+                    self.ledger_times.set(
+                        &op.tenant,
+                        op.op_key.clone(),
+                        kept.then_some(self.event_time_ms),
+                    );
+                }
+            }
         }
         self.position += 1;
     }

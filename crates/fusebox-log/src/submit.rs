@@ -10,7 +10,7 @@ use fusebox_core::{Admission, Decision, Event, EventError};
 use crate::error::LogError;
 use crate::guard::Guard;
 use crate::keys;
-use crate::record::{self, FrameWriter, LogOp};
+use crate::record::{self, AdoptedOp, FrameWriter, LogOp};
 use crate::store::{EventLog, Tree, WriteBatch};
 
 /// What became of one submitted event.
@@ -39,16 +39,64 @@ pub(crate) struct Pending {
     pub(crate) frames: FrameWriter,
     /// (position, outcome index, index in that outcome's decisions), by position.
     applied: Vec<(u64, usize, usize)>,
+    /// The applied events in application order, kept only for a `before_commit` hook.
+    captured: Option<Vec<Event>>,
 }
 
 impl<L: EventLog> Guard<L> {
     /// Decides a batch and makes it durable with one flush. On `Err` nothing of the
     /// batch may be acted on, and the guard must be reopened.
     pub fn submit_batch(&mut self, events: Vec<Event>) -> Result<Vec<Outcome>, LogError> {
+        self.decide_and_commit(
+            Vec::new(),
+            events,
+            None::<fn(&[Event]) -> Result<(), LogError>>,
+        )
+    }
+
+    /// [`Guard::submit_batch`] for a cluster daemon: `adopted` (what the shared ledger
+    /// says of the batch's `op_key`s) is applied first, as one logged record, and
+    /// `before_commit` is called on the events the batch applied, in application order,
+    /// after they are decided and before anything of the batch is written. A cluster daemon replicates them there, so the replicated
+    /// stream always holds at least what the local log holds. An `Err` from the hook
+    /// fails the batch like a failed flush: nothing is written, the guard is poisoned.
+    pub fn submit_batch_then<E>(
+        &mut self,
+        adopted: Vec<AdoptedOp>,
+        events: Vec<Event>,
+        before_commit: impl FnOnce(&[Event]) -> Result<(), E>,
+    ) -> Result<Vec<Outcome>, LogError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.decide_and_commit(
+            adopted,
+            events,
+            Some(|applied: &[Event]| {
+                before_commit(applied).map_err(|err| LogError::BeforeCommit(Box::new(err)))
+            }),
+        )
+    }
+
+    fn decide_and_commit(
+        &mut self,
+        adopted: Vec<AdoptedOp>,
+        events: Vec<Event>,
+        before_commit: Option<impl FnOnce(&[Event]) -> Result<(), LogError>>,
+    ) -> Result<Vec<Outcome>, LogError> {
         self.guarded(|guard| {
             let durable = guard.state.position;
-            let mut pending = Pending::default();
+            let mut pending = Pending {
+                captured: before_commit.is_some().then(Vec::new),
+                ..Pending::default()
+            };
             guard.maintain(&mut pending)?;
+            if !adopted.is_empty() {
+                let op = LogOp::AdoptOperations {
+                    operations: adopted,
+                };
+                guard.stage_op(&mut pending, op)?;
+            }
             let mut outcomes = Vec::with_capacity(events.len());
             let mut duplicates = Vec::new();
             for event in events {
@@ -79,6 +127,9 @@ impl<L: EventLog> Guard<L> {
                 outcomes.push(outcome);
             }
             guard.answer_duplicates(&pending, durable, duplicates, &mut outcomes)?;
+            if let Some(hook) = before_commit {
+                hook(pending.captured.as_deref().unwrap_or_default())?;
+            }
             guard.commit(pending)?;
             Ok(outcomes)
         })
@@ -177,6 +228,9 @@ impl<L: EventLog> Guard<L> {
             pending.frames.push_event(pos, &event, &decision)?;
             pending.applied.push((pos, outcome, decisions.len()));
             decisions.push(decision);
+            if let Some(captured) = &mut pending.captured {
+                captured.push(event);
+            }
         }
         Ok(decisions)
     }
@@ -196,9 +250,20 @@ impl<L: EventLog> Guard<L> {
                         .insert(keys::ledger(&op.tenant, &op.op_key), None);
                 }
             }
-            LogOp::SetPolicies { .. } => {}
+            LogOp::SetPolicies { .. } | LogOp::AdoptOperations { .. } => {}
         }
         self.state.apply_op(&op)?;
+        if let LogOp::AdoptOperations { operations } = &op {
+            for op in operations {
+                let entry = match self.state.engine.ledger().get(&op.tenant, &op.op_key) {
+                    Some(entry) => Some(record::encode(entry, "a ledger entry")?),
+                    None => None,
+                };
+                pending
+                    .ledger
+                    .insert(keys::ledger(&op.tenant, &op.op_key), entry);
+            }
+        }
         pending.frames.push_op(self.state.position, &op)
     }
 }
