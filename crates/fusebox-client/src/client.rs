@@ -96,6 +96,10 @@ impl FuseboxClient {
         Ok(FuseboxClient::new(nats, options))
     }
 
+    pub fn options(&self) -> &ClientOptions {
+        &self.options
+    }
+
     pub fn nats(&self) -> &Client {
         &self.nats
     }

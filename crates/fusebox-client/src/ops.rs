@@ -57,11 +57,56 @@ impl DecisionTail {
     }
 }
 
+/// How long `runs` waits for one more partition's answer after the last one.
+const GATHER_QUIET: std::time::Duration = std::time::Duration::from_millis(150);
+
 impl FuseboxClient {
-    /// Every run the daemon knows (`fusebox runs`).
+    /// Every run the daemons know (`fusebox runs`). In a cluster each owned partition
+    /// answers with its own runs, so the answers are gathered until none has come for
+    /// [`GATHER_QUIET`] after the first.
     pub async fn runs(&self) -> Result<Vec<RunSummary>, ClientError> {
-        self.request(subjects::CONTROL_RUNS.to_owned(), Vec::new())
+        let subject = subjects::CONTROL_RUNS.to_owned();
+        let failed = |detail: String| ClientError::Request {
+            subject: subject.clone(),
+            detail,
+        };
+        let inbox = self.nats().new_inbox();
+        let mut answers = self
+            .nats()
+            .subscribe(inbox.clone())
             .await
+            .map_err(|e| failed(e.to_string()))?;
+        self.nats()
+            .publish_with_reply(subject.clone(), inbox, Vec::new().into())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let first = tokio::time::timeout(self.options().timeout, answers.next())
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| ClientError::Timeout {
+                subject: subject.clone(),
+                timeout_ms: self.options().timeout.as_millis() as u64,
+            })?;
+        let mut runs = Vec::new();
+        let mut answer = Some(first);
+        while let Some(message) = answer {
+            if message.status.is_some_and(|s| s.is_server_error() || s.as_u16() == 503) {
+                return Err(ClientError::NoResponders { subject });
+            }
+            let part: Vec<RunSummary> =
+                serde_json::from_slice(&message.payload).map_err(|e| ClientError::BadAnswer {
+                    subject: subject.clone(),
+                    detail: e.to_string(),
+                })?;
+            runs.extend(part);
+            answer = tokio::time::timeout(GATHER_QUIET, answers.next())
+                .await
+                .ok()
+                .flatten();
+        }
+        runs.sort_by(|a, b| (&a.tenant, &a.run).cmp(&(&b.tenant, &b.run)));
+        Ok(runs)
     }
 
     /// One run's state, counters, stop report and latest decisions (`fusebox run T/R`).

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use fusebox_core::{Admission, Decision, Event, EventError};
+use fusebox_core::{Admission, Decision, Engine, Event, EventError};
 
 use crate::error::LogError;
 use crate::guard::Guard;
@@ -47,11 +47,7 @@ impl<L: EventLog> Guard<L> {
     /// Decides a batch and makes it durable with one flush. On `Err` nothing of the
     /// batch may be acted on, and the guard must be reopened.
     pub fn submit_batch(&mut self, events: Vec<Event>) -> Result<Vec<Outcome>, LogError> {
-        self.decide_and_commit(
-            Vec::new(),
-            events,
-            None::<fn(&[Event]) -> Result<(), LogError>>,
-        )
+        self.decide_and_commit(Vec::new(), events, None::<BeforeCommit>)
     }
 
     /// [`Guard::submit_batch`] for a cluster daemon: `adopted` (what the shared ledger
@@ -64,25 +60,19 @@ impl<L: EventLog> Guard<L> {
         &mut self,
         adopted: Vec<AdoptedOp>,
         events: Vec<Event>,
-        before_commit: impl FnOnce(&[Event]) -> Result<(), E>,
+        before_commit: impl FnOnce(&Engine, &[Event]) -> Result<(), E>,
     ) -> Result<Vec<Outcome>, LogError>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        self.decide_and_commit(
-            adopted,
-            events,
-            Some(|applied: &[Event]| {
-                before_commit(applied).map_err(|err| LogError::BeforeCommit(Box::new(err)))
-            }),
-        )
+        self.decide_and_commit(adopted, events, Some(boxed_hook(before_commit)))
     }
 
     fn decide_and_commit(
         &mut self,
         adopted: Vec<AdoptedOp>,
         events: Vec<Event>,
-        before_commit: Option<impl FnOnce(&[Event]) -> Result<(), LogError>>,
+        before_commit: Option<BeforeCommit<'_>>,
     ) -> Result<Vec<Outcome>, LogError> {
         self.guarded(|guard| {
             let durable = guard.state.position;
@@ -128,7 +118,10 @@ impl<L: EventLog> Guard<L> {
             }
             guard.answer_duplicates(&pending, durable, duplicates, &mut outcomes)?;
             if let Some(hook) = before_commit {
-                hook(pending.captured.as_deref().unwrap_or_default())?;
+                hook(
+                    &guard.state.engine,
+                    pending.captured.as_deref().unwrap_or_default(),
+                )?;
             }
             guard.commit(pending)?;
             Ok(outcomes)
@@ -144,10 +137,42 @@ impl<L: EventLog> Guard<L> {
     /// Gives up waiting for a run's missing `seq`: its held events are applied in `seq`
     /// order and made durable; their decisions are returned.
     pub fn release_gap(&mut self, tenant: &str, run: &str) -> Result<Vec<Decision>, LogError> {
+        self.release_gap_inner(tenant, run, None)
+    }
+
+    /// [`Guard::release_gap`] with a `before_commit` hook, as in
+    /// [`Guard::submit_batch_then`].
+    pub fn release_gap_then<E>(
+        &mut self,
+        tenant: &str,
+        run: &str,
+        before_commit: impl FnOnce(&Engine, &[Event]) -> Result<(), E>,
+    ) -> Result<Vec<Decision>, LogError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.release_gap_inner(tenant, run, Some(boxed_hook(before_commit)))
+    }
+
+    fn release_gap_inner(
+        &mut self,
+        tenant: &str,
+        run: &str,
+        before_commit: Option<BeforeCommit<'_>>,
+    ) -> Result<Vec<Decision>, LogError> {
         self.guarded(|guard| {
-            let mut pending = Pending::default();
+            let mut pending = Pending {
+                captured: before_commit.is_some().then(Vec::new),
+                ..Pending::default()
+            };
             let released = guard.admission.release_gap(tenant, run);
             let decisions = guard.stage_events(&mut pending, released, 0)?;
+            if let Some(hook) = before_commit {
+                hook(
+                    &guard.state.engine,
+                    pending.captured.as_deref().unwrap_or_default(),
+                )?;
+            }
             guard.commit(pending)?;
             Ok(decisions)
         })
@@ -266,6 +291,18 @@ impl<L: EventLog> Guard<L> {
         }
         pending.frames.push_op(self.state.position, &op)
     }
+}
+
+/// A hook run after a batch is decided and before it is written.
+type BeforeCommit<'a> = Box<dyn FnOnce(&Engine, &[Event]) -> Result<(), LogError> + 'a>;
+
+fn boxed_hook<'a, E>(hook: impl FnOnce(&Engine, &[Event]) -> Result<(), E> + 'a) -> BeforeCommit<'a>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    Box::new(move |engine, applied| {
+        hook(engine, applied).map_err(|err| LogError::BeforeCommit(Box::new(err)))
+    })
 }
 
 /// A submitted event whose id the dedup index knows.

@@ -20,12 +20,13 @@ const LAG_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 pub(crate) async fn run(
     js: async_nats::jetstream::Context,
+    scope: crate::subjects::Scope,
     inbound: Inbound,
     pull_batch: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
     while !*shutdown.borrow() {
-        let (mut consumer, messages) = match setup::events_consumer(&js).await {
+        let (mut consumer, messages) = match setup::events_consumer(&js, scope).await {
             Ok(consumer) => {
                 let messages = consumer
                     .stream()

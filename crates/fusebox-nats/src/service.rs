@@ -12,7 +12,8 @@ use tokio::task::JoinHandle;
 use crate::applier::{Applier, ApplierOptions, Input};
 use crate::inbound::{serve_subscription, stopped, Inbound};
 use crate::observer::Observer;
-use crate::setup::{self, SetupError};
+use crate::setup::{self, Placement, SetupError};
+use crate::subjects::Scope;
 use crate::store::{GuardStore, StoreError};
 use crate::{control, dispatch, gate, ingest, subjects};
 
@@ -35,6 +36,10 @@ pub struct ServiceOptions {
     pub recent_decisions: usize,
     /// Inputs queued for the applier before the inbound paths wait (backpressure).
     pub queue_capacity: usize,
+    /// All runs, or one partition of them (cluster mode).
+    pub scope: Scope,
+    /// Replicas of the streams and consumer this service creates.
+    pub replicas: usize,
 }
 
 impl Default for ServiceOptions {
@@ -49,6 +54,8 @@ impl Default for ServiceOptions {
             max_ack_pending: 20_000,
             recent_decisions: 20,
             queue_capacity: 8192,
+            scope: Scope::All,
+            replicas: 1,
         }
     }
 }
@@ -83,22 +90,34 @@ impl Service {
         observer: Arc<dyn Observer>,
     ) -> Result<Service, ServiceError> {
         let js = jetstream::new(client.clone());
-        setup::ensure(&js, options.max_ack_pending).await?;
-        let subscribe = |subject: &'static str| {
+        let placement = Placement {
+            scope: options.scope,
+            replicas: options.replicas,
+            max_ack_pending: options.max_ack_pending,
+        };
+        setup::ensure(&js, &placement).await?;
+        let subscribe = |subject: String, group: Option<String>| {
             let client = client.clone();
-            let group = options.queue_group.clone();
             async move {
-                client
-                    .queue_subscribe(subject, group)
-                    .await
-                    .map_err(|e| ServiceError::Subscribe {
-                        subject: subject.to_owned(),
-                        detail: e.to_string(),
-                    })
+                let subscribed = match group {
+                    Some(group) => client.queue_subscribe(subject.clone(), group).await,
+                    None => client.subscribe(subject.clone()).await,
+                };
+                subscribed.map_err(|e| ServiceError::Subscribe {
+                    subject,
+                    detail: e.to_string(),
+                })
             }
         };
-        let gate_sub = subscribe(subjects::GATE_FILTER).await?;
-        let control_sub = subscribe(subjects::CONTROL_FILTER).await?;
+        let group = Some(options.queue_group.clone());
+        let gate_sub = subscribe(options.scope.gate_filter(), group.clone()).await?;
+        let control_sub = subscribe(options.scope.control_filter(), group).await?;
+        // In a cluster every partition answers the runs listing with its own runs, so
+        // it is a plain subscription: the asker gathers the answers.
+        let runs_sub = match options.scope {
+            Scope::All => None,
+            Scope::Partition(_) => Some(subscribe(subjects::CONTROL_RUNS.to_owned(), None).await?),
+        };
 
         let (tx, rx) = mpsc::channel(options.queue_capacity);
         let (out, out_rx) = mpsc::unbounded_channel();
@@ -143,17 +162,20 @@ impl Service {
                 async move { gate::handle(&inbound, message).await }
             },
         )));
-        let control_in = inbound.clone();
-        tasks.push(tokio::spawn(serve_subscription(
-            control_sub,
-            shutdown_rx.clone(),
-            move |message| {
-                let inbound = control_in.clone();
-                async move { control::handle(&inbound, message).await }
-            },
-        )));
+        for sub in std::iter::once(control_sub).chain(runs_sub) {
+            let control_in = inbound.clone();
+            tasks.push(tokio::spawn(serve_subscription(
+                sub,
+                shutdown_rx.clone(),
+                move |message| {
+                    let inbound = control_in.clone();
+                    async move { control::handle(&inbound, message).await }
+                },
+            )));
+        }
         tasks.push(tokio::spawn(ingest::run(
             js,
+            options.scope,
             inbound,
             options.pull_batch,
             shutdown_rx.clone(),

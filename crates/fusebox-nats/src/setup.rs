@@ -42,6 +42,15 @@ pub fn events_stream_config() -> stream::Config {
     }
 }
 
+/// Where the daemon's JetStream objects live and how many copies they keep.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub scope: subjects::Scope,
+    /// Replicas of streams the daemon creates (3 in a 3-node cluster; 1 on one server).
+    pub replicas: usize,
+    pub max_ack_pending: i64,
+}
+
 /// One message per run subject: the latest stop report is what a late subscriber needs.
 pub fn stops_stream_config() -> stream::Config {
     stream::Config {
@@ -57,23 +66,28 @@ pub fn stops_stream_config() -> stream::Config {
 
 /// The daemon's durable pull consumer. `ack_wait` is well above the gap timeout: a
 /// message held for an earlier `seq` is acked only once applied.
-pub fn events_consumer_config(max_ack_pending: i64) -> pull::Config {
+pub fn events_consumer_config(placement: &Placement) -> pull::Config {
     pull::Config {
-        durable_name: Some(subjects::EVENTS_CONSUMER.to_owned()),
+        durable_name: Some(placement.scope.events_consumer()),
         ack_policy: AckPolicy::Explicit,
         ack_wait: Duration::from_secs(30),
         deliver_policy: DeliverPolicy::All,
-        filter_subject: subjects::EVENTS_FILTER.to_owned(),
-        max_ack_pending,
+        filter_subject: placement.scope.events_filter(),
+        max_ack_pending: placement.max_ack_pending,
+        num_replicas: placement.replicas,
         ..Default::default()
     }
 }
 
 /// Creates or checks both streams and the consumer.
-pub async fn ensure(js: &Context, max_ack_pending: i64) -> Result<(), SetupError> {
-    ensure_stream(js, events_stream_config()).await?;
-    ensure_stream(js, stops_stream_config()).await?;
-    ensure_consumer(js, events_consumer_config(max_ack_pending)).await
+pub async fn ensure(js: &Context, placement: &Placement) -> Result<(), SetupError> {
+    let replicated = |mut config: stream::Config| {
+        config.num_replicas = placement.replicas;
+        config
+    };
+    ensure_stream(js, replicated(events_stream_config())).await?;
+    ensure_stream(js, replicated(stops_stream_config())).await?;
+    ensure_consumer(js, events_consumer_config(placement)).await
 }
 
 /// Gets `want.name`, creating it when absent; an existing stream must carry exactly our
@@ -177,7 +191,8 @@ async fn ensure_consumer(js: &Context, want: pull::Config) -> Result<(), SetupEr
 /// Binds the daemon's consumer (created by [`ensure`]).
 pub(crate) async fn events_consumer(
     js: &jetstream::Context,
+    scope: subjects::Scope,
 ) -> Result<jetstream::consumer::Consumer<pull::Config>, async_nats::Error> {
     let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
-    stream.get_consumer(subjects::EVENTS_CONSUMER).await
+    stream.get_consumer(&scope.events_consumer()).await
 }

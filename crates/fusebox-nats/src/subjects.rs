@@ -44,16 +44,76 @@ pub fn control(tenant: &str, run: &str, verb: ControlVerb) -> String {
     format!("fusebox.control.{tenant}.{run}.{}", verb.as_str())
 }
 
-/// `fusebox.<kind>.<tenant>.<run>` → `(tenant, run)`, when the subject has exactly that
-/// shape.
+/// Which subjects one guard service takes: all runs, or one partition of them (a
+/// cluster, where the servers map `fusebox.<kind>.<tenant>.<run>` to
+/// `fusebox.<kind>.<tenant>.<partition>.<run>`; see deploy/nats/partitions.conf).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Partition(u32),
+}
+
+impl Scope {
+    pub fn gate_filter(self) -> String {
+        match self {
+            Scope::All => GATE_FILTER.to_owned(),
+            Scope::Partition(p) => format!("fusebox.gate.*.{p}.*"),
+        }
+    }
+
+    pub fn control_filter(self) -> String {
+        match self {
+            Scope::All => CONTROL_FILTER.to_owned(),
+            Scope::Partition(p) => format!("fusebox.control.*.{p}.*.*"),
+        }
+    }
+
+    pub fn events_filter(self) -> String {
+        match self {
+            Scope::All => EVENTS_FILTER.to_owned(),
+            Scope::Partition(p) => format!("fusebox.events.*.{p}.*"),
+        }
+    }
+
+    /// The durable consumer of `FUSEBOX_EVENTS`: one per partition, outliving the
+    /// daemon that owns it, so a takeover continues from its ack floor.
+    pub fn events_consumer(self) -> String {
+        match self {
+            Scope::All => EVENTS_CONSUMER.to_owned(),
+            Scope::Partition(p) => format!("{EVENTS_CONSUMER}-p{p}"),
+        }
+    }
+}
+
+/// `fusebox.<kind>.<tenant>.<run>`, or its partitioned form
+/// `fusebox.<kind>.<tenant>.<partition>.<run>`, → `(tenant, run)`.
 pub fn run_of<'a>(subject: &'a str, kind: &str) -> Option<(&'a str, &'a str)> {
     let mut tokens = subject.split('.');
     if tokens.next()? != "fusebox" || tokens.next()? != kind {
         return None;
     }
     let tenant = tokens.next()?;
-    let run = tokens.next()?;
+    let run = skip_partition(&mut tokens)?;
     (tokens.next().is_none() && !tenant.is_empty() && !run.is_empty()).then_some((tenant, run))
+}
+
+/// The run token that follows the tenant, stepping over a partition number when the
+/// subject has one (a run id may itself be all digits, so only a following token
+/// makes the number a partition: the caller checks what comes after).
+fn skip_partition<'a>(tokens: &mut std::str::Split<'a, char>) -> Option<&'a str> {
+    let first = tokens.next()?;
+    let mut ahead = tokens.clone();
+    match ahead.next() {
+        Some(run) if is_partition(first) && !matches!(run, "cancel" | "resume" | "status") => {
+            tokens.next();
+            Some(run)
+        }
+        _ => Some(first),
+    }
+}
+
+fn is_partition(token: &str) -> bool {
+    !token.is_empty() && token.len() <= 9 && token.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The tenant token of any `fusebox.<kind>.<tenant>…` subject (where its dead letters go).
@@ -96,7 +156,9 @@ pub fn parse_control(subject: &str) -> Option<Control<'_>> {
     }
     let rest = subject.strip_prefix("fusebox.control.")?;
     let mut tokens = rest.split('.');
-    let (tenant, run, verb) = (tokens.next()?, tokens.next()?, tokens.next()?);
+    let tenant = tokens.next()?;
+    let run = skip_partition(&mut tokens)?;
+    let verb = tokens.next()?;
     if tokens.next().is_some() || tenant.is_empty() || run.is_empty() {
         return None;
     }
@@ -124,6 +186,36 @@ mod tests {
         assert_eq!(run_of("fusebox.events.acme.r1.x", "events"), None);
         assert_eq!(run_of("fusebox.gate.acme.r1", "events"), None);
         assert_eq!(tenant_of("fusebox.events.acme.r1.x"), Some("acme"));
+    }
+
+    #[test]
+    fn partitioned_subjects_name_the_same_run() {
+        assert_eq!(run_of("fusebox.gate.acme.3.r1", "gate"), Some(("acme", "r1")));
+        assert_eq!(run_of("fusebox.events.acme.0.42", "events"), Some(("acme", "42")));
+        // A run id of digits alone is still a run when nothing follows it.
+        assert_eq!(run_of("fusebox.gate.acme.42", "gate"), Some(("acme", "42")));
+        assert_eq!(run_of("fusebox.gate.acme.x.r1", "gate"), None);
+        assert_eq!(
+            parse_control("fusebox.control.acme.5.r1.cancel"),
+            Some(Control::Run {
+                tenant: "acme",
+                run: "r1",
+                verb: ControlVerb::Cancel
+            })
+        );
+        assert_eq!(
+            parse_control("fusebox.control.acme.7.status"),
+            Some(Control::Run {
+                tenant: "acme",
+                run: "7",
+                verb: ControlVerb::Status
+            })
+        );
+        let p = Scope::Partition(5);
+        assert_eq!(p.gate_filter(), "fusebox.gate.*.5.*");
+        assert_eq!(p.events_filter(), "fusebox.events.*.5.*");
+        assert_eq!(p.control_filter(), "fusebox.control.*.5.*.*");
+        assert_eq!(p.events_consumer(), "fuseboxd-p5");
     }
 
     #[test]
