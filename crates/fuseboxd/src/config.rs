@@ -135,6 +135,33 @@ impl Default for MetricsConfig {
 }
 
 /// Everything the daemon needs, validated.
+/// `[cluster]`: several daemons sharing the runs of one NATS account by partition
+/// (interfaces.md §2, deploy/nats/partitions.conf). Off when `partitions = 0`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// N of the servers' `partition(N, …)` mapping; 0 = no cluster mode.
+    pub partitions: u32,
+    /// This daemon's name in the partition leases; unique per daemon.
+    pub node_id: String,
+    /// A partition whose owner has not renewed it for this long is free.
+    pub lease_ms: u64,
+    /// JetStream replicas of every stream, consumer and bucket the daemon creates (also
+    /// without partitions: one daemon on a 3-node cluster wants 3).
+    pub replicas: usize,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            partitions: 0,
+            node_id: String::new(),
+            lease_ms: 3000,
+            replicas: 1,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct DaemonConfig {
     pub policies: PolicySet,
@@ -144,6 +171,7 @@ pub struct DaemonConfig {
     pub metrics_listen: SocketAddr,
     pub metrics_tenant_label: bool,
     pub watchdog: fusebox_watchdog::WatchdogConfig,
+    pub cluster: ClusterConfig,
 }
 
 /// Command-line values that win over the file.
@@ -151,6 +179,7 @@ pub struct Overrides {
     pub nats_url: Option<String>,
     pub data_dir: Option<PathBuf>,
     pub metrics_listen: Option<String>,
+    pub node_id: Option<String>,
 }
 
 fn section<T: Default + for<'de> Deserialize<'de>>(
@@ -200,6 +229,10 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
     let daemon: DaemonSection = section(&doc, path, "daemon")?;
     let mut metrics: MetricsConfig = section(&doc, path, "metrics")?;
     let watchdog: fusebox_watchdog::WatchdogConfig = section(&doc, path, "watchdog")?;
+    let mut cluster: ClusterConfig = section(&doc, path, "cluster")?;
+    if let Some(node_id) = overrides.node_id {
+        cluster.node_id = node_id;
+    }
     watchdog.validate().map_err(|err| ConfigError::Section {
         path: path.to_owned(),
         section: "watchdog",
@@ -246,6 +279,33 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
             "tls_cert_file and tls_key_file go together".to_owned(),
         ));
     }
+    if cluster.partitions > 0 {
+        if cluster.node_id.is_empty() {
+            return Err(invalid(
+                "cluster",
+                "node_id must name this daemon (unique in the cluster; or --node-id)".to_owned(),
+            ));
+        }
+        let key_safe = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+        if !cluster.node_id.bytes().all(key_safe) {
+            return Err(invalid(
+                "cluster",
+                format!(
+                    "node_id {:?} may hold only A-Z a-z 0-9 - _",
+                    cluster.node_id
+                ),
+            ));
+        }
+        if cluster.lease_ms < 500 {
+            return Err(invalid(
+                "cluster",
+                "lease_ms must be at least 500".to_owned(),
+            ));
+        }
+    }
+    if !(1..=5).contains(&cluster.replicas) {
+        return Err(invalid("cluster", "replicas must be 1 to 5".to_owned()));
+    }
     if daemon.max_batch == 0 || daemon.pull_batch == 0 || daemon.timer_interval_ms == 0 {
         return Err(invalid(
             "daemon",
@@ -283,6 +343,7 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
         pull_batch: daemon.pull_batch,
         max_ack_pending: daemon.max_ack_pending,
         recent_decisions: daemon.recent_decisions,
+        replicas: cluster.replicas,
         ..ServiceOptions::default()
     };
     Ok(DaemonConfig {
@@ -293,6 +354,7 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
         metrics_listen,
         metrics_tenant_label: metrics.tenant_label,
         watchdog,
+        cluster,
     })
 }
 
@@ -311,6 +373,7 @@ mod tests {
             nats_url: None,
             data_dir: None,
             metrics_listen: None,
+            node_id: None,
         }
     }
 
@@ -344,5 +407,30 @@ mod tests {
         let file = write("[nats]\ntoken = \"t\"\nuser = \"u\"\npassword = \"p\"\n");
         let err = load(file.path(), none()).unwrap_err().to_string();
         assert!(err.contains("at most one"), "{err}");
+    }
+
+    #[test]
+    fn cluster_mode_needs_a_key_safe_node_id() {
+        let file = write("[cluster]\npartitions = 8\n");
+        let err = load(file.path(), none()).unwrap_err().to_string();
+        assert!(
+            err.contains("[cluster]") && err.contains("node_id"),
+            "{err}"
+        );
+        let config = load(
+            file.path(),
+            Overrides {
+                node_id: Some("d-1".to_owned()),
+                ..none()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (config.cluster.partitions, config.cluster.node_id.as_str()),
+            (8, "d-1")
+        );
+        let dotted = write("[cluster]\npartitions = 8\nnode_id = \"a.b\"\n");
+        let err = load(dotted.path(), none()).unwrap_err().to_string();
+        assert!(err.contains("may hold only"), "{err}");
     }
 }

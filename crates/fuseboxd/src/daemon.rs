@@ -14,6 +14,7 @@ use fusebox_log::{Guard, GuardOptions, LogError};
 use fusebox_metrics::{Metrics, MetricsOptions, MetricsServer, Readiness, ServeError};
 use fusebox_nats::{Observer, Service, ServiceError};
 
+use crate::cluster::{self, ClusterError};
 use crate::config::DaemonConfig;
 use crate::connect::{connect, ConnectError};
 use crate::observer::MetricsObserver;
@@ -35,6 +36,8 @@ pub enum DaemonError {
     Service(#[from] ServiceError),
     #[error(transparent)]
     Watchdog(#[from] WatchdogError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
 }
 
 pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
@@ -50,26 +53,32 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     );
     let readiness = Arc::new(Readiness::new());
 
-    let opened = Instant::now();
-    let data_dir = config.storage.data_dir.clone();
-    let options = GuardOptions {
+    let guard_options = GuardOptions {
         snapshot_every_records: config.storage.snapshot_every_records,
         retention: (config.storage.retention_days > 0)
             .then(|| std::time::Duration::from_secs(config.storage.retention_days * 86_400)),
         ..GuardOptions::default()
     };
-    let policies = config.policies.clone();
-    let guard = tokio::task::spawn_blocking(move || Guard::open(&data_dir, policies, options))
-        .await
-        .expect("log open task")?;
-    metrics.set_replay_duration(opened.elapsed());
+    // One log for all runs; in cluster mode one per owned partition, opened on claim.
+    let guard = if config.cluster.partitions == 0 {
+        let opened = Instant::now();
+        let data_dir = config.storage.data_dir.clone();
+        let (policies, options) = (config.policies.clone(), guard_options.clone());
+        let guard = tokio::task::spawn_blocking(move || Guard::open(&data_dir, policies, options))
+            .await
+            .expect("log open task")?;
+        metrics.set_replay_duration(opened.elapsed());
+        tracing::info!(
+            dir = %config.storage.data_dir.display(),
+            runs = guard.engine().run_count(),
+            position = guard.position(),
+            "log open, state rebuilt"
+        );
+        Some(guard)
+    } else {
+        None
+    };
     readiness.set_log_open(true);
-    tracing::info!(
-        dir = %config.storage.data_dir.display(),
-        runs = guard.engine().run_count(),
-        position = guard.position(),
-        "log open, state rebuilt"
-    );
 
     let server =
         MetricsServer::bind(config.metrics_listen, metrics.clone(), readiness.clone()).await?;
@@ -97,19 +106,46 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         Some((running, facts)) => (Some(running), Some(facts)),
         None => (None, None),
     };
-    let service = Service::start(
-        client.clone(),
-        FeedStore::new(DurableStore(guard), facts),
-        config.service.clone(),
-        observer,
-    )
-    .await?;
-    tracing::info!(
-        nats = %config.nats.urls.join(","),
-        metrics = %metrics_addr,
-        "fuseboxd ready"
-    );
-    let served = service.run_until(signals::terminated()).await;
+    let served = match guard {
+        Some(guard) => {
+            let service = Service::start(
+                client.clone(),
+                FeedStore::new(DurableStore(guard), facts),
+                config.service.clone(),
+                observer,
+            )
+            .await?;
+            tracing::info!(
+                nats = %config.nats.urls.join(","),
+                metrics = %metrics_addr,
+                "fuseboxd ready"
+            );
+            service
+                .run_until(signals::terminated())
+                .await
+                .map_err(DaemonError::from)
+        }
+        None => {
+            let shared = cluster::Shared {
+                client: client.clone(),
+                cluster: config.cluster.clone(),
+                service: config.service.clone(),
+                data_dir: config.storage.data_dir.clone(),
+                guard_options,
+                policies: config.policies.clone(),
+                observer,
+                facts,
+            };
+            tracing::info!(
+                nats = %config.nats.urls.join(","),
+                metrics = %metrics_addr,
+                "fuseboxd ready (cluster mode)"
+            );
+            cluster::serve(shared, signals::terminated())
+                .await
+                .map_err(DaemonError::from)
+        }
+    };
     if let Some(watchdog) = watchdog {
         watchdog.shutdown().await;
     }

@@ -1,5 +1,6 @@
 //! `fuseboxd --config config/fusebox.toml`: the fusebox guard daemon.
 
+mod cluster;
 mod config;
 mod connect;
 mod daemon;
@@ -31,6 +32,9 @@ struct Args {
     /// Address of /metrics, /healthz, /readyz; overrides `[metrics].listen`.
     #[arg(long, env = "FUSEBOX_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// This daemon's name in a cluster; overrides `[cluster].node_id`.
+    #[arg(long, env = "FUSEBOX_NODE_ID")]
+    node_id: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
             nats_url: args.nats_url,
             data_dir: args.data_dir,
             metrics_listen: args.metrics_listen,
+            node_id: args.node_id,
         },
     ) {
         Ok(config) => config,

@@ -6,18 +6,22 @@ use fusebox_nats::{GuardStore, StoreError, Submitted};
 
 pub struct DurableStore(pub Guard);
 
+/// The log's outcomes in the service's terms.
+pub fn submitted(outcomes: Vec<Outcome>) -> Vec<Submitted> {
+    outcomes
+        .into_iter()
+        .map(|outcome| match outcome {
+            Outcome::Applied(decisions) => Submitted::Applied(decisions),
+            Outcome::Duplicate(decision) => Submitted::Duplicate(decision),
+            Outcome::Held { waiting_for } => Submitted::Held { waiting_for },
+            Outcome::Rejected(err) => Submitted::Rejected(err),
+        })
+        .collect()
+}
+
 impl GuardStore for DurableStore {
     fn submit_batch(&mut self, events: Vec<Event>) -> Result<Vec<Submitted>, StoreError> {
-        let outcomes = self.0.submit_batch(events)?;
-        Ok(outcomes
-            .into_iter()
-            .map(|outcome| match outcome {
-                Outcome::Applied(decisions) => Submitted::Applied(decisions),
-                Outcome::Duplicate(decision) => Submitted::Duplicate(decision),
-                Outcome::Held { waiting_for } => Submitted::Held { waiting_for },
-                Outcome::Rejected(err) => Submitted::Rejected(err),
-            })
-            .collect())
+        Ok(submitted(self.0.submit_batch(events)?))
     }
 
     fn release_gap(&mut self, tenant: &str, run: &str) -> Result<Vec<Decision>, StoreError> {

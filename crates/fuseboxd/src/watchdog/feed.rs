@@ -11,6 +11,7 @@
 //! so the events a decision may refer to are remembered until their decision arrives.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use fusebox_core::{Decision, Engine, Event, EventBody};
 use fusebox_nats::{GuardStore, StoreError, Submitted};
@@ -36,7 +37,7 @@ type EventKey = (String, String, String);
 
 pub struct FeedStore<S> {
     inner: S,
-    sink: Option<Box<dyn FactSink>>,
+    sink: Option<Arc<dyn FactSink>>,
     /// Events of held outcomes, by (tenant, run, event id), until their decision arrives.
     held: HashMap<EventKey, Seen>,
     held_order: VecDeque<EventKey>,
@@ -48,7 +49,7 @@ pub struct FeedStore<S> {
 
 impl<S: GuardStore> FeedStore<S> {
     /// `sink = None` (watchdog disabled) makes this a plain pass-through.
-    pub fn new(inner: S, sink: Option<Box<dyn FactSink>>) -> Self {
+    pub fn new(inner: S, sink: Option<Arc<dyn FactSink>>) -> Self {
         FeedStore {
             inner,
             sink,
@@ -230,7 +231,7 @@ mod tests {
     fn store() -> (FeedStore<MemoryStore>, Collect) {
         let collect = Collect::default();
         let engine = Engine::new(PolicySet::default());
-        let store = FeedStore::new(MemoryStore::new(engine), Some(Box::new(collect.clone())));
+        let store = FeedStore::new(MemoryStore::new(engine), Some(Arc::new(collect.clone())));
         (store, collect)
     }
 

@@ -57,7 +57,7 @@ pub async fn start(
     data_dir: &Path,
     metrics: Arc<Metrics>,
     client: async_nats::Client,
-) -> Result<Option<(Running, Box<dyn FactSink>)>, WatchdogError> {
+) -> Result<Option<(Running, Arc<dyn FactSink>)>, WatchdogError> {
     if !cfg.enabled {
         tracing::info!("cloud watchdog disabled ([watchdog] enabled = false)");
         return Ok(None);
@@ -113,7 +113,7 @@ pub async fn start(
         stop_publisher,
         publisher,
     };
-    Ok(Some((running, Box::new(Facts { journal, wd }))))
+    Ok(Some((running, Arc::new(Facts { journal, wd }))))
 }
 
 impl Running {

@@ -1,0 +1,316 @@
+//! The replicated truth of a partition: stream `FUSEBOX_APPLIED`, one message per
+//! committed batch on `fusebox.applied.<p>`, holding what the batch applied in order
+//! (the adopted ledger entries, then the events). It is written before the local log
+//! (see `Guard::submit_batch_then`), so it always holds at least what any daemon's log
+//! holds for the partition, and it is fenced: each publish expects the subject's last
+//! sequence to be the one this owner wrote, so a daemon that lost its lease without
+//! noticing cannot append after the new owner.
+//!
+//! A daemon that takes a partition replays the batches its own log lacks
+//! ([`catch_up`]), so the runs continue exactly where the last owner left them.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE};
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, RetentionPolicy, StorageType};
+use async_nats::jetstream::{self, consumer::pull::OrderedConfig, consumer::DeliverPolicy};
+use fusebox_core::{parse_event, Action, Decision, Event};
+use fusebox_log::{AdoptedOp, Guard, Outcome};
+use futures_util::StreamExt;
+use tokio::runtime::Handle;
+
+use super::ClusterError;
+
+pub const STREAM: &str = "FUSEBOX_APPLIED";
+
+pub fn subject(partition: u32) -> String {
+    format!("fusebox.applied.{partition}")
+}
+
+pub fn stream_config(replicas: usize) -> stream::Config {
+    stream::Config {
+        name: STREAM.to_owned(),
+        subjects: vec!["fusebox.applied.>".to_owned()],
+        storage: StorageType::File,
+        retention: RetentionPolicy::Limits,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+/// A batch as stored: the adopted entries as one JSON line, then one event per line
+/// in the wire format (JSON strings escape new lines, so a line is one event).
+pub fn encode(adopted: &[AdoptedOp], events: &[Event]) -> Vec<u8> {
+    let mut out = serde_json::to_vec(adopted).expect("adopted entries serialise");
+    for event in events {
+        out.push(b'\n');
+        serde_json::to_writer(&mut out, event).expect("events serialise");
+    }
+    out
+}
+
+pub fn decode(bytes: &[u8]) -> Result<(Vec<AdoptedOp>, Vec<Event>), String> {
+    let mut lines = bytes.split(|b| *b == b'\n');
+    let adopted = serde_json::from_slice(lines.next().unwrap_or_default())
+        .map_err(|e| format!("adopted entries: {e}"))?;
+    let events = lines
+        .map(|line| parse_event(line).map_err(|e| format!("event: {e}")))
+        .collect::<Result<_, _>>()?;
+    Ok((adopted, events))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicateError {
+    /// Someone else appended to the partition: this daemon no longer owns it.
+    #[error("partition {0} was written by another daemon: this one no longer owns it")]
+    Fenced(u32),
+    #[error("replicating partition {partition} failed: {detail}")]
+    Unavailable { partition: u32, detail: String },
+}
+
+/// Appends a partition's committed batches, fenced on the last sequence it wrote.
+pub struct Replicator {
+    js: jetstream::Context,
+    partition: u32,
+    subject: String,
+    last: u64,
+    runtime: Handle,
+}
+
+/// Attempts of one publish: JetStream answers "unavailable" while a cluster elects a
+/// new stream leader (seconds), which must not cost the partition.
+const ATTEMPTS: u32 = 20;
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+impl Replicator {
+    pub fn new(js: jetstream::Context, partition: u32, last: u64, runtime: Handle) -> Self {
+        Replicator {
+            js,
+            partition,
+            subject: subject(partition),
+            last,
+            runtime,
+        }
+    }
+
+    /// Blocks (on the applier thread) until the batch is stored on a quorum. A retry
+    /// after a lost answer may find its own earlier copy stored and report `Fenced`:
+    /// the partition is then reopened and caught up, which reads that copy back.
+    pub fn publish(
+        &mut self,
+        adopted: &[AdoptedOp],
+        events: &[Event],
+    ) -> Result<(), ReplicateError> {
+        if adopted.is_empty() && events.is_empty() {
+            return Ok(());
+        }
+        let body = bytes::Bytes::from(encode(adopted, events));
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut headers = HeaderMap::new();
+            headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, self.last.to_string());
+            let sent = self.runtime.block_on(async {
+                self.js
+                    .publish_with_headers(self.subject.clone(), headers, body.clone())
+                    .await?
+                    .await
+            });
+            match sent {
+                Ok(ack) => {
+                    self.last = ack.sequence;
+                    return Ok(());
+                }
+                Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {
+                    return Err(ReplicateError::Fenced(self.partition));
+                }
+                Err(err) if attempt < ATTEMPTS => {
+                    tracing::warn!(partition = self.partition, %err, attempt, "replicating a batch failed; retrying");
+                    std::thread::sleep(RETRY_PAUSE);
+                }
+                Err(err) => {
+                    return Err(ReplicateError::Unavailable {
+                        partition: self.partition,
+                        detail: err.to_string(),
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// What catching up found: the sequence the new owner continues from, and the stop
+/// decisions of runs it closed (their kill switch may never have been published if
+/// the last owner died between replicating and publishing).
+pub struct CaughtUp {
+    pub last: u64,
+    pub batches_applied: usize,
+    pub stops: Vec<Decision>,
+}
+
+/// Batches handed to the log at once while catching up.
+const CHUNK: usize = 256;
+
+/// Brings `guard` (the partition's local log) up to the replicated stream: every batch
+/// whose last event the log does not know is applied, in stream order.
+pub async fn catch_up(
+    js: &jetstream::Context,
+    partition: u32,
+    mut guard: Guard,
+) -> Result<(Guard, CaughtUp), ClusterError> {
+    let stream = js
+        .get_stream(STREAM)
+        .await
+        .map_err(|e| ClusterError::nats("binding FUSEBOX_APPLIED", e))?;
+    let subject = subject(partition);
+    let last = match stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(message) => message.sequence,
+        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
+            let none = CaughtUp {
+                last: 0,
+                batches_applied: 0,
+                stops: Vec::new(),
+            };
+            return Ok((guard, none));
+        }
+        Err(err) => return Err(ClusterError::nats("reading FUSEBOX_APPLIED", err)),
+    };
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            filter_subject: subject.clone(),
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?;
+    let mut stops = BTreeMap::new();
+    let mut batches_applied = 0;
+    let mut reached = 0;
+    while reached < last {
+        let mut chunk = Vec::with_capacity(CHUNK);
+        while chunk.len() < CHUNK && reached < last {
+            let message = messages
+                .next()
+                .await
+                .ok_or_else(|| ClusterError::Nats {
+                    what: "reading FUSEBOX_APPLIED",
+                    detail: "the stream ended early".to_owned(),
+                })?
+                .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?;
+            reached = message
+                .info()
+                .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?
+                .stream_sequence;
+            let batch = decode(&message.payload).map_err(|detail| ClusterError::Corrupt {
+                partition,
+                sequence: reached,
+                detail,
+            })?;
+            chunk.push(batch);
+        }
+        let (back, applied) = tokio::task::spawn_blocking(move || {
+            let applied = apply_chunk(&mut guard, chunk, &mut stops);
+            (guard, applied.map(|n| (n, stops)))
+        })
+        .await
+        .expect("catch-up task");
+        guard = back;
+        let (n, back_stops) = applied?;
+        stops = back_stops;
+        batches_applied += n;
+    }
+    // Only runs still closed keep their stop on the kill switch.
+    let stops = stops
+        .into_values()
+        .filter(|d: &Decision| {
+            guard
+                .engine()
+                .run(&d.tenant, &d.run)
+                .is_some_and(|run| !run.is_open())
+        })
+        .collect();
+    Ok((
+        guard,
+        CaughtUp {
+            last,
+            batches_applied,
+            stops,
+        },
+    ))
+}
+
+/// Applies the batches the log does not have yet; returns how many.
+fn apply_chunk(
+    guard: &mut Guard,
+    chunk: Vec<(Vec<AdoptedOp>, Vec<Event>)>,
+    stops: &mut BTreeMap<(String, String), Decision>,
+) -> Result<usize, ClusterError> {
+    let mut applied = 0;
+    for (adopted, events) in chunk {
+        let known = match events.last() {
+            Some(e) => guard.state().index.get(&e.tenant, &e.run, &e.id).is_some(),
+            // Adopted entries alone decide nothing: the next call looks the key up anew.
+            None => true,
+        };
+        if known {
+            continue;
+        }
+        let runs: Vec<(String, String)> = events
+            .iter()
+            .map(|e| (e.tenant.clone(), e.run.clone()))
+            .collect();
+        let outcomes = guard.submit_batch_then(adopted, events, |_, _| Ok::<(), Infallible>(()))?;
+        let mut decisions = Vec::new();
+        for (outcome, run) in outcomes.into_iter().zip(&runs) {
+            match outcome {
+                Outcome::Applied(d) => decisions.extend(d),
+                // The last owner released this run's gap here: so does the replay.
+                Outcome::Held { .. } => decisions.extend(guard.release_gap(&run.0, &run.1)?),
+                Outcome::Duplicate(_) | Outcome::Rejected(_) => {}
+            }
+        }
+        for decision in decisions {
+            if decision.action == Action::Stop {
+                stops.insert((decision.tenant.clone(), decision.run.clone()), decision);
+            }
+        }
+        applied += 1;
+    }
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fusebox_core::LedgerEntry;
+
+    #[test]
+    fn a_batch_round_trips_through_its_stored_form() {
+        let events: Vec<Event> = [
+            r#"{"v":1,"id":"e1","tenant":"acme","run":"r1","seq":1,"ts_ms":5,"type":"tool_call","call_id":"c1","tool":"send","args":{"body":"two\nlines"},"op_key":"k"}"#,
+            r#"{"v":1,"id":"e2","tenant":"acme","run":"r1","ts_ms":9,"type":"tick"}"#,
+        ]
+        .iter()
+        .map(|json| parse_event(json.as_bytes()).unwrap())
+        .collect();
+        let adopted = vec![AdoptedOp {
+            tenant: "acme".to_owned(),
+            op_key: "k".to_owned(),
+            entry: Some(LedgerEntry::InFlight {
+                run: "r9".to_owned(),
+                call_id: "c9".to_owned(),
+            }),
+        }];
+        let (back_adopted, back_events) = decode(&encode(&adopted, &events)).unwrap();
+        assert_eq!(back_adopted, adopted);
+        assert_eq!(back_events, events);
+        assert!(decode(b"[]\n{not json").is_err());
+    }
+}

@@ -1,0 +1,308 @@
+//! Cluster mode: several fuseboxd share one NATS account's runs by partition
+//! (interfaces.md §2, deploy/nats/partitions.conf). Everything shared lives in
+//! JetStream, nothing in a protocol of ours:
+//!
+//! - `lease.rs`: who owns which partition (KV keys that expire unless renewed with a
+//!   revision check), and a fair share per live daemon;
+//! - `applied.rs`: each partition's replicated batches (`FUSEBOX_APPLIED`), written
+//!   before the local log and fenced, and the catch-up a new owner runs;
+//! - `shared_ledger.rs`: the op_key ledger every daemon claims from (KV, create-if-absent);
+//! - `store.rs`: the partition's `GuardStore` that puts those together around its own
+//!   `fusebox-log` guard in `<data_dir>/partitions/<p>`.
+//!
+//! Each owned partition is an ordinary [`Service`] scoped to its subjects, with its own
+//! applier thread and durable consumer `fuseboxd-p<p>`. This file is the loop that
+//! heartbeats, renews, claims up to the fair share, gives up extras, and stops a
+//! partition whose lease or replication was lost.
+
+mod applied;
+mod lease;
+mod shared_ledger;
+mod store;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use fusebox_core::PolicySet;
+use fusebox_log::{Guard, GuardOptions, LogError};
+use fusebox_nats::subjects::{self, Scope};
+use fusebox_nats::{setup, Observer, Service, ServiceError, ServiceOptions};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::ClusterConfig;
+use crate::watchdog::{FactSink, FeedStore};
+use lease::{fair_share, Lease, Leases};
+use shared_ledger::SharedLedger;
+use store::PartitionStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cluster: {what} failed: {detail}")]
+    Nats { what: &'static str, detail: String },
+    #[error("cluster: {0}")]
+    Config(String),
+    #[error("cluster: FUSEBOX_APPLIED message {sequence} of partition {partition} does not decode ({detail}); the replicated log is damaged")]
+    Corrupt {
+        partition: u32,
+        sequence: u64,
+        detail: String,
+    },
+    #[error("cluster: {0}")]
+    Setup(#[from] fusebox_nats::SetupError),
+    #[error("cluster: partition log: {0}")]
+    Log(#[from] LogError),
+    #[error("cluster: partition service: {0}")]
+    Service(#[from] ServiceError),
+}
+
+impl ClusterError {
+    fn nats(what: &'static str, err: impl std::fmt::Display) -> Self {
+        ClusterError::Nats {
+            what,
+            detail: err.to_string(),
+        }
+    }
+}
+
+/// What a partition needs to run, shared by all of them.
+#[derive(Clone)]
+pub struct Shared {
+    pub client: async_nats::Client,
+    pub cluster: ClusterConfig,
+    pub service: ServiceOptions,
+    pub data_dir: std::path::PathBuf,
+    pub guard_options: GuardOptions,
+    pub policies: PolicySet,
+    pub observer: Arc<dyn Observer>,
+    pub facts: Option<Arc<dyn FactSink>>,
+}
+
+/// An owned partition: its lease and the task serving it.
+struct Owned {
+    lease: Lease,
+    renewed: Instant,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ClusterError>>,
+}
+
+/// Serves the partitions this daemon owns until `shutdown` resolves, then drains
+/// them and gives their leases up so the others take over at once.
+pub async fn serve(
+    shared: Shared,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ClusterError> {
+    let js = jetstream::new(shared.client.clone());
+    let replicas = shared.cluster.replicas;
+    setup::ensure_stream(&js, applied::stream_config(replicas)).await?;
+    let lease_time = Duration::from_millis(shared.cluster.lease_ms);
+    let leases = Leases::open(&js, &shared.cluster.node_id, lease_time, replicas).await?;
+    let ledger = SharedLedger::open(&js, replicas, tokio::runtime::Handle::current()).await?;
+    let ledger = Arc::new(ledger);
+    tracing::info!(
+        node = %shared.cluster.node_id,
+        partitions = shared.cluster.partitions,
+        lease_ms = shared.cluster.lease_ms,
+        "cluster mode: claiming partitions"
+    );
+    let mut owned: BTreeMap<u32, Owned> = BTreeMap::new();
+    let mut tick = tokio::time::interval(lease_time / 4);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tick.tick() => round(&shared, &js, &leases, &ledger, &mut owned, lease_time).await,
+        }
+    }
+    for (partition, partition_owned) in std::mem::take(&mut owned) {
+        give_up(&leases, partition, partition_owned, "shutdown").await;
+    }
+    if let Err(err) = leases.leave().await {
+        tracing::warn!(%err, "removing the heartbeat failed; it ages out");
+    }
+    Ok(())
+}
+
+/// One turn of the ownership loop.
+async fn round(
+    shared: &Shared,
+    js: &jetstream::Context,
+    leases: &Leases,
+    ledger: &Arc<SharedLedger>,
+    owned: &mut BTreeMap<u32, Owned>,
+    lease_time: Duration,
+) {
+    let live = match leases.heartbeat().await {
+        Ok(live) => Some(live),
+        Err(err) => {
+            tracing::warn!(%err, "cluster heartbeat failed");
+            None
+        }
+    };
+    // Renew; a lease that is lost, or not renewed for most of its time, is given up
+    // at once: another daemon may own the partition already or soon.
+    let partitions: Vec<u32> = owned.keys().copied().collect();
+    for partition in partitions {
+        let entry = owned.get_mut(&partition).expect("listed");
+        let lost = match leases.renew(partition, entry.lease).await {
+            Ok(Some(lease)) => {
+                entry.lease = lease;
+                entry.renewed = Instant::now();
+                None
+            }
+            Ok(None) => Some("lease lost"),
+            Err(err) => {
+                tracing::warn!(partition, %err, "renewing the lease failed");
+                (entry.renewed.elapsed() > lease_time * 2 / 3)
+                    .then_some("lease not renewed in time")
+            }
+        };
+        let finished = entry.task.is_finished();
+        if let Some(why) = lost {
+            let entry = owned.remove(&partition).expect("listed");
+            tracing::warn!(partition, why, "partition lost; stopped serving it");
+            let _ = entry.stop.send(true);
+            log_end(partition, entry.task.await);
+        } else if finished {
+            // The service stopped on its own: a fenced or failed batch. Give the
+            // partition up; it is claimed afresh (reopened, caught up) by whoever
+            // gets it next, this daemon included.
+            let entry = owned.remove(&partition).expect("listed");
+            give_up(leases, partition, entry, "its service stopped").await;
+        }
+    }
+    let Some(live) = live else { return };
+    let share = fair_share(shared.cluster.partitions, live);
+    while owned.len() > share {
+        let (&partition, _) = owned.iter().next_back().expect("more than the share");
+        let entry = owned.remove(&partition).expect("listed");
+        give_up(leases, partition, entry, "above the fair share").await;
+    }
+    if owned.len() >= share {
+        return;
+    }
+    // Start the search at a node-dependent place so daemons do not all race for the
+    // same free partitions first.
+    let n = shared.cluster.partitions;
+    let offset = fusebox_core::fixed_hash::fnv1a(shared.cluster.node_id.as_bytes()) as u32 % n;
+    for i in 0..n {
+        if owned.len() >= share {
+            break;
+        }
+        let partition = (offset + i) % n;
+        if owned.contains_key(&partition) {
+            continue;
+        }
+        match leases.claim(partition).await {
+            Ok(Some(lease)) => {
+                tracing::info!(partition, "partition lease taken; catching up");
+                let (stop, stopped) = watch::channel(false);
+                let task = tokio::spawn(serve_partition(
+                    shared.clone(),
+                    js.clone(),
+                    ledger.clone(),
+                    partition,
+                    stopped,
+                ));
+                owned.insert(
+                    partition,
+                    Owned {
+                        lease,
+                        renewed: Instant::now(),
+                        stop,
+                        task,
+                    },
+                );
+            }
+            Ok(None) => {}
+            Err(err) => {
+                tracing::warn!(partition, %err, "claiming a partition failed");
+                break;
+            }
+        }
+    }
+}
+
+/// Stops serving a partition (draining what it received) and releases its lease.
+async fn give_up(leases: &Leases, partition: u32, owned: Owned, why: &str) {
+    let _ = owned.stop.send(true);
+    log_end(partition, owned.task.await);
+    match leases.release(partition, owned.lease).await {
+        Ok(()) => tracing::info!(partition, why, "partition released"),
+        Err(err) => tracing::warn!(partition, why, %err, "releasing the lease failed; it ages out"),
+    }
+}
+
+fn log_end(partition: u32, ended: Result<Result<(), ClusterError>, tokio::task::JoinError>) {
+    match ended {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::error!(partition, %err, "partition service ended with an error"),
+        Err(err) => tracing::error!(partition, %err, "partition task failed"),
+    }
+}
+
+/// Opens the partition's log, catches it up with the replicated stream, republishes
+/// the kill switch of runs the catch-up closed, and serves until told to stop.
+async fn serve_partition(
+    shared: Shared,
+    js: jetstream::Context,
+    ledger: Arc<SharedLedger>,
+    partition: u32,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), ClusterError> {
+    let started = Instant::now();
+    let dir = shared
+        .data_dir
+        .join("partitions")
+        .join(partition.to_string());
+    let (policies, options) = (shared.policies.clone(), shared.guard_options.clone());
+    let guard = tokio::task::spawn_blocking(move || Guard::open(&dir, policies, options))
+        .await
+        .expect("log open task")?;
+    let (guard, caught) = applied::catch_up(&js, partition, guard).await?;
+    for decision in &caught.stops {
+        let body = serde_json::to_vec(decision).expect("decisions serialise");
+        js.publish(subjects::stop(&decision.tenant, &decision.run), body.into())
+            .await
+            .map_err(|e| ClusterError::nats("republishing a stop", e))?
+            .await
+            .map_err(|e| ClusterError::nats("republishing a stop", e))?;
+    }
+    let store = PartitionStore {
+        guard,
+        replicator: applied::Replicator::new(
+            js.clone(),
+            partition,
+            caught.last,
+            tokio::runtime::Handle::current(),
+        ),
+        ledger,
+    };
+    let options = ServiceOptions {
+        scope: Scope::Partition(partition),
+        ..shared.service.clone()
+    };
+    let service = Service::start(
+        shared.client.clone(),
+        FeedStore::new(store, shared.facts.clone()),
+        options,
+        shared.observer.clone(),
+    )
+    .await?;
+    tracing::info!(
+        partition,
+        batches_caught_up = caught.batches_applied,
+        stops_republished = caught.stops.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "partition claimed"
+    );
+    service
+        .run_until(async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+        })
+        .await?;
+    Ok(())
+}
