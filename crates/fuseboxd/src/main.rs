@@ -44,6 +44,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info,async_nats=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: journald, files and log shippers get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
     let config = match config::load(
