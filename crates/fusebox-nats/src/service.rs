@@ -13,8 +13,8 @@ use crate::applier::{Applier, ApplierOptions, Input};
 use crate::inbound::{serve_subscription, stopped, Inbound};
 use crate::observer::Observer;
 use crate::setup::{self, Placement, SetupError};
-use crate::subjects::Scope;
 use crate::store::{GuardStore, StoreError};
+use crate::subjects::Scope;
 use crate::{control, dispatch, gate, ingest, subjects};
 
 #[derive(Debug, Clone)]
@@ -110,7 +110,10 @@ impl Service {
             }
         };
         let group = Some(options.queue_group.clone());
-        let gate_sub = subscribe(options.scope.gate_filter(), group.clone()).await?;
+        let mut gate_subs = Vec::new();
+        for filter in options.scope.gate_filters() {
+            gate_subs.push(subscribe(filter, group.clone()).await?);
+        }
         let control_sub = subscribe(options.scope.control_filter(), group).await?;
         // In a cluster every partition answers the runs listing with its own runs, so
         // it is a plain subscription: the asker gathers the answers.
@@ -153,15 +156,17 @@ impl Service {
             max_event_bytes: options.max_event_bytes,
         };
         let mut tasks = Vec::new();
-        let gate_in = inbound.clone();
-        tasks.push(tokio::spawn(serve_subscription(
-            gate_sub,
-            shutdown_rx.clone(),
-            move |message| {
-                let inbound = gate_in.clone();
-                async move { gate::handle(&inbound, message).await }
-            },
-        )));
+        for gate_sub in gate_subs {
+            let gate_in = inbound.clone();
+            tasks.push(tokio::spawn(serve_subscription(
+                gate_sub,
+                shutdown_rx.clone(),
+                move |message| {
+                    let inbound = gate_in.clone();
+                    async move { gate::handle(&inbound, message).await }
+                },
+            )));
+        }
         for sub in std::iter::once(control_sub).chain(runs_sub) {
             let control_in = inbound.clone();
             tasks.push(tokio::spawn(serve_subscription(

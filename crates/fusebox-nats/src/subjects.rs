@@ -13,6 +13,8 @@ pub const STOPS_FILTER: &str = "fusebox.stop.>";
 pub const EVENTS_CONSUMER: &str = "fuseboxd";
 /// What the gate service subscribes to (with a queue group).
 pub const GATE_FILTER: &str = "fusebox.gate.*.*";
+/// The gate subjects after the servers' partition mapping (deploy/nats/partitions.conf).
+pub const GATE_PARTITIONED_FILTER: &str = "fusebox.gate.*.*.*";
 /// What the control service subscribes to (with a queue group).
 pub const CONTROL_FILTER: &str = "fusebox.control.>";
 /// Request/reply: every run the daemon knows, as a JSON list of summaries.
@@ -54,10 +56,13 @@ pub enum Scope {
 }
 
 impl Scope {
-    pub fn gate_filter(self) -> String {
+    /// The gate subjects to subscribe to. All runs: the plain and the partitioned
+    /// form, so one daemon serves everything whether or not the servers map subjects
+    /// (the mapping can stay on while a deployment runs a single daemon).
+    pub fn gate_filters(self) -> Vec<String> {
         match self {
-            Scope::All => GATE_FILTER.to_owned(),
-            Scope::Partition(p) => format!("fusebox.gate.*.{p}.*"),
+            Scope::All => vec![GATE_FILTER.to_owned(), GATE_PARTITIONED_FILTER.to_owned()],
+            Scope::Partition(p) => vec![format!("fusebox.gate.*.{p}.*")],
         }
     }
 
@@ -190,8 +195,14 @@ mod tests {
 
     #[test]
     fn partitioned_subjects_name_the_same_run() {
-        assert_eq!(run_of("fusebox.gate.acme.3.r1", "gate"), Some(("acme", "r1")));
-        assert_eq!(run_of("fusebox.events.acme.0.42", "events"), Some(("acme", "42")));
+        assert_eq!(
+            run_of("fusebox.gate.acme.3.r1", "gate"),
+            Some(("acme", "r1"))
+        );
+        assert_eq!(
+            run_of("fusebox.events.acme.0.42", "events"),
+            Some(("acme", "42"))
+        );
         // A run id of digits alone is still a run when nothing follows it.
         assert_eq!(run_of("fusebox.gate.acme.42", "gate"), Some(("acme", "42")));
         assert_eq!(run_of("fusebox.gate.acme.x.r1", "gate"), None);
@@ -212,7 +223,7 @@ mod tests {
             })
         );
         let p = Scope::Partition(5);
-        assert_eq!(p.gate_filter(), "fusebox.gate.*.5.*");
+        assert_eq!(p.gate_filters(), ["fusebox.gate.*.5.*"]);
         assert_eq!(p.events_filter(), "fusebox.events.*.5.*");
         assert_eq!(p.control_filter(), "fusebox.control.*.5.*.*");
         assert_eq!(p.events_consumer(), "fuseboxd-p5");
