@@ -200,6 +200,28 @@ pub const WATCHDOG_PROTECTED: MetricDef = def(
     "Managed instances past their deadline that are protected and so only reported.",
 );
 
+pub const CLUSTER_PARTITIONS: MetricDef = def(
+    "fusebox_cluster_partitions",
+    Gauge,
+    &[],
+    false,
+    "Partitions the cluster is configured with (N of the subject mapping); 0 when not in cluster mode.",
+);
+pub const CLUSTER_PARTITIONS_OWNED: MetricDef = def(
+    "fusebox_cluster_partitions_owned",
+    Gauge,
+    &[],
+    false,
+    "Partitions this daemon holds the lease of and serves.",
+);
+pub const CLUSTER_HANDOVERS: MetricDef = def(
+    "fusebox_cluster_partition_changes_total",
+    Counter,
+    &["change"],
+    false,
+    "Partitions this daemon started serving (claimed) or stopped serving (released, lost, failed).",
+);
+
 /// Every metric, in exposition-independent order.
 pub const CATALOGUE: &[&MetricDef] = &[
     &EVENTS,
@@ -225,6 +247,9 @@ pub const CATALOGUE: &[&MetricDef] = &[
     &WATCHDOG_NEXT_DEADLINE,
     &WATCHDOG_BLAST_RADIUS,
     &WATCHDOG_PROTECTED,
+    &CLUSTER_PARTITIONS,
+    &CLUSTER_PARTITIONS_OWNED,
+    &CLUSTER_HANDOVERS,
 ];
 
 /// The catalogue entry whose exposition includes `series` (e.g. a histogram's `_bucket`).

@@ -91,6 +91,12 @@ pub const INSTANCE_STATES: &[&str] = &[
 /// Termination reasons of watchdog.md "Termination".
 pub const TERMINATION_REASONS: &[&str] = &["deadline", "max_lifetime", "run_ended", "leftover"];
 
+/// How a daemon's set of served partitions changes (cluster mode): `claimed` (lease
+/// taken and caught up), `released` (given up: shutdown or above the fair share),
+/// `lost` (lease taken by another daemon or not renewed in time), `failed` (its
+/// service stopped: a fenced or failed batch).
+pub const PARTITION_CHANGES: &[&str] = &["claimed", "released", "lost", "failed"];
+
 /// Distinct values kept for labels without a fixed vocabulary (detector, rejection
 /// reason, API operation, region) before new ones become `other`.
 pub const OPEN_LABEL_CAP: usize = 64;

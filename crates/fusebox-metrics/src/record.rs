@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::labels::{INSTANCE_STATES, TERMINATION_REASONS};
+use crate::labels::{INSTANCE_STATES, PARTITION_CHANGES, TERMINATION_REASONS};
 use crate::registry::Metrics;
 
 /// Gauges are i64 inside; a count beyond that is not a real count, so clamp.
@@ -170,5 +170,21 @@ impl Metrics {
 
     pub fn set_watchdog_protected_instances(&self, instances: u64) {
         self.watchdog_protected.set(gauge_value(instances));
+    }
+
+    /// Cluster mode: the configured partition count.
+    pub fn set_cluster_partitions(&self, partitions: u32) {
+        self.cluster_partitions.set(i64::from(partitions));
+    }
+
+    pub fn set_cluster_partitions_owned(&self, owned: usize) {
+        self.cluster_partitions_owned.set(gauge_value(owned as u64));
+    }
+
+    /// `change` is one of [`PARTITION_CHANGES`]; anything else is a bug and not counted.
+    pub fn cluster_partition_change(&self, change: &str) {
+        if PARTITION_CHANGES.contains(&change) {
+            self.cluster_changes.with_label_values(&[change]).inc();
+        }
     }
 }

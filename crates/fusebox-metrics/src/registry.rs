@@ -79,6 +79,9 @@ pub struct Metrics {
     pub(crate) watchdog_next_deadline: Gauge,
     pub(crate) watchdog_blast_radius: IntCounter,
     pub(crate) watchdog_protected: IntGauge,
+    pub(crate) cluster_partitions: IntGauge,
+    pub(crate) cluster_partitions_owned: IntGauge,
+    pub(crate) cluster_changes: IntCounterVec,
 }
 
 impl Metrics {
@@ -124,6 +127,9 @@ impl Metrics {
             watchdog_next_deadline: b.gauge(&cat::WATCHDOG_NEXT_DEADLINE)?,
             watchdog_blast_radius: b.counter(&cat::WATCHDOG_BLAST_RADIUS)?,
             watchdog_protected: b.int_gauge(&cat::WATCHDOG_PROTECTED)?,
+            cluster_partitions: b.int_gauge(&cat::CLUSTER_PARTITIONS)?,
+            cluster_partitions_owned: b.int_gauge(&cat::CLUSTER_PARTITIONS_OWNED)?,
+            cluster_changes: b.counter_vec(&cat::CLUSTER_HANDOVERS)?,
             registry: b.registry,
         };
         metrics.init_series(version)?;
@@ -136,6 +142,9 @@ impl Metrics {
         let build_info = IntGaugeVec::new(opts(&cat::BUILD_INFO), cat::BUILD_INFO.labels)?;
         build_info.with_label_values(&[version]).set(1);
         self.registry.register(Box::new(build_info))?;
+        for change in labels::PARTITION_CHANGES {
+            self.cluster_changes.with_label_values(&[*change]).inc_by(0);
+        }
         for state in labels::INSTANCE_STATES {
             self.watchdog_instances.with_label_values(&[*state]).set(0);
         }

@@ -134,6 +134,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 guard_options,
                 policies: config.policies.clone(),
                 observer,
+                metrics: metrics.clone(),
                 facts,
             };
             tracing::info!(

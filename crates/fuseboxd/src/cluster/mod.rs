@@ -17,6 +17,7 @@
 
 mod applied;
 mod lease;
+mod observe;
 mod shared_ledger;
 mod store;
 
@@ -34,6 +35,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::ClusterConfig;
 use crate::watchdog::{FactSink, FeedStore};
+use fusebox_metrics::Metrics;
 use lease::{fair_share, Lease, Leases};
 use shared_ledger::SharedLedger;
 use store::PartitionStore;
@@ -77,7 +79,14 @@ pub struct Shared {
     pub guard_options: GuardOptions,
     pub policies: PolicySet,
     pub observer: Arc<dyn Observer>,
+    pub metrics: Arc<Metrics>,
     pub facts: Option<Arc<dyn FactSink>>,
+}
+
+/// The state of the ownership loop.
+struct Partitions {
+    owned: BTreeMap<u32, Owned>,
+    totals: Arc<observe::Totals>,
 }
 
 /// An owned partition: its lease and the task serving it.
@@ -107,19 +116,37 @@ pub async fn serve(
         lease_ms = shared.cluster.lease_ms,
         "cluster mode: claiming partitions"
     );
-    let mut owned: BTreeMap<u32, Owned> = BTreeMap::new();
+    shared
+        .metrics
+        .set_cluster_partitions(shared.cluster.partitions);
+    let mut state = Partitions {
+        owned: BTreeMap::new(),
+        totals: Arc::new(observe::Totals::default()),
+    };
     let mut tick = tokio::time::interval(lease_time / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = tick.tick() => round(&shared, &js, &leases, &ledger, &mut owned, lease_time).await,
+            _ = tick.tick() => {
+                round(&shared, &js, &leases, &ledger, &mut state, lease_time).await;
+                shared.metrics.set_cluster_partitions_owned(state.owned.len());
+            }
         }
     }
-    for (partition, partition_owned) in std::mem::take(&mut owned) {
-        give_up(&leases, partition, partition_owned, "shutdown").await;
+    for (partition, owned) in std::mem::take(&mut state.owned) {
+        give_up(
+            &shared,
+            &state,
+            &leases,
+            partition,
+            owned,
+            Change::Released("shutdown"),
+        )
+        .await;
     }
+    shared.metrics.set_cluster_partitions_owned(0);
     if let Err(err) = leases.leave().await {
         tracing::warn!(%err, "removing the heartbeat failed; it ages out");
     }
@@ -132,7 +159,7 @@ async fn round(
     js: &jetstream::Context,
     leases: &Leases,
     ledger: &Arc<SharedLedger>,
-    owned: &mut BTreeMap<u32, Owned>,
+    state: &mut Partitions,
     lease_time: Duration,
 ) {
     let live = match leases.heartbeat().await {
@@ -144,9 +171,9 @@ async fn round(
     };
     // Renew; a lease that is lost, or not renewed for most of its time, is given up
     // at once: another daemon may own the partition already or soon.
-    let partitions: Vec<u32> = owned.keys().copied().collect();
+    let partitions: Vec<u32> = state.owned.keys().copied().collect();
     for partition in partitions {
-        let entry = owned.get_mut(&partition).expect("listed");
+        let entry = state.owned.get_mut(&partition).expect("listed");
         let lost = match leases.renew(partition, entry.lease).await {
             Ok(Some(lease)) => {
                 entry.lease = lease;
@@ -162,26 +189,25 @@ async fn round(
         };
         let finished = entry.task.is_finished();
         if let Some(why) = lost {
-            let entry = owned.remove(&partition).expect("listed");
-            tracing::warn!(partition, why, "partition lost; stopped serving it");
-            let _ = entry.stop.send(true);
-            log_end(partition, entry.task.await);
+            let entry = state.owned.remove(&partition).expect("listed");
+            give_up(shared, state, leases, partition, entry, Change::Lost(why)).await;
         } else if finished {
             // The service stopped on its own: a fenced or failed batch. Give the
             // partition up; it is claimed afresh (reopened, caught up) by whoever
             // gets it next, this daemon included.
-            let entry = owned.remove(&partition).expect("listed");
-            give_up(leases, partition, entry, "its service stopped").await;
+            let entry = state.owned.remove(&partition).expect("listed");
+            give_up(shared, state, leases, partition, entry, Change::Failed).await;
         }
     }
     let Some(live) = live else { return };
     let share = fair_share(shared.cluster.partitions, live);
-    while owned.len() > share {
-        let (&partition, _) = owned.iter().next_back().expect("more than the share");
-        let entry = owned.remove(&partition).expect("listed");
-        give_up(leases, partition, entry, "above the fair share").await;
+    while state.owned.len() > share {
+        let (&partition, _) = state.owned.iter().next_back().expect("more than the share");
+        let entry = state.owned.remove(&partition).expect("listed");
+        let change = Change::Released("above the fair share");
+        give_up(shared, state, leases, partition, entry, change).await;
     }
-    if owned.len() >= share {
+    if state.owned.len() >= share {
         return;
     }
     // Start the search at a node-dependent place so daemons do not all race for the
@@ -189,11 +215,11 @@ async fn round(
     let n = shared.cluster.partitions;
     let offset = fusebox_core::fixed_hash::fnv1a(shared.cluster.node_id.as_bytes()) as u32 % n;
     for i in 0..n {
-        if owned.len() >= share {
+        if state.owned.len() >= share {
             break;
         }
         let partition = (offset + i) % n;
-        if owned.contains_key(&partition) {
+        if state.owned.contains_key(&partition) {
             continue;
         }
         match leases.claim(partition).await {
@@ -204,10 +230,11 @@ async fn round(
                     shared.clone(),
                     js.clone(),
                     ledger.clone(),
+                    state.totals.clone(),
                     partition,
                     stopped,
                 ));
-                owned.insert(
+                state.owned.insert(
                     partition,
                     Owned {
                         lease,
@@ -226,10 +253,39 @@ async fn round(
     }
 }
 
-/// Stops serving a partition (draining what it received) and releases its lease.
-async fn give_up(leases: &Leases, partition: u32, owned: Owned, why: &str) {
+/// Why a partition is no longer served.
+enum Change {
+    /// Given up on purpose (shutdown, above the fair share).
+    Released(&'static str),
+    /// The lease is (or may be) someone else's now.
+    Lost(&'static str),
+    /// Its service stopped on its own.
+    Failed,
+}
+
+/// Stops serving a partition (draining what it received) and, unless it was lost,
+/// releases its lease so another daemon can take it at once.
+async fn give_up(
+    shared: &Shared,
+    state: &Partitions,
+    leases: &Leases,
+    partition: u32,
+    owned: Owned,
+    change: Change,
+) {
     let _ = owned.stop.send(true);
     log_end(partition, owned.task.await);
+    state.totals.forget(&*shared.observer, partition);
+    let (label, why) = match change {
+        Change::Released(why) => ("released", why),
+        Change::Lost(why) => ("lost", why),
+        Change::Failed => ("failed", "its service stopped"),
+    };
+    shared.metrics.cluster_partition_change(label);
+    if label == "lost" {
+        tracing::warn!(partition, why, "partition lost; stopped serving it");
+        return;
+    }
     match leases.release(partition, owned.lease).await {
         Ok(()) => tracing::info!(partition, why, "partition released"),
         Err(err) => tracing::warn!(partition, why, %err, "releasing the lease failed; it ages out"),
@@ -250,6 +306,7 @@ async fn serve_partition(
     shared: Shared,
     js: jetstream::Context,
     ledger: Arc<SharedLedger>,
+    totals: Arc<observe::Totals>,
     partition: u32,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ClusterError> {
@@ -289,9 +346,14 @@ async fn serve_partition(
         shared.client.clone(),
         FeedStore::new(store, shared.facts.clone()),
         options,
-        shared.observer.clone(),
+        Arc::new(observe::PartitionObserver {
+            inner: shared.observer.clone(),
+            totals,
+            partition,
+        }),
     )
     .await?;
+    shared.metrics.cluster_partition_change("claimed");
     tracing::info!(
         partition,
         batches_caught_up = caught.batches_applied,
