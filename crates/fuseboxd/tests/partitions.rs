@@ -75,13 +75,14 @@ impl Drop for MappedNats {
 
 fn cluster_config(dir: &Path, node: &str) -> PathBuf {
     let base = common::write_config(dir);
-    let text = std::fs::read_to_string(&base).unwrap();
-    let path = dir.join(format!("fusebox-{node}.toml"));
-    std::fs::write(
-        &path,
-        format!("{text}\n[cluster]\npartitions = {PARTITIONS}\nnode_id = \"{node}\"\nlease_ms = 1000\nreplicas = 1\n"),
-    )
+    let mut doc: toml::Table = toml::from_str(&std::fs::read_to_string(&base).unwrap()).unwrap();
+    let cluster: toml::Table = toml::from_str(&format!(
+        "partitions = {PARTITIONS}\nnode_id = \"{node}\"\nlease_ms = 1000\nreplicas = 1\n"
+    ))
     .unwrap();
+    doc.insert("cluster".into(), toml::Value::Table(cluster));
+    let path = dir.join(format!("fusebox-{node}.toml"));
+    std::fs::write(&path, toml::to_string(&doc).unwrap()).unwrap();
     path
 }
 

@@ -10,7 +10,6 @@
 //! ([`catch_up`]), so the runs continue exactly where the last owner left them.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE};
@@ -18,11 +17,14 @@ use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, RetentionPolicy, StorageType};
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig, consumer::DeliverPolicy};
 use fusebox_core::{parse_event, Action, Decision, Event};
-use fusebox_log::{AdoptedOp, Guard, Outcome};
+use fusebox_log::AdoptedOp;
+use fusebox_nats::{GuardStore, Submitted};
 use futures_util::StreamExt;
 use tokio::runtime::Handle;
 
+use super::store::PartitionStore;
 use super::ClusterError;
+use crate::watchdog::FeedStore;
 
 pub const STREAM: &str = "FUSEBOX_APPLIED";
 
@@ -96,6 +98,11 @@ impl Replicator {
         }
     }
 
+    /// Sets the subject sequence the next append expects (the last one caught up to).
+    pub fn continue_after(&mut self, last: u64) {
+        self.last = last;
+    }
+
     /// Blocks (on the applier thread) until the batch is stored on a quorum. A retry
     /// after a lost answer may find its own earlier copy stored and report `Fenced`:
     /// the partition is then reopened and caught up, which reads that copy back.
@@ -154,13 +161,17 @@ pub struct CaughtUp {
 /// Batches handed to the log at once while catching up.
 const CHUNK: usize = 256;
 
-/// Brings `guard` (the partition's local log) up to the replicated stream: every batch
-/// whose last event the log does not know is applied, in stream order.
+/// The partition's store while it catches up: through the watchdog's feed, so launches
+/// and run ends the last owner applied reach this daemon's watchdog too.
+pub type Catching = FeedStore<PartitionStore>;
+
+/// Brings the partition's local log up to the replicated stream: every batch whose
+/// last event the log does not know is applied, in stream order.
 pub async fn catch_up(
     js: &jetstream::Context,
     partition: u32,
-    mut guard: Guard,
-) -> Result<(Guard, CaughtUp), ClusterError> {
+    mut store: Catching,
+) -> Result<(Catching, CaughtUp), ClusterError> {
     let stream = js
         .get_stream(STREAM)
         .await
@@ -174,7 +185,7 @@ pub async fn catch_up(
                 batches_applied: 0,
                 stops: Vec::new(),
             };
-            return Ok((guard, none));
+            return Ok((store, none));
         }
         Err(err) => return Err(ClusterError::nats("reading FUSEBOX_APPLIED", err)),
     };
@@ -216,12 +227,12 @@ pub async fn catch_up(
             chunk.push(batch);
         }
         let (back, applied) = tokio::task::spawn_blocking(move || {
-            let applied = apply_chunk(&mut guard, chunk, &mut stops);
-            (guard, applied.map(|n| (n, stops)))
+            let applied = apply_chunk(&mut store, chunk, &mut stops);
+            (store, applied.map(|n| (n, stops)))
         })
         .await
         .expect("catch-up task");
-        guard = back;
+        store = back;
         let (n, back_stops) = applied?;
         stops = back_stops;
         batches_applied += n;
@@ -230,14 +241,14 @@ pub async fn catch_up(
     let stops = stops
         .into_values()
         .filter(|d: &Decision| {
-            guard
+            store
                 .engine()
                 .run(&d.tenant, &d.run)
                 .is_some_and(|run| !run.is_open())
         })
         .collect();
     Ok((
-        guard,
+        store,
         CaughtUp {
             last,
             batches_applied,
@@ -248,12 +259,13 @@ pub async fn catch_up(
 
 /// Applies the batches the log does not have yet; returns how many.
 fn apply_chunk(
-    guard: &mut Guard,
+    store: &mut Catching,
     chunk: Vec<(Vec<AdoptedOp>, Vec<Event>)>,
     stops: &mut BTreeMap<(String, String), Decision>,
 ) -> Result<usize, ClusterError> {
     let mut applied = 0;
     for (adopted, events) in chunk {
+        let guard = &store.inner().guard;
         let known = match events.last() {
             Some(e) => guard.state().index.get(&e.tenant, &e.run, &e.id).is_some(),
             // Adopted entries alone decide nothing: the next call looks the key up anew.
@@ -266,14 +278,19 @@ fn apply_chunk(
             .iter()
             .map(|e| (e.tenant.clone(), e.run.clone()))
             .collect();
-        let outcomes = guard.submit_batch_then(adopted, events, |_, _| Ok::<(), Infallible>(()))?;
+        store.inner_mut().replaying = Some(adopted);
+        let outcomes = store.submit_batch(events).map_err(ClusterError::Replay)?;
         let mut decisions = Vec::new();
         for (outcome, run) in outcomes.into_iter().zip(&runs) {
             match outcome {
-                Outcome::Applied(d) => decisions.extend(d),
+                Submitted::Applied(d) => decisions.extend(d),
                 // The last owner released this run's gap here: so does the replay.
-                Outcome::Held { .. } => decisions.extend(guard.release_gap(&run.0, &run.1)?),
-                Outcome::Duplicate(_) | Outcome::Rejected(_) => {}
+                Submitted::Held { .. } => decisions.extend(
+                    store
+                        .release_gap(&run.0, &run.1)
+                        .map_err(ClusterError::Replay)?,
+                ),
+                Submitted::Duplicate(_) | Submitted::Rejected(_) => {}
             }
         }
         for decision in decisions {

@@ -58,6 +58,8 @@ pub enum ClusterError {
     Log(#[from] LogError),
     #[error("cluster: partition service: {0}")]
     Service(#[from] ServiceError),
+    #[error("cluster: catching up failed: {0}")]
+    Replay(fusebox_nats::StoreError),
 }
 
 impl ClusterError {
@@ -319,7 +321,21 @@ async fn serve_partition(
     let guard = tokio::task::spawn_blocking(move || Guard::open(&dir, policies, options))
         .await
         .expect("log open task")?;
-    let (guard, caught) = applied::catch_up(&js, partition, guard).await?;
+    let store = PartitionStore {
+        guard,
+        replicator: applied::Replicator::new(
+            js.clone(),
+            partition,
+            0,
+            tokio::runtime::Handle::current(),
+        ),
+        ledger,
+        replaying: Some(Vec::new()),
+    };
+    let (mut store, caught) =
+        applied::catch_up(&js, partition, FeedStore::new(store, shared.facts.clone())).await?;
+    store.inner_mut().replaying = None;
+    store.inner_mut().replicator.continue_after(caught.last);
     for decision in &caught.stops {
         let body = serde_json::to_vec(decision).expect("decisions serialise");
         js.publish(subjects::stop(&decision.tenant, &decision.run), body.into())
@@ -328,23 +344,13 @@ async fn serve_partition(
             .await
             .map_err(|e| ClusterError::nats("republishing a stop", e))?;
     }
-    let store = PartitionStore {
-        guard,
-        replicator: applied::Replicator::new(
-            js.clone(),
-            partition,
-            caught.last,
-            tokio::runtime::Handle::current(),
-        ),
-        ledger,
-    };
     let options = ServiceOptions {
         scope: Scope::Partition(partition),
         ..shared.service.clone()
     };
     let service = Service::start(
         shared.client.clone(),
-        FeedStore::new(store, shared.facts.clone()),
+        store,
         options,
         Arc::new(observe::PartitionObserver {
             inner: shared.observer.clone(),

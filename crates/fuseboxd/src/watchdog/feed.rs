@@ -59,6 +59,14 @@ impl<S: GuardStore> FeedStore<S> {
         }
     }
 
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    pub fn inner_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
     fn remember(&mut self, key: EventKey, seen: Seen) {
         if self.held.len() >= MAX_REMEMBERED {
             if let Some(oldest) = self.held_order.pop_front() {
