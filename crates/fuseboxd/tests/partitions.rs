@@ -255,6 +255,28 @@ async fn two_daemons_decide_like_one_engine_across_partitions_and_a_takeover() {
         .action
         .lets_tool_run());
 
+    // A result that waits for an earlier seq (held) still settles the shared ledger
+    // when it is applied: the other runs then get its result, wherever they live.
+    let late = ev(&hold[1], 5, result("c2", "SUCCESS"));
+    let held = tokio::spawn({
+        let (client, late) = (client.clone(), late.clone());
+        async move { gate(&client, &late).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let gap = ev(&hold[1], 4, json!({"type": "progress", "version": 1}));
+    trace.gate(&client, gap).await;
+    let late_decision = held.await.unwrap();
+    trace.sent.push(late);
+    trace.got.push(late_decision);
+    for run in &hold[2..] {
+        let decision = trace.gate(&client, ev(run, 3, send("c3", "wire-1"))).await;
+        assert_eq!(
+            decision.action,
+            Action::UseCompletedResult,
+            "{run}: {decision:?}"
+        );
+    }
+
     // Those runs really are spread over partitions (each partition its own engine), so
     // only the shared ledger can have answered them.
     let js = jetstream::new(client.nats().clone());

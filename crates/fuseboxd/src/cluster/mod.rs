@@ -321,20 +321,12 @@ async fn serve_partition(
     let guard = tokio::task::spawn_blocking(move || Guard::open(&dir, policies, options))
         .await
         .expect("log open task")?;
-    let store = PartitionStore {
-        guard,
-        replicator: applied::Replicator::new(
-            js.clone(),
-            partition,
-            0,
-            tokio::runtime::Handle::current(),
-        ),
-        ledger,
-        replaying: Some(Vec::new()),
-    };
+    let replicator =
+        applied::Replicator::new(js.clone(), partition, 0, tokio::runtime::Handle::current());
+    let store = PartitionStore::catching_up(guard, replicator, ledger);
     let (mut store, caught) =
         applied::catch_up(&js, partition, FeedStore::new(store, shared.facts.clone())).await?;
-    store.inner_mut().replaying = None;
+    store.inner_mut().serve();
     store.inner_mut().replicator.continue_after(caught.last);
     for decision in &caught.stops {
         let body = serde_json::to_vec(decision).expect("decisions serialise");

@@ -250,29 +250,6 @@ impl SharedLedger {
 /// (tenant, op_key, run, call_id): one call's use of a key.
 pub type Touch = (String, String, String, String);
 
-/// The calls with an op_key that `events` make or answer, read before the batch is
-/// applied (applying a result forgets which call it answered); a call and its result
-/// in the same batch are both covered by the call.
-pub fn touched_by(engine: &Engine, events: &[Event]) -> Vec<Touch> {
-    events
-        .iter()
-        .filter_map(|event| {
-            let (op_key, call_id) = match &event.body {
-                EventBody::ToolCall(call) => (call.op_key.clone()?, call.call_id.clone()),
-                EventBody::ToolResult(result) => {
-                    let call = engine
-                        .run(&event.tenant, &event.run)?
-                        .pending
-                        .get(&result.call_id)?;
-                    (call.op_key.clone()?, result.call_id.clone())
-                }
-                _ => return None,
-            };
-            Some((event.tenant.clone(), op_key, event.run.clone(), call_id))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::kv_key;

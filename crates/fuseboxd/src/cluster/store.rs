@@ -2,14 +2,15 @@
 //! checked against the shared ledger and replicated to `FUSEBOX_APPLIED` before it is
 //! written locally (and so before anything about it is answered or acked).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 
-use fusebox_core::{Decision, Engine, Event};
+use fusebox_core::{Decision, Engine, Event, EventBody, LedgerEntry};
 use fusebox_log::{AdoptedOp, Guard};
 use fusebox_nats::{GuardStore, StoreError, Submitted};
 
 use super::applied::{ReplicateError, Replicator};
-use super::shared_ledger::{self, ClaimError, SharedLedger};
+use super::shared_ledger::{ClaimError, SharedLedger, Touch};
 use crate::store::submitted;
 
 pub struct PartitionStore {
@@ -20,7 +21,13 @@ pub struct PartitionStore {
     /// entries their owner adopted, set here before each), so they are neither looked
     /// up, claimed nor replicated again.
     pub replaying: Option<Vec<AdoptedOp>>,
+    /// The op_key of each call of this partition whose key is in flight, by (tenant,
+    /// run, call_id): a result only names its call, and the call's key must be settled
+    /// in the shared ledger, also when the result was held and released later.
+    in_flight: HashMap<CallKey, String>,
 }
+
+type CallKey = (String, String, String);
 
 /// Why a batch was refused before its write.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +36,86 @@ enum Refused {
     Claim(#[from] ClaimError),
     #[error(transparent)]
     Replicate(#[from] ReplicateError),
+}
+
+impl PartitionStore {
+    /// A store that replays (catches up) until [`PartitionStore::serve`].
+    pub fn catching_up(
+        guard: Guard,
+        replicator: Replicator,
+        ledger: std::sync::Arc<SharedLedger>,
+    ) -> Self {
+        PartitionStore {
+            guard,
+            replicator,
+            ledger,
+            replaying: Some(Vec::new()),
+            in_flight: HashMap::new(),
+        }
+    }
+
+    /// Ends catching up: from now on batches are looked up, claimed and replicated.
+    pub fn serve(&mut self) {
+        self.replaying = None;
+        let engine = self.guard.engine();
+        self.in_flight = engine
+            .ledger()
+            .iter()
+            .filter_map(|(tenant, op_key, entry)| match entry {
+                LedgerEntry::InFlight { run, call_id } if engine.run(tenant, run).is_some() => {
+                    Some((
+                        (tenant.to_owned(), run.clone(), call_id.clone()),
+                        op_key.to_owned(),
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+    }
+
+    /// Claims and replicates a decided batch, and says which keys it touched.
+    fn before_commit(
+        ledger: &SharedLedger,
+        replicator: &mut Replicator,
+        in_flight: &mut HashMap<CallKey, String>,
+        touched: &mut Vec<Touch>,
+        adopted: &[AdoptedOp],
+        engine: &Engine,
+        applied: &[Event],
+    ) -> Result<(), Refused> {
+        ledger.claim(engine, applied)?;
+        replicator.publish(adopted, applied)?;
+        for event in applied {
+            let (call_id, op_key) = match &event.body {
+                EventBody::ToolCall(call) => match &call.op_key {
+                    Some(op_key) => (&call.call_id, op_key.clone()),
+                    None => continue,
+                },
+                EventBody::ToolResult(result) => {
+                    let key = (
+                        event.tenant.clone(),
+                        event.run.clone(),
+                        result.call_id.clone(),
+                    );
+                    match in_flight.remove(&key) {
+                        Some(op_key) => (&result.call_id, op_key),
+                        None => continue,
+                    }
+                }
+                _ => continue,
+            };
+            let key = (event.tenant.clone(), event.run.clone(), call_id.clone());
+            let runs_now = matches!(
+                engine.ledger().get(&event.tenant, &op_key),
+                Some(LedgerEntry::InFlight { run, call_id: c }) if *run == event.run && c == call_id
+            );
+            if runs_now {
+                in_flight.insert(key.clone(), op_key.clone());
+            }
+            touched.push((key.0, op_key, key.1, key.2));
+        }
+        Ok(())
+    }
 }
 
 impl GuardStore for PartitionStore {
@@ -41,14 +128,16 @@ impl GuardStore for PartitionStore {
             return Ok(submitted(outcomes));
         }
         let adopted = self.ledger.look_up(self.guard.engine(), &events)?;
-        let touched = shared_ledger::touched_by(self.guard.engine(), &events);
-        let (ledger, replicator) = (&self.ledger, &mut self.replicator);
+        let mut touched = Vec::new();
+        let (ledger, replicator, in_flight) =
+            (&self.ledger, &mut self.replicator, &mut self.in_flight);
         let outcomes =
             self.guard
                 .submit_batch_then(adopted.clone(), events, |engine, applied| {
-                    ledger.claim(engine, applied)?;
-                    replicator.publish(&adopted, applied)?;
-                    Ok::<(), Refused>(())
+                    let touched = &mut touched;
+                    Self::before_commit(
+                        ledger, replicator, in_flight, touched, &adopted, engine, applied,
+                    )
                 })?;
         self.ledger.settle(self.guard.engine(), &touched);
         Ok(submitted(outcomes))
@@ -58,14 +147,17 @@ impl GuardStore for PartitionStore {
         if self.replaying.is_some() {
             return Ok(self.guard.release_gap(tenant, run)?);
         }
-        let (ledger, replicator) = (&self.ledger, &mut self.replicator);
-        Ok(self
+        let mut touched = Vec::new();
+        let (ledger, replicator, in_flight) =
+            (&self.ledger, &mut self.replicator, &mut self.in_flight);
+        let decisions = self
             .guard
             .release_gap_then(tenant, run, |engine, applied| {
-                ledger.claim(engine, applied)?;
-                replicator.publish(&[], applied)?;
-                Ok::<(), Refused>(())
-            })?)
+                let touched = &mut touched;
+                Self::before_commit(ledger, replicator, in_flight, touched, &[], engine, applied)
+            })?;
+        self.ledger.settle(self.guard.engine(), &touched);
+        Ok(decisions)
     }
 
     fn waiting(&self) -> Vec<(String, String, u64)> {
