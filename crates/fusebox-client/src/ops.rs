@@ -91,7 +91,8 @@ impl FuseboxClient {
         let mut runs = Vec::new();
         let mut answer = Some(first);
         while let Some(message) = answer {
-            if message.status.is_some_and(|s| s.is_server_error() || s.as_u16() == 503) {
+            // 503: no daemon subscribes (the only status a plain reply inbox gets).
+            if message.status.is_some_and(|s| s.is_server_error()) {
                 return Err(ClientError::NoResponders { subject });
             }
             let part: Vec<RunSummary> =
