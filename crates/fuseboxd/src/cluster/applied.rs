@@ -32,12 +32,16 @@ pub fn subject(partition: u32) -> String {
     format!("fusebox.applied.{partition}")
 }
 
-pub fn stream_config(replicas: usize) -> stream::Config {
+/// `run_retention` is the logs' retention of closed runs: batches are kept twice as
+/// long, so a batch leaves the stream only well after every run it touched could have
+/// been pruned from the logs anyway (`None`: kept for good).
+pub fn stream_config(replicas: usize, run_retention: Option<Duration>) -> stream::Config {
     stream::Config {
         name: STREAM.to_owned(),
         subjects: vec!["fusebox.applied.>".to_owned()],
         storage: StorageType::File,
         retention: RetentionPolicy::Limits,
+        max_age: run_retention.map_or(Duration::ZERO, |kept| kept * 2),
         num_replicas: replicas,
         ..Default::default()
     }

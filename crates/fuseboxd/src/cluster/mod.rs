@@ -107,7 +107,8 @@ pub async fn serve(
 ) -> Result<(), ClusterError> {
     let js = jetstream::new(shared.client.clone());
     let replicas = shared.cluster.replicas;
-    setup::ensure_stream(&js, applied::stream_config(replicas)).await?;
+    let applied_config = applied::stream_config(replicas, shared.guard_options.retention);
+    setup::ensure_stream(&js, applied_config).await?;
     let lease_time = Duration::from_millis(shared.cluster.lease_ms);
     let leases = Leases::open(&js, &shared.cluster.node_id, lease_time, replicas).await?;
     let ledger = SharedLedger::open(&js, replicas, tokio::runtime::Handle::current()).await?;
