@@ -5,7 +5,7 @@
 //! before any decision is returned. The type is plain blocking code with `&mut self`:
 //! the daemon owns it on a dedicated thread (or behind a mutex in `spawn_blocking`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use fusebox_core::{Decision, Engine, PolicySet, Sequencer};
@@ -29,6 +29,10 @@ pub struct Guard<L: EventLog = SledLog> {
     pub(crate) options: GuardOptions,
     /// Position and event time of the last snapshot (or of the start of the log).
     pub(crate) last_snapshot: (u64, u64),
+    /// Ledger keys (tenant, op_key) changed since the ledger tree was last written. The
+    /// tree is written at snapshots and on open only, not per batch: it is a view the
+    /// log can rebuild, and its writes were a large part of a batch's cost.
+    pub(crate) ledger_changed: BTreeSet<(String, String)>,
     pub(crate) poisoned: bool,
 }
 
@@ -62,6 +66,7 @@ impl<L: EventLog> Guard<L> {
             state,
             options,
             last_snapshot,
+            ledger_changed: BTreeSet::new(),
             poisoned: false,
         };
         guard.reconcile_ledger()?;
@@ -163,8 +168,29 @@ impl<L: EventLog> Guard<L> {
         })
     }
 
-    /// Makes the ledger tree equal to the engine's ledger (a crash can leave the
-    /// writes of a batch that never committed).
+    /// Stages the ledger entries changed since the tree was last written, and the
+    /// position the tree then holds the ledger of (in the same tree, so atomically).
+    pub(crate) fn stage_ledger(&mut self, batch: &mut WriteBatch) -> Result<(), LogError> {
+        for (tenant, op_key) in std::mem::take(&mut self.ledger_changed) {
+            let key = keys::ledger(&tenant, &op_key);
+            match self.state.engine.ledger().get(&tenant, &op_key) {
+                Some(entry) => {
+                    batch.insert(Tree::Ledger, key, record::encode(entry, "a ledger entry")?)
+                }
+                None => batch.remove(Tree::Ledger, key),
+            }
+        }
+        batch.insert(
+            Tree::Ledger,
+            keys::LEDGER_POSITION_KEY,
+            keys::position(self.state.position).to_vec(),
+        );
+        Ok(())
+    }
+
+    /// Makes the ledger tree equal to the engine's ledger at the current position: the
+    /// tree lags behind the log since the last snapshot, or may hold the writes of a
+    /// batch that never committed.
     fn reconcile_ledger(&mut self) -> Result<(), LogError> {
         let mut wanted = BTreeMap::new();
         for (tenant, op_key, entry) in self.state.engine.ledger().iter() {
@@ -173,6 +199,10 @@ impl<L: EventLog> Guard<L> {
                 record::encode(entry, "a ledger entry")?,
             );
         }
+        wanted.insert(
+            keys::LEDGER_POSITION_KEY.to_vec(),
+            keys::position(self.state.position).to_vec(),
+        );
         let mut batch = WriteBatch::default();
         for item in self.log.scan(Tree::Ledger, &[]) {
             let (key, value) = item?;

@@ -12,7 +12,9 @@ pub const META: &str = "meta";
 pub const FORMAT_VERSION_KEY: &[u8] = b"format_version";
 /// 2: records and decisions in MessagePack frames of consecutive positions, dedup
 /// index in the snapshot instead of an `ids` tree, MessagePack snapshots and ledger.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: events in their positional stored form (`stored.rs`) instead of named fields;
+/// the ledger tree is written at snapshots and on open, and says at which position.
+pub const FORMAT_VERSION: u32 = 3;
 
 pub fn position(pos: u64) -> [u8; 8] {
     pos.to_be_bytes()
@@ -22,6 +24,10 @@ pub fn position(pos: u64) -> [u8; 8] {
 pub fn decode_position(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
+
+/// `ledger` key of the position whose ledger the tree holds (8 bytes, big-endian). No
+/// entry's key starts with NUL: tenants are non-empty.
+pub const LEDGER_POSITION_KEY: &[u8] = &[0];
 
 /// `ledger` key: tenant NUL op_key.
 pub fn ledger(tenant: &str, op_key: &str) -> Vec<u8> {

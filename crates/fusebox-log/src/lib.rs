@@ -33,6 +33,7 @@ mod sled_log;
 mod snapshot;
 mod state;
 mod store;
+mod stored;
 mod submit;
 pub mod workload;
 

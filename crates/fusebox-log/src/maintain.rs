@@ -63,10 +63,11 @@ impl<L: EventLog> Guard<L> {
             || (every_ms > 0 && records > 0 && self.state.event_time_ms - time >= every_ms)
     }
 
-    /// Stages a snapshot of the current state and the removal of snapshots beyond
-    /// `snapshots_kept`.
+    /// Stages a snapshot of the current state, the ledger tree's catching up to it, and
+    /// the removal of snapshots beyond `snapshots_kept`.
     pub(crate) fn snapshot_into(&mut self, batch: &mut WriteBatch) -> Result<(), LogError> {
         let pos = self.state.position;
+        self.stage_ledger(batch)?;
         batch.insert(
             Tree::Snapshots,
             keys::position(pos),

@@ -6,12 +6,12 @@
 //! by the first one (big-endian), so a batch costs a few sled inserts instead of several
 //! per event. A frame is `count: u32 LE` then the LZ4 block (size-prepended) of, per
 //! position, its kind, its record and its decision (empty for an operation), each as
-//! `len: u32 LE` + bytes (records and decisions in MessagePack). LZ4 because field
-//! names repeat in every record: it cuts the bytes sled writes, rereads on open and
-//! keeps on disk by about two thirds for well under a microsecond an event.
-//! MessagePack with named fields is self-describing (the core types skip `None` fields
-//! when serialising), about twice as fast as JSON both ways, and each event and
-//! decision is serialised exactly once, when its batch is staged.
+//! `len: u32 LE` + bytes. Events are in their positional stored form (`stored.rs`),
+//! decisions and operations in MessagePack with named fields (self-describing, so the
+//! core types may skip `None` fields). LZ4 because field names and values repeat
+//! across records: it cuts the bytes sled writes, rereads on open and keeps on disk by
+//! more than half for well under a microsecond an event. Each event and decision is
+//! serialised exactly once, when its batch is staged.
 
 use std::ops::Range;
 
@@ -19,6 +19,7 @@ use fusebox_core::{Decision, Event, LedgerEntry, PolicySet};
 use serde::{Deserialize, Serialize};
 
 use crate::error::LogError;
+use crate::stored;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -105,7 +106,7 @@ impl FrameEntry<'_> {
                 .map(Record::Op)
                 .map_err(|e| format!("operation record does not decode: {e}"))
         } else {
-            decode_value::<Event>(self.record)
+            stored::decode_event(self.record)
                 .map(|event| Record::Event(Box::new(event)))
                 .map_err(|e| format!("event record does not decode: {e}"))
         }
@@ -222,7 +223,7 @@ impl FrameWriter {
         decision: &Decision,
     ) -> Result<(), LogError> {
         let frame = self.entry(pos, EVENT);
-        put(frame, |out| encode_into(out, event, "an event"))?;
+        put(frame, |out| stored::encode_event(out, event))?;
         put(frame, |out| encode_into(out, decision, "a decision"))
     }
 

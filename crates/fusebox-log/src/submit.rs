@@ -3,14 +3,12 @@
 //! before any of its decisions is returned (write-ahead: a decision that lets a side
 //! effect run is on disk before anyone acts on it).
 
-use std::collections::BTreeMap;
-
 use fusebox_core::{Admission, Decision, Engine, Event, EventError};
 
 use crate::error::LogError;
 use crate::guard::Guard;
 use crate::keys;
-use crate::record::{self, AdoptedOp, FrameWriter, LogOp};
+use crate::record::{AdoptedOp, FrameWriter, LogOp};
 use crate::store::{EventLog, Tree, WriteBatch};
 
 /// What became of one submitted event.
@@ -29,13 +27,12 @@ pub enum Outcome {
     Rejected(EventError),
 }
 
-/// The writes of one batch: snapshots (`batch`), the ledger entries it changed (the
-/// last value of each key only), its records in frames, and where the decisions of the
-/// events it applied sit in the outcomes (to answer a duplicate inside the batch).
+/// The writes of one batch: snapshots and the ledger tree (`batch`), its records in
+/// frames, and where the decisions of the events it applied sit in the outcomes (to
+/// answer a duplicate inside the batch).
 #[derive(Default)]
 pub(crate) struct Pending {
     pub(crate) batch: WriteBatch,
-    pub(crate) ledger: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     pub(crate) frames: FrameWriter,
     /// (position, outcome index, index in that outcome's decisions), by position.
     applied: Vec<(u64, usize, usize)>,
@@ -182,12 +179,6 @@ impl<L: EventLog> Guard<L> {
     /// write: the frames are the commit point) and flushes once.
     pub(crate) fn commit(&mut self, pending: Pending) -> Result<(), LogError> {
         let mut batch = pending.batch;
-        for (key, value) in pending.ledger {
-            match value {
-                Some(value) => batch.insert(Tree::Ledger, key, value),
-                None => batch.remove(Tree::Ledger, key),
-            }
-        }
         for (first, frame) in pending.frames.into_frames() {
             batch.insert(Tree::Events, keys::position(first), frame);
         }
@@ -242,13 +233,7 @@ impl<L: EventLog> Guard<L> {
             let (decision, op_key) = self.state.apply_event_touching(&event);
             let pos = self.state.position;
             if let Some(op_key) = op_key {
-                let entry = match self.state.engine.ledger().get(&event.tenant, &op_key) {
-                    Some(entry) => Some(record::encode(entry, "a ledger entry")?),
-                    None => None,
-                };
-                pending
-                    .ledger
-                    .insert(keys::ledger(&event.tenant, &op_key), entry);
+                self.ledger_changed.insert((event.tenant.clone(), op_key));
             }
             pending.frames.push_event(pos, &event, &decision)?;
             pending.applied.push((pos, outcome, decisions.len()));
@@ -268,27 +253,19 @@ impl<L: EventLog> Guard<L> {
                     self.admission.forget_run(&run.tenant, &run.run);
                 }
             }
-            LogOp::ForgetOperations { operations } => {
-                for op in operations {
-                    pending
-                        .ledger
-                        .insert(keys::ledger(&op.tenant, &op.op_key), None);
-                }
-            }
-            LogOp::SetPolicies { .. } | LogOp::AdoptOperations { .. } => {}
+            LogOp::ForgetOperations { operations } => self.ledger_changed.extend(
+                operations
+                    .iter()
+                    .map(|op| (op.tenant.clone(), op.op_key.clone())),
+            ),
+            LogOp::AdoptOperations { operations } => self.ledger_changed.extend(
+                operations
+                    .iter()
+                    .map(|op| (op.tenant.clone(), op.op_key.clone())),
+            ),
+            LogOp::SetPolicies { .. } => {}
         }
         self.state.apply_op(&op)?;
-        if let LogOp::AdoptOperations { operations } = &op {
-            for op in operations {
-                let entry = match self.state.engine.ledger().get(&op.tenant, &op.op_key) {
-                    Some(entry) => Some(record::encode(entry, "a ledger entry")?),
-                    None => None,
-                };
-                pending
-                    .ledger
-                    .insert(keys::ledger(&op.tenant, &op.op_key), entry);
-            }
-        }
         pending.frames.push_op(self.state.position, &op)
     }
 }

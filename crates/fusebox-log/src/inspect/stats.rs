@@ -62,7 +62,7 @@ pub fn stats<L: EventLog>(log: &L) -> Result<LogStats, LogError> {
                         }
                     }
                 }
-                Tree::Ledger => stats.ledger_keys += 1,
+                Tree::Ledger => stats.ledger_keys += u64::from(key != keys::LEDGER_POSITION_KEY),
                 Tree::Snapshots => {
                     stats.snapshots += 1;
                     stats.latest_snapshot_position = keys::decode_position(key);

@@ -1,5 +1,6 @@
 use std::collections::{BTreeMap, HashMap};
 
+use fusebox_core::ledger::Ledger;
 use fusebox_core::sequencer::DEFAULT_MAX_HELD;
 use serde::Serialize;
 
@@ -47,8 +48,9 @@ impl VerifyReport {
 /// Checks the whole log: the format version; records contiguous from position 1 and
 /// each decoding; every decision re-derived byte for byte by replaying from scratch;
 /// every snapshot decoding and equal to the replayed state at its position; the dedup
-/// index pointing at the right events; the ledger tree consistent with the replay. Problems are collected, not raised;
-/// `Err` is for a store that cannot be read at all.
+/// index pointing at the right events; the ledger tree equal to the replayed ledger at
+/// the position it says it holds. Problems are collected, not raised; `Err` is for a
+/// store that cannot be read at all.
 pub fn verify<L: EventLog>(log: &L) -> Result<VerifyReport, LogError> {
     let mut report = VerifyReport::default();
     match log.get(Tree::Meta, FORMAT_VERSION_KEY)? {
@@ -59,7 +61,8 @@ pub fn verify<L: EventLog>(log: &L) -> Result<VerifyReport, LogError> {
         )),
     }
     let mut snapshots = load_snapshots(log, &mut report)?;
-    let state = replay_and_compare(log, &mut report, &mut snapshots)?;
+    let ledger_position = ledger_position(log, &mut report)?;
+    let state = replay_and_compare(log, &mut report, &mut snapshots, ledger_position)?;
     for pos in snapshots.into_keys() {
         report.problem(format!(
             "snapshot at position {pos} is beyond the log's end {}",
@@ -67,8 +70,30 @@ pub fn verify<L: EventLog>(log: &L) -> Result<VerifyReport, LogError> {
         ));
     }
     check_index(&mut report, &state);
-    check_ledger(log, &mut report, &state)?;
+    match (ledger_position, &state.ledger_at) {
+        (Some(_), Some(ledger)) => check_ledger(log, &mut report, ledger)?,
+        (Some(pos), None) => report.problem(format!(
+            "the ledger tree holds position {pos}, beyond the log's end {}",
+            state.position
+        )),
+        (None, _) => {}
+    }
     Ok(report)
+}
+
+/// The position whose ledger the ledger tree holds; a problem when it does not say.
+fn ledger_position<L: EventLog>(
+    log: &L,
+    report: &mut VerifyReport,
+) -> Result<Option<u64>, LogError> {
+    let found = log.get(Tree::Ledger, keys::LEDGER_POSITION_KEY)?;
+    let pos = found
+        .as_ref()
+        .and_then(|v| keys::decode_position(v.as_ref()));
+    if pos.is_none() {
+        report.problem("the ledger tree does not say which position it holds".to_owned());
+    }
+    Ok(pos)
 }
 
 fn load_snapshots<L: EventLog>(
@@ -102,9 +127,11 @@ fn replay_and_compare<L: EventLog>(
     log: &L,
     report: &mut VerifyReport,
     snapshots: &mut BTreeMap<u64, LogState>,
+    ledger_position: Option<u64>,
 ) -> Result<ReplayedLog, LogError> {
     let mut state = LogState::new(DEFAULT_MAX_HELD);
     let mut ids: HashMap<u64, (String, String, u64)> = HashMap::new();
+    let mut ledger_at = (ledger_position == Some(0)).then(Ledger::default);
     let end = last_position(log)?;
     'frames: for frame in frames(log, 1) {
         let (first, frame) = match frame
@@ -153,6 +180,9 @@ fn replay_and_compare<L: EventLog>(
             if let Some(snapshot) = snapshots.remove(&pos) {
                 compare_snapshot(report, pos, &snapshot, &state);
             }
+            if ledger_position == Some(pos) {
+                ledger_at = Some(state.engine.ledger().clone());
+            }
         }
     }
     if report.records != end {
@@ -165,6 +195,7 @@ fn replay_and_compare<L: EventLog>(
         position: state.position,
         state,
         ids,
+        ledger_at,
     })
 }
 
@@ -196,6 +227,8 @@ struct ReplayedLog {
     state: LogState,
     /// Position → tenant, run and id hash of the event there.
     ids: HashMap<u64, (String, String, u64)>,
+    /// The replayed ledger at the position the ledger tree holds.
+    ledger_at: Option<Ledger>,
 }
 
 /// Every entry of the replayed dedup index points at the event with that id.
@@ -217,15 +250,18 @@ fn check_index(report: &mut VerifyReport, replayed: &ReplayedLog) {
 fn check_ledger<L: EventLog>(
     log: &L,
     report: &mut VerifyReport,
-    replayed: &ReplayedLog,
+    ledger: &Ledger,
 ) -> Result<(), LogError> {
     let mut wanted = BTreeMap::new();
-    for (tenant, op_key, entry) in replayed.state.engine.ledger().iter() {
+    for (tenant, op_key, entry) in ledger.iter() {
         let bytes = record::encode(entry, "a ledger entry")?;
         wanted.insert(keys::ledger(tenant, op_key), bytes);
     }
     for item in log.scan(Tree::Ledger, &[]) {
         let (key, value) = item?;
+        if key.as_ref() == keys::LEDGER_POSITION_KEY {
+            continue;
+        }
         report.ledger_keys += 1;
         if wanted.remove(key.as_ref()).as_deref() != Some(value.as_ref()) {
             report.problem(format!(
