@@ -5,9 +5,10 @@
 //! before any decision is returned. The type is plain blocking code with `&mut self`:
 //! the daemon owns it on a dedicated thread (or behind a mutex in `spawn_blocking`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
+use fusebox_core::fixed_hash::FixedHasher;
 use fusebox_core::{Decision, Engine, PolicySet, Sequencer};
 use tracing::info;
 
@@ -32,7 +33,7 @@ pub struct Guard<L: EventLog = SledLog> {
     /// Ledger keys (tenant, op_key) changed since the ledger tree was last written. The
     /// tree is written at snapshots and on open only, not per batch: it is a view the
     /// log can rebuild, and its writes were a large part of a batch's cost.
-    pub(crate) ledger_changed: BTreeSet<(String, String)>,
+    pub(crate) ledger_changed: HashSet<(String, String), FixedHasher>,
     pub(crate) poisoned: bool,
 }
 
@@ -66,7 +67,7 @@ impl<L: EventLog> Guard<L> {
             state,
             options,
             last_snapshot,
-            ledger_changed: BTreeSet::new(),
+            ledger_changed: HashSet::default(),
             poisoned: false,
         };
         guard.reconcile_ledger()?;
