@@ -77,6 +77,81 @@ fn check_fusebox_toml(what: &str, text: &str) {
         listen.starts_with("0.0.0.0:"),
         "{what}: in a container /metrics must listen beyond loopback, got {listen}"
     );
+    // Cluster mode, if on, uses the servers' N; a node_id in a file shared by several
+    // daemons would make them one node, so it comes from the environment instead.
+    if let Some(cluster) = doc.get("cluster") {
+        let partitions = cluster.get("partitions").and_then(toml::Value::as_integer);
+        if partitions.unwrap_or(0) > 0 {
+            assert_eq!(
+                partitions,
+                Some(i64::from(partitions_n())),
+                "{what}: [cluster] partitions must be the N of deploy/nats/partitions.conf"
+            );
+            assert!(
+                cluster.get("node_id").is_none(),
+                "{what}: node_id belongs to each daemon (FUSEBOX_NODE_ID), not a shared file"
+            );
+        }
+    }
+}
+
+/// [cluster] partitions of a deploy config (0 when absent: cluster mode off).
+fn cluster_partitions(text: &str) -> i64 {
+    let doc: toml::Table = toml::from_str(text).expect("TOML");
+    doc.get("cluster")
+        .and_then(|c| c.get("partitions"))
+        .and_then(toml::Value::as_integer)
+        .unwrap_or(0)
+}
+
+/// The N of deploy/nats/partitions.conf (its three mappings agree; nats_single checks).
+fn partitions_n() -> u32 {
+    let text = read(&deploy_dir().join("nats/partitions.conf"));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("\"fusebox.gate."))
+        .expect("the gate mapping");
+    line.split("{{partition(")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("partition(N, …)")
+}
+
+/// Every key fuseboxd's own sections accept (the fields of its `deny_unknown_fields`
+/// structs in crates/fuseboxd/src/config.rs) is documented in config/fusebox.toml, so
+/// an operator can find it there.
+#[test]
+fn every_daemon_config_key_is_documented() {
+    let source = read(&repo_dir().join("crates/fuseboxd/src/config.rs"));
+    let documented = documented_keys();
+    let sections = [
+        ("NatsConfig", "nats"),
+        ("StorageConfig", "storage"),
+        ("DaemonSection", "daemon"),
+        ("MetricsConfig", "metrics"),
+        ("ClusterConfig", "cluster"),
+    ];
+    for (name, section) in sections {
+        let start = source
+            .find(&format!("pub struct {name} {{"))
+            .unwrap_or_else(|| panic!("config.rs: no struct {name}"));
+        let body = &source[start..];
+        let body = &body[..body.find("\n}").expect("end of struct")];
+        let fields: Vec<&str> = body
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.trim().strip_prefix("pub "))
+            .filter_map(|l| l.split_once(':').map(|(field, _)| field))
+            .collect();
+        assert!(!fields.is_empty(), "config.rs: {name} has no fields?");
+        for field in fields {
+            assert!(
+                documented.contains(&format!("{section}.{field}")),
+                "config/fusebox.toml does not document [{section}] {field}"
+            );
+        }
+    }
 }
 
 // ---- systemd -------------------------------------------------------------------------
@@ -237,10 +312,16 @@ fn k8s_manifests_parse_and_fit_together() {
     assert_eq!(nats["spec"]["replicas"].as_u64(), Some(3));
     assert!(nats["spec"]["volumeClaimTemplates"][0]["metadata"]["name"].as_str() == Some("data"));
 
-    // fuseboxd: its own volume per replica, scrape annotations, probes, resources, and
-    // the non-root user of the Dockerfile.
+    // fuseboxd: three replicas in cluster mode (below), its own volume per replica,
+    // scrape annotations, probes, resources, and the non-root user of the Dockerfile.
     let daemon = find(&objects, "StatefulSet", "fuseboxd");
     let spec = &daemon["spec"];
+    let replicas = spec["replicas"].as_u64().expect("fuseboxd replicas");
+    assert_eq!(replicas, 3, "fuseboxd runs three daemons in cluster mode");
+    assert!(
+        replicas <= u64::from(partitions_n()),
+        "more daemons than partitions would leave some idle"
+    );
     assert!(
         spec["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
             .as_str()
@@ -295,6 +376,34 @@ fn k8s_manifests_parse_and_fit_together() {
         .map(|a| a.as_str().expect("arg"))
         .collect();
     assert_eq!(args, ["--config", "/etc/fusebox/fusebox.toml"]);
+    // node_id = the pod's name (fuseboxd-0, -1, …: unique, stable, key-safe), through
+    // the variable fuseboxd reads for --node-id.
+    let node_id = container["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"].as_str() == Some("FUSEBOX_NODE_ID"))
+        .expect("FUSEBOX_NODE_ID in the fuseboxd container's env");
+    assert_eq!(
+        node_id["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.name")
+    );
+    let main = read(&repo_dir().join("crates/fuseboxd/src/main.rs"));
+    assert!(
+        main.contains("env = \"FUSEBOX_NODE_ID\""),
+        "fuseboxd reads FUSEBOX_NODE_ID"
+    );
+    let pod_name = format!(
+        "{}-{}",
+        daemon["metadata"]["name"].as_str().expect("name"),
+        replicas - 1
+    );
+    assert!(
+        pod_name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+        "pod names must be valid node ids: {pod_name}"
+    );
 
     // The metrics Service selects the daemon's pods and targets the named port.
     let service = find(&objects, "Service", "fuseboxd-metrics");
@@ -314,6 +423,18 @@ fn k8s_manifests_parse_and_fit_together() {
     let doc: toml::Table = toml::from_str(toml_text).expect("toml");
     let urls = doc["nats"]["urls"].as_array().expect("urls");
     assert_eq!(urls.len(), 3, "fuseboxd knows all three NATS pods");
+    // Cluster mode on the mapping's N (checked in check_fusebox_toml), with every
+    // JetStream object on all three NATS pods.
+    assert_eq!(
+        cluster_partitions(toml_text),
+        i64::from(partitions_n()),
+        "the k8s fuseboxd runs in cluster mode"
+    );
+    assert_eq!(
+        doc["cluster"]["replicas"].as_integer(),
+        nats["spec"]["replicas"].as_i64(),
+        "[cluster] replicas = the NATS pods (R3)"
+    );
 }
 
 #[test]
@@ -321,6 +442,21 @@ fn k8s_nats_config_matches_deploy_nats_and_passes_nats_server_t() {
     let objects = k8s_objects();
     let config = find(&objects, "ConfigMap", "nats-config");
     let data = config["data"].as_mapping().expect("data");
+    let mut names: Vec<&str> = data
+        .keys()
+        .map(|k| k.as_str().expect("file name"))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "accounts.conf",
+            "cluster-common.conf",
+            "nats.conf",
+            "partitions.conf"
+        ],
+        "the NATS ConfigMap holds nats.conf and everything it includes"
+    );
     let dir = tempfile::tempdir().expect("temp dir");
     for (name, value) in data {
         let name = name.as_str().expect("file name");
@@ -403,9 +539,16 @@ fn compose_parses_and_its_files_exist() {
         .join(daemon["build"]["context"].as_str().expect("context"))
         .join("Cargo.toml")
         .exists());
-    check_fusebox_toml(
-        "deploy/docker/fusebox.toml",
-        &read(&dir.join("fusebox.toml")),
+    let daemon_config = read(&dir.join("fusebox.toml"));
+    check_fusebox_toml("deploy/docker/fusebox.toml", &daemon_config);
+    // Without cluster mode exactly one daemon may serve the account.
+    let daemons = services
+        .values()
+        .filter(|s| s["image"].as_str() == daemon["image"].as_str())
+        .count();
+    assert!(
+        cluster_partitions(&daemon_config) > 0 || daemons == 1,
+        "compose runs {daemons} fuseboxd without [cluster]: they would split runs"
     );
 
     // Prometheus in compose scrapes the fuseboxd service and loads the shared rules.

@@ -1,6 +1,7 @@
-//! deploy/nats/single.conf (+ accounts.conf, partitions.conf) on a real nats-server:
-//! the tenant, daemon and operator permissions with the daemon's own service code, and
-//! the opt-in partition mapping.
+//! deploy/nats/single.conf (+ accounts.conf, partitions.conf) on a real nats-server, as
+//! shipped (partition mapping on): the tenant, daemon and operator permissions with the
+//! daemon's own service code, the mapping itself, and partition-scoped services as
+//! cluster mode runs them.
 
 mod common;
 
@@ -15,8 +16,10 @@ const SHORT: Duration = Duration::from_millis(300);
 const ERROR_WAIT: Duration = Duration::from_secs(3);
 
 /// single.conf in a temp dir: client and monitoring ports on free loopback ports, the
-/// JetStream store in the temp dir. Everything else is the file as shipped.
-fn start_single(partitions: bool) -> (NatsConfigDir, NatsServer) {
+/// JetStream store in the temp dir. Everything else is the file as shipped, including
+/// the partition mapping (on).
+fn start_single() -> (NatsConfigDir, NatsServer) {
+    common::assert_mapping_on();
     let conf = NatsConfigDir::copy();
     let (client, http) = (common::free_port(), common::free_port());
     let ports = HashMap::from([(4222, client), (8222, http)]);
@@ -36,9 +39,6 @@ fn start_single(partitions: bool) -> (NatsConfigDir, NatsServer) {
             "single.conf store_dir",
         )
     });
-    if partitions {
-        conf.enable_partitions();
-    }
     let server = NatsServer::start("single", &conf.path("single.conf"), client);
     (conf, server)
 }
@@ -52,12 +52,14 @@ fn event(id: &str, tenant: &str, run: &str, seq: u64, body: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permissions_hold_with_the_daemons_own_service() {
-    let (_conf, server) = start_single(false);
+    let (_conf, server) = start_single();
     let urls = vec![server.url()];
 
-    // The daemon user runs fusebox-nats's real Service: it creates FUSEBOX_EVENTS,
-    // FUSEBOX_STOPS and the durable consumer, and subscribes to gate and control. Any
-    // permission it lacks fails start-up here (or later as a server error).
+    // The daemon user runs fusebox-nats's real Service as a single fuseboxd does (no
+    // cluster mode): it creates FUSEBOX_EVENTS, FUSEBOX_STOPS and the durable consumer,
+    // and subscribes to gate and control. Any permission it lacks fails start-up here
+    // (or later as a server error). The mapping is on, so everything below also shows
+    // that a single daemon serves the mapped subjects.
     let (daemon, mut daemon_errors) = connect(&urls, "fuseboxd", None).await;
     let engine = fusebox_core::Engine::new(fusebox_core::PolicySet::default());
     let service = fusebox_nats::Service::start(
@@ -88,6 +90,12 @@ async fn permissions_hold_with_the_daemons_own_service() {
         .subscribe("fusebox.decisions.acme.>")
         .await
         .expect("subscribe own decisions");
+    // A copy of what the service receives: the request travels on the mapped subject.
+    let mut gate_copy = daemon
+        .subscribe("fusebox.gate.acme.*.r1")
+        .await
+        .expect("daemon may subscribe anywhere under fusebox.>");
+    daemon.flush().await.expect("flush");
     let started = event("e1", "acme", "r1", 1, r#""type":"run_started""#);
     let reply = tokio::time::timeout(
         Duration::from_secs(10),
@@ -102,6 +110,12 @@ async fn permissions_hold_with_the_daemons_own_service() {
         decision.get("action").is_some(),
         "a decision, not an error: {decision}"
     );
+    let seen = tokio::time::timeout(SHORT, gate_copy.next())
+        .await
+        .expect("the gate request went out on the mapped subject")
+        .expect("open");
+    let p = common::fnv1a32(b"acmer1") % partitions_n();
+    assert_eq!(seen.subject.as_str(), format!("fusebox.gate.acme.{p}.r1"));
     let call = event(
         "e2",
         "acme",
@@ -143,9 +157,10 @@ async fn permissions_hold_with_the_daemons_own_service() {
     .await
     .expect("queued");
     acme.flush().await.expect("flush");
+    // The server judges (and names) the mapped subject.
     expect_error(
         &mut acme_errors,
-        &["Permissions Violation", "fusebox.gate.globex.r1"],
+        &["Permissions Violation", &mapped("fusebox.gate.globex.r1")],
         ERROR_WAIT,
     )
     .await;
@@ -163,7 +178,7 @@ async fn permissions_hold_with_the_daemons_own_service() {
         acme.publish(forbidden, "{}".into()).await.expect("queued");
         expect_error(
             &mut acme_errors,
-            &["Permissions Violation", forbidden],
+            &["Permissions Violation", &mapped(forbidden)],
             ERROR_WAIT,
         )
         .await;
@@ -225,7 +240,7 @@ async fn permissions_hold_with_the_daemons_own_service() {
         .expect("queued");
     expect_error(
         &mut operator_errors,
-        &["Permissions Violation", "fusebox.gate.acme.r1"],
+        &["Permissions Violation", &mapped("fusebox.gate.acme.r1")],
         ERROR_WAIT,
     )
     .await;
@@ -246,6 +261,22 @@ async fn permissions_hold_with_the_daemons_own_service() {
 
     expect_no_error(&mut daemon_errors, SHORT).await;
     service.shutdown().await.expect("service drains");
+}
+
+/// `subject` as the servers map it (partitions.conf): run subjects of gate, events and
+/// control get `<p>` after the tenant, p computed here independently; others stay.
+fn mapped(subject: &str) -> String {
+    let mut tokens: Vec<String> = subject.split('.').map(str::to_owned).collect();
+    let run_subject = match tokens.get(1).map(String::as_str) {
+        Some("gate" | "events") => tokens.len() == 4,
+        Some("control") => tokens.len() == 5,
+        _ => false,
+    };
+    if run_subject {
+        let p = common::fnv1a32(format!("{}{}", tokens[2], tokens[3]).as_bytes()) % partitions_n();
+        tokens.insert(3, p.to_string());
+    }
+    tokens.join(".")
 }
 
 /// The N of partitions.conf, read from its three mapping lines (which must agree).
@@ -273,7 +304,7 @@ fn partitions_n() -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_mapping_is_deterministic_per_run() {
     let n = partitions_n();
-    let (_conf, server) = start_single(true);
+    let (_conf, server) = start_single();
     let urls = vec![server.url()];
     let expected =
         |tenant: &str, run: &str| common::fnv1a32(format!("{tenant}{run}").as_bytes()) % n;
@@ -285,7 +316,9 @@ async fn partition_mapping_is_deterministic_per_run() {
         .subscribe("fusebox.control.*.*.*.*")
         .await
         .expect("sub");
-    // Today's daemon subscription: with the mapping on it gets nothing (why it is off).
+    // The plain gate subjects alone get nothing once the servers map: that is why a
+    // single daemon subscribes to the partitioned form too (the first test shows its
+    // Service answering through the mapping).
     let mut unpartitioned = daemon.subscribe("fusebox.gate.*.*").await.expect("sub");
     daemon.flush().await.expect("flush");
 
@@ -339,9 +372,12 @@ async fn partition_mapping_is_deterministic_per_run() {
         ERROR_WAIT,
     )
     .await;
-    assert!(tokio::time::timeout(SHORT, unpartitioned.next())
-        .await
-        .is_err());
+    assert!(
+        tokio::time::timeout(SHORT, unpartitioned.next())
+            .await
+            .is_err(),
+        "a mapped gate request must not reach a plain fusebox.gate.*.* subscriber"
+    );
 
     // Many runs: every one where the formula says, and the runs spread over partitions.
     let mut used = BTreeSet::new();
@@ -390,4 +426,163 @@ async fn partition_mapping_is_deterministic_per_run() {
         format!("fusebox.events.acme.{p}.r1")
     );
     let _ = stream.info().await.expect("info");
+}
+
+/// Cluster mode's subscriptions on the shipped config: one fusebox-nats `Service` per
+/// partition (`Scope::Partition`, as fuseboxd runs each partition it owns), spread over
+/// two `fuseboxd` connections. Every run is served by exactly one partition, which gets
+/// the run's gate requests AND its JetStream events (a gap would hold the run's next
+/// gate request, and the gap timeout here is far longer than the test waits), and the
+/// runs listing is answered by every partition. The leases, FUSEBOX_APPLIED and the
+/// shared ledger are fuseboxd's and tested in crates/fuseboxd/tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_scoped_services_serve_each_run_in_one_partition() {
+    use fusebox_nats::subjects::Scope;
+    let n = partitions_n();
+    let (_conf, server) = start_single();
+    let urls = vec![server.url()];
+    let (d1, mut d1_errors) = connect(&urls, "fuseboxd", None).await;
+    let (d2, mut d2_errors) = connect(&urls, "fuseboxd", None).await;
+    let mut services = Vec::new();
+    for p in 0..n {
+        let client = if p % 2 == 0 { d1.clone() } else { d2.clone() };
+        let engine = fusebox_core::Engine::new(fusebox_core::PolicySet::default());
+        let service = fusebox_nats::Service::start(
+            client,
+            fusebox_nats::MemoryStore::new(engine),
+            fusebox_nats::ServiceOptions {
+                scope: Scope::Partition(p),
+                gap_timeout: Duration::from_secs(120),
+                ..fusebox_nats::ServiceOptions::default()
+            },
+            Arc::new(fusebox_nats::NoopObserver),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("fuseboxd user: partition {p}'s service starts: {e}"));
+        services.push(service);
+    }
+    // One durable per partition, filtered on its mapped event subjects.
+    let js = async_nats::jetstream::new(d1.clone());
+    let stream = js
+        .get_stream(fusebox_nats::subjects::EVENTS_STREAM)
+        .await
+        .expect("FUSEBOX_EVENTS");
+    for p in 0..n {
+        let name = Scope::Partition(p).events_consumer();
+        let mut consumer: async_nats::jetstream::consumer::PullConsumer = stream
+            .get_consumer(&name)
+            .await
+            .unwrap_or_else(|e| panic!("consumer {name}: {e}"));
+        let info = consumer.info().await.expect("consumer info");
+        assert_eq!(
+            info.config.filter_subject,
+            format!("fusebox.events.*.{p}.*")
+        );
+    }
+
+    // Each run: started through the gate, a call reported through JetStream, its result
+    // through the gate again.
+    let (acme, mut acme_errors) = connect(&urls, "tenant-acme", Some("_INBOX.acme")).await;
+    let acme_js = async_nats::jetstream::new(acme.clone());
+    let runs: Vec<String> = (0..12).map(|i| format!("run-{i}")).collect();
+    let gate = |subject: String, body: String| {
+        let acme = acme.clone();
+        async move {
+            let reply = tokio::time::timeout(
+                Duration::from_secs(10),
+                acme.request(subject.clone(), body.into()),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{subject}: no answer within 10 s"))
+            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+            let decision: serde_json::Value = serde_json::from_slice(&reply.payload).expect("JSON");
+            assert!(decision.get("action").is_some(), "{subject}: {decision}");
+        }
+    };
+    for run in &runs {
+        let subject = format!("fusebox.gate.acme.{run}");
+        gate(
+            subject.clone(),
+            event(
+                &format!("{run}-1"),
+                "acme",
+                run,
+                1,
+                r#""type":"run_started""#,
+            ),
+        )
+        .await;
+        acme_js
+            .publish(
+                format!("fusebox.events.acme.{run}"),
+                event(
+                    &format!("{run}-2"),
+                    "acme",
+                    run,
+                    2,
+                    r#""type":"tool_call","call_id":"c1","tool":"search","args":{"q":"x"}"#,
+                )
+                .into(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+        gate(
+            subject,
+            event(
+                &format!("{run}-3"),
+                "acme",
+                run,
+                3,
+                r#""type":"tool_result","call_id":"c1","tool":"search","kind":"SUCCESS","output":{"hits":1}"#,
+            ),
+        )
+        .await;
+    }
+    expect_no_error(&mut acme_errors, SHORT).await;
+
+    // fusebox.control.runs (not mapped) reaches every partition; the operator gathers.
+    let (operator, mut operator_errors) = connect(&urls, "operator", None).await;
+    let inbox = operator.new_inbox();
+    let mut answers = operator.subscribe(inbox.clone()).await.expect("inbox");
+    operator
+        .publish_with_reply(fusebox_nats::subjects::CONTROL_RUNS, inbox, "".into())
+        .await
+        .expect("publish");
+    let mut lists = Vec::new();
+    while let Ok(Some(answer)) = tokio::time::timeout(Duration::from_secs(1), answers.next()).await
+    {
+        let list: Vec<serde_json::Value> =
+            serde_json::from_slice(&answer.payload).expect("a runs list");
+        lists.push(list);
+    }
+    assert_eq!(lists.len(), n as usize, "one runs answer per partition");
+    for run in &runs {
+        let found: Vec<&serde_json::Value> = lists
+            .iter()
+            .flatten()
+            .filter(|s| s["tenant"] == "acme" && s["run"] == run.as_str())
+            .collect();
+        assert_eq!(found.len(), 1, "{run} is known to exactly one partition");
+        assert_eq!(
+            (found[0]["events"].as_u64(), found[0]["last_seq"].as_u64()),
+            (Some(3), Some(3)),
+            "{run}: its gate requests and its JetStream event met in one partition"
+        );
+    }
+    // A run's operator commands reach the partition that holds it.
+    let status = operator
+        .request("fusebox.control.acme.run-5.status", "".into())
+        .await
+        .expect("status answered");
+    let status: serde_json::Value = serde_json::from_slice(&status.payload).expect("JSON");
+    assert_eq!(status["summary"]["run"], "run-5", "{status}");
+    assert_eq!(status["summary"]["last_seq"], 3, "{status}");
+    expect_no_error(&mut operator_errors, SHORT).await;
+    expect_no_error(&mut d1_errors, SHORT).await;
+    expect_no_error(&mut d2_errors, SHORT).await;
+    for service in services {
+        service.shutdown().await.expect("service drains");
+    }
 }

@@ -115,19 +115,24 @@ impl NatsConfigDir {
         let text = read(&path);
         std::fs::write(&path, f(&text)).expect("writing a config");
     }
+}
 
-    /// Switches the opt-in partition mapping on, exactly as deploy/nats/accounts.conf
-    /// tells an operator to (remove the "# " of the marked line).
-    pub fn enable_partitions(&self) {
-        self.edit("accounts.conf", |text| {
-            replace_required(
-                text,
-                "    # mappings { include \"partitions.conf\" }",
-                "    mappings { include \"partitions.conf\" }",
-                "accounts.conf",
-            )
-        });
-    }
+/// The line of accounts.conf that includes partitions.conf in the FUSEBOX account.
+pub const MAPPING_LINE: &str = "mappings { include \"partitions.conf\" }";
+
+/// The partition mapping is ON in the shipped accounts.conf: the include line is there
+/// exactly once and not commented out (the servers' behaviour is tested separately).
+pub fn assert_mapping_on() {
+    let accounts = read(&deploy_dir().join("nats/accounts.conf"));
+    let active = accounts
+        .lines()
+        .filter(|l| l.trim() == MAPPING_LINE)
+        .count();
+    assert_eq!(
+        active, 1,
+        "deploy/nats/accounts.conf must switch the partition mapping on (one uncommented \
+         `{MAPPING_LINE}` in the FUSEBOX account)"
+    );
 }
 
 /// A running nats-server; killed (and reaped) on drop.
