@@ -341,6 +341,35 @@ async fn two_daemons_decide_like_one_engine_across_partitions_and_a_takeover() {
         );
     }
 
+    // A daemon configured with another N is refused at start: it would split runs
+    // differently from the servers' mapping and the others.
+    let mut doc: toml::Table =
+        toml::from_str(&std::fs::read_to_string(&d2_config).unwrap()).unwrap();
+    let cluster = doc.get_mut("cluster").unwrap().as_table_mut().unwrap();
+    cluster.insert("partitions".into(), toml::Value::Integer(8));
+    cluster.insert("node_id".into(), toml::Value::String("d3".into()));
+    let wrong_n = dir.path().join("fusebox-d3.toml");
+    std::fs::write(&wrong_n, toml::to_string(&doc).unwrap()).unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_fuseboxd"))
+        .arg("--config")
+        .arg(&wrong_n)
+        .args([
+            "--nats-url",
+            &nats.url(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("d3"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("into 4 partitions, this one into 8"),
+        "{stderr}"
+    );
+
     // Passive ingest is served for the taken-over partitions too.
     let before = client
         .run_status("acme", &share[2])

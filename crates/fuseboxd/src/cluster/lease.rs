@@ -14,6 +14,8 @@ use futures_util::TryStreamExt;
 use super::ClusterError;
 
 pub const BUCKET: &str = "FUSEBOX_PARTITIONS";
+/// The partition count the live daemons agree on.
+const PARTITIONS_KEY: &str = "config.partitions";
 
 pub struct Leases {
     kv: kv::Store,
@@ -46,6 +48,7 @@ impl Leases {
     pub async fn open(
         js: &jetstream::Context,
         node: &str,
+        partitions: u32,
         lease: Duration,
         replicas: usize,
     ) -> Result<Leases, ClusterError> {
@@ -76,17 +79,52 @@ impl Leases {
                 lease.as_millis()
             )));
         }
-        Ok(Leases {
+        let leases = Leases {
             kv,
             node: node.to_owned(),
-        })
+        };
+        leases.agree_on_partitions(partitions).await?;
+        Ok(leases)
     }
 
-    /// Writes this daemon's heartbeat and returns how many daemons are alive (itself
-    /// included): those whose heartbeat has not aged out.
-    pub async fn heartbeat(&self) -> Result<usize, ClusterError> {
+    /// Every daemon must split runs into the same N partitions (the servers' mapping's
+    /// N): the first daemon writes its N, later ones must match it. The key is written
+    /// again with each heartbeat round's renewals so it does not age out while the
+    /// cluster lives.
+    async fn agree_on_partitions(&self, partitions: u32) -> Result<(), ClusterError> {
+        let mine = partitions.to_string();
+        match self.kv.create(PARTITIONS_KEY, mine.clone().into()).await {
+            Ok(_) => return Ok(()),
+            Err(err) if err.kind() == CreateErrorKind::AlreadyExists => {}
+            Err(err) => return Err(ClusterError::nats("recording the partition count", err)),
+        }
+        let theirs = self
+            .kv
+            .get(PARTITIONS_KEY)
+            .await
+            .map_err(|e| ClusterError::nats("reading the partition count", e))?
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default();
+        if theirs != mine {
+            return Err(ClusterError::Config(format!(
+                "the running daemons split runs into {theirs} partitions, this one into \
+                 {mine}; [cluster] partitions must equal the N of the servers' mapping \
+                 (deploy/nats/partitions.conf) on every daemon"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes this daemon's heartbeat (and refreshes the agreed partition count) and
+    /// returns how many daemons are alive (itself included): those whose heartbeat has
+    /// not aged out.
+    pub async fn heartbeat(&self, partitions: u32) -> Result<usize, ClusterError> {
         self.kv
             .put(node_key(&self.node), self.node.clone().into())
+            .await
+            .map_err(|e| ClusterError::nats("writing the heartbeat", e))?;
+        self.kv
+            .put(PARTITIONS_KEY, partitions.to_string().into())
             .await
             .map_err(|e| ClusterError::nats("writing the heartbeat", e))?;
         let keys: Vec<String> = self

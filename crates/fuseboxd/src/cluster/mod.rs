@@ -110,7 +110,14 @@ pub async fn serve(
     let applied_config = applied::stream_config(replicas, shared.guard_options.retention);
     setup::ensure_stream(&js, applied_config).await?;
     let lease_time = Duration::from_millis(shared.cluster.lease_ms);
-    let leases = Leases::open(&js, &shared.cluster.node_id, lease_time, replicas).await?;
+    let leases = Leases::open(
+        &js,
+        &shared.cluster.node_id,
+        shared.cluster.partitions,
+        lease_time,
+        replicas,
+    )
+    .await?;
     let ledger = SharedLedger::open(&js, replicas, tokio::runtime::Handle::current()).await?;
     let ledger = Arc::new(ledger);
     tracing::info!(
@@ -165,7 +172,7 @@ async fn round(
     state: &mut Partitions,
     lease_time: Duration,
 ) {
-    let live = match leases.heartbeat().await {
+    let live = match leases.heartbeat(shared.cluster.partitions).await {
         Ok(live) => Some(live),
         Err(err) => {
             tracing::warn!(%err, "cluster heartbeat failed");
