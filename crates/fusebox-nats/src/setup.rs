@@ -178,7 +178,35 @@ async fn ensure_consumer(js: &Context, want: pull::Config) -> Result<(), SetupEr
                     have.filter_subject, have.ack_policy, want.filter_subject, want.ack_policy
                 )));
             }
-            Ok(())
+            if info.num_ack_pending == 0 {
+                return Ok(());
+            }
+            // Messages delivered to a previous owner (a crashed daemon, or the one a
+            // partition was taken from) that it never acked: JetStream would hold them
+            // back until their ack wait ran out, long after this daemon's gap timeout
+            // had given up on their `seq`s — and an acknowledged event would then be
+            // refused as late. Start the consumer again at its ack floor instead: they
+            // come at once, and whatever of them was applied is answered as a duplicate.
+            let start_sequence = info.ack_floor.stream_sequence + 1;
+            tracing::warn!(
+                consumer = %name,
+                unacked = info.num_ack_pending,
+                start_sequence,
+                "events delivered to a previous owner were never acked; redelivering them now"
+            );
+            stream
+                .delete_consumer(&name)
+                .await
+                .map_err(|e| conflict(format!("restarting it at its ack floor failed: {e}")))?;
+            let restarted = pull::Config {
+                deliver_policy: DeliverPolicy::ByStartSequence { start_sequence },
+                ..want
+            };
+            stream
+                .create_consumer(restarted)
+                .await
+                .map(drop)
+                .map_err(|e| conflict(format!("restarting it at its ack floor failed: {e}")))
         }
         Err(_) => stream
             .create_consumer(want.clone())

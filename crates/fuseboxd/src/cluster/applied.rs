@@ -9,7 +9,7 @@
 //! A daemon that takes a partition replays the batches its own log lacks
 //! ([`catch_up`]), so the runs continue exactly where the last owner left them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE};
@@ -205,8 +205,7 @@ pub async fn catch_up(
         .messages()
         .await
         .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?;
-    let mut stops = BTreeMap::new();
-    let mut batches_applied = 0;
+    let mut replay = Replay::default();
     let mut reached = 0;
     while reached < last {
         let mut chunk = Vec::with_capacity(CHUNK);
@@ -230,19 +229,19 @@ pub async fn catch_up(
             })?;
             chunk.push(batch);
         }
-        let (back, applied) = tokio::task::spawn_blocking(move || {
-            let applied = apply_chunk(&mut store, chunk, &mut stops);
-            (store, applied.map(|n| (n, stops)))
+        let last_chunk = reached >= last;
+        let (back, done) = tokio::task::spawn_blocking(move || {
+            let done = replay.apply(&mut store, chunk, last_chunk);
+            (store, done.map(|()| replay))
         })
         .await
         .expect("catch-up task");
         store = back;
-        let (n, back_stops) = applied?;
-        stops = back_stops;
-        batches_applied += n;
+        replay = done?;
     }
     // Only runs still closed keep their stop on the kill switch.
-    let stops = stops
+    let stops = replay
+        .stops
         .into_values()
         .filter(|d: &Decision| {
             store
@@ -255,32 +254,84 @@ pub async fn catch_up(
         store,
         CaughtUp {
             last,
-            batches_applied,
+            batches_applied: replay.batches_applied,
             stops,
         },
     ))
 }
 
-/// Applies the batches the log does not have yet; returns how many.
-fn apply_chunk(
-    store: &mut Catching,
-    chunk: Vec<(Vec<AdoptedOp>, Vec<Event>)>,
-    stops: &mut BTreeMap<(String, String), Decision>,
-) -> Result<usize, ClusterError> {
-    let mut applied = 0;
-    for (adopted, events) in chunk {
-        let guard = &store.inner().guard;
-        let known = match events.last() {
-            Some(e) => guard.state().index.get(&e.tenant, &e.run, &e.id).is_some(),
-            // Adopted entries alone decide nothing: the next call looks the key up anew.
-            None => true,
-        };
-        if known {
-            continue;
+/// What a catch-up carries from one chunk of batches to the next.
+#[derive(Default)]
+struct Replay {
+    /// The stop that closed each run the catch-up closed.
+    stops: BTreeMap<(String, String), Decision>,
+    /// Batches of adopted entries only (their events were all held or duplicates),
+    /// waiting to learn whether the log has them: it does when it has a later batch
+    /// (the log holds a prefix of the stream).
+    adopt_only: Vec<Vec<AdoptedOp>>,
+    batches_applied: usize,
+}
+
+impl Replay {
+    /// Applies the batches of `chunk` the log does not have yet, in order; at the end
+    /// of the stream also the adopt-only batches still waiting (re-applying the last
+    /// records of a log changes nothing, so they are right either way).
+    fn apply(
+        &mut self,
+        store: &mut Catching,
+        chunk: Vec<(Vec<AdoptedOp>, Vec<Event>)>,
+        end_of_stream: bool,
+    ) -> Result<(), ClusterError> {
+        for (adopted, events) in chunk {
+            let Some(last) = events.last() else {
+                self.adopt_only.push(adopted);
+                continue;
+            };
+            let known = store
+                .inner()
+                .guard
+                .state()
+                .index
+                .get(&last.tenant, &last.run, &last.id)
+                .is_some();
+            if known {
+                self.adopt_only.clear();
+                continue;
+            }
+            self.flush_adopt_only(store)?;
+            self.apply_batch(store, adopted, events)?;
         }
+        if end_of_stream {
+            self.flush_adopt_only(store)?;
+        }
+        Ok(())
+    }
+
+    fn flush_adopt_only(&mut self, store: &mut Catching) -> Result<(), ClusterError> {
+        for adopted in std::mem::take(&mut self.adopt_only) {
+            self.apply_batch(store, adopted, Vec::new())?;
+        }
+        Ok(())
+    }
+
+    /// Applies one batch the log does not have, as its owner did.
+    fn apply_batch(
+        &mut self,
+        store: &mut Catching,
+        adopted: Vec<AdoptedOp>,
+        events: Vec<Event>,
+    ) -> Result<(), ClusterError> {
         let runs: Vec<(String, String)> = events
             .iter()
             .map(|e| (e.tenant.clone(), e.run.clone()))
+            .collect();
+        // Runs open before this batch: the first stop such a run gets in it is the one
+        // that closed it (later ones are latched repeats), and only that one belongs on
+        // the kill switch.
+        let mut open: BTreeSet<(String, String)> = runs
+            .iter()
+            .filter(|(t, r)| store.engine().run(t, r).is_none_or(|run| run.is_open()))
+            .cloned()
             .collect();
         store.inner_mut().replaying = Some(adopted);
         let outcomes = store.submit_batch(events).map_err(ClusterError::Replay)?;
@@ -298,13 +349,14 @@ fn apply_chunk(
             }
         }
         for decision in decisions {
-            if decision.action == Action::Stop {
-                stops.insert((decision.tenant.clone(), decision.run.clone()), decision);
+            let run = (decision.tenant.clone(), decision.run.clone());
+            if decision.action == Action::Stop && open.remove(&run) {
+                self.stops.insert(run, decision);
             }
         }
-        applied += 1;
+        self.batches_applied += 1;
+        Ok(())
     }
-    Ok(applied)
 }
 
 #[cfg(test)]
