@@ -16,6 +16,7 @@ use bytes::Bytes;
 use fusebox_core::{Action, Decision, Event};
 use tokio::sync::mpsc::{Receiver, UnboundedSender};
 
+use crate::backlog::Backlog;
 use crate::dispatch::{Outbox, Output};
 use crate::observer::Observer;
 use crate::query::{self, Query};
@@ -51,6 +52,9 @@ pub(crate) struct ApplierOptions {
 
 pub(crate) struct Applier<S> {
     store: S,
+    /// Whether the events stream still owes the consumer messages; `None` without
+    /// JetStream (tests), where a timed-out gap is always released.
+    backlog: Option<Backlog>,
     out: UnboundedSender<Outbox>,
     /// What the batch being handled will send, handed over once it is durable.
     outbox: Outbox,
@@ -80,6 +84,7 @@ fn event_key(event: &Event) -> EventKey {
 impl<S: GuardStore> Applier<S> {
     pub(crate) fn new(
         store: S,
+        backlog: Option<Backlog>,
         out: UnboundedSender<Outbox>,
         observer: Arc<dyn Observer>,
         options: ApplierOptions,
@@ -93,6 +98,7 @@ impl<S: GuardStore> Applier<S> {
             .collect();
         Applier {
             store,
+            backlog,
             out,
             outbox: Outbox::default(),
             observer,
@@ -284,12 +290,17 @@ impl<S: GuardStore> Applier<S> {
                 .gap_since
                 .entry((tenant.clone(), run.clone()))
                 .or_insert(now);
-            if now.duration_since(since) >= self.options.gap_timeout {
-                tracing::warn!(%tenant, %run, missing_seq = seq, "gap timed out; applying the held events without it");
-                self.gap_since.remove(&(tenant.clone(), run.clone()));
-                for decision in self.store.release_gap(&tenant, &run)? {
-                    self.decided(decision, touched);
-                }
+            if now.duration_since(since) < self.options.gap_timeout {
+                continue;
+            }
+            if !self.backlog.as_ref().map_or(true, Backlog::drained) {
+                tracing::debug!(%tenant, %run, missing_seq = seq, "gap timed out but the events stream has undelivered messages; waiting for them");
+                continue;
+            }
+            tracing::warn!(%tenant, %run, missing_seq = seq, "gap timed out; applying the held events without it");
+            self.gap_since.remove(&(tenant.clone(), run.clone()));
+            for decision in self.store.release_gap(&tenant, &run)? {
+                self.decided(decision, touched);
             }
         }
         let due = ticks::due(self.store.engine(), &self.last_seen, self.started, now);

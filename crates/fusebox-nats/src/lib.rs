@@ -16,6 +16,7 @@
 //! routes events in and results out, and never decides anything itself.
 
 mod applier;
+mod backlog;
 mod control;
 mod dispatch;
 mod gate;

@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::applier::{Applier, ApplierOptions, Input};
+use crate::backlog::{watch_backlog, Backlog};
 use crate::inbound::{serve_subscription, stopped, Inbound};
 use crate::observer::Observer;
 use crate::setup::{self, Placement, SetupError};
@@ -125,6 +126,7 @@ impl Service {
         let (tx, rx) = mpsc::channel(options.queue_capacity);
         let (out, out_rx) = mpsc::unbounded_channel();
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let backlog = Backlog::default();
         let dispatcher = tokio::spawn(dispatch::dispatch(
             client.clone(),
             js.clone(),
@@ -133,6 +135,7 @@ impl Service {
         ));
         let applier = Applier::new(
             store,
+            Some(backlog.clone()),
             out.clone(),
             observer.clone(),
             ApplierOptions {
@@ -178,6 +181,13 @@ impl Service {
                 },
             )));
         }
+        tasks.push(tokio::spawn(watch_backlog(
+            js.clone(),
+            options.scope,
+            backlog,
+            options.timer_interval,
+            shutdown_rx.clone(),
+        )));
         tasks.push(tokio::spawn(ingest::run(
             js,
             options.scope,
