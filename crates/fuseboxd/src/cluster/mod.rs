@@ -108,17 +108,25 @@ pub async fn serve(
     let js = jetstream::new(shared.client.clone());
     let replicas = shared.cluster.replicas;
     let applied_config = applied::stream_config(replicas, shared.guard_options.retention);
-    setup::ensure_stream(&js, applied_config).await?;
-    let lease_time = Duration::from_millis(shared.cluster.lease_ms);
-    let leases = Leases::open(
-        &js,
-        &shared.cluster.node_id,
-        shared.cluster.partitions,
-        lease_time,
-        replicas,
-    )
+    while_starting("creating FUSEBOX_APPLIED", || async {
+        Ok(setup::ensure_stream(&js, applied_config.clone()).await?)
+    })
     .await?;
-    let ledger = SharedLedger::open(&js, replicas, tokio::runtime::Handle::current()).await?;
+    let lease_time = Duration::from_millis(shared.cluster.lease_ms);
+    let leases = while_starting("binding the lease bucket", || {
+        Leases::open(
+            &js,
+            &shared.cluster.node_id,
+            shared.cluster.partitions,
+            lease_time,
+            replicas,
+        )
+    })
+    .await?;
+    let ledger = while_starting("binding the ledger bucket", || {
+        SharedLedger::open(&js, replicas, tokio::runtime::Handle::current())
+    })
+    .await?;
     let ledger = Arc::new(ledger);
     tracing::info!(
         node = %shared.cluster.node_id,
@@ -161,6 +169,36 @@ pub async fn serve(
         tracing::warn!(%err, "removing the heartbeat failed; it ages out");
     }
     Ok(())
+}
+
+/// How long start-up waits for JetStream to answer: a cluster that has just started (or
+/// lost a node) elects its stream leaders for a few seconds and answers "no responders"
+/// meanwhile.
+const STARTUP_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Runs a start-up step again while it fails on NATS (not on configuration), for up to
+/// [`STARTUP_PATIENCE`].
+async fn while_starting<T, F, Fut>(what: &str, mut step: F) -> Result<T, ClusterError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClusterError>>,
+{
+    let deadline = Instant::now() + STARTUP_PATIENCE;
+    loop {
+        match step().await {
+            Err(
+                err @ (ClusterError::Nats { .. }
+                | ClusterError::Setup(
+                    fusebox_nats::SetupError::NoJetStream(_)
+                    | fusebox_nats::SetupError::Request { .. },
+                )),
+            ) if Instant::now() < deadline => {
+                tracing::warn!(%err, what, "JetStream not ready; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// One turn of the ownership loop.
