@@ -124,6 +124,9 @@ impl<S: GuardStore> Applier<S> {
                 }
             }
             let handled = self.handle(inputs);
+            if handled.is_err() {
+                self.hand_back_held();
+            }
             // Whatever was committed before a failure is durable and is answered.
             std::mem::take(&mut self.outbox).send(&self.out);
             handled?;
@@ -181,7 +184,20 @@ impl<S: GuardStore> Applier<S> {
             batch.push(event);
         }
         let started = Instant::now();
-        let outcomes = self.store.submit_batch(batch)?;
+        let outcomes = match self.store.submit_batch(batch) {
+            Ok(outcomes) => outcomes,
+            Err(err) => {
+                // Nothing of the batch was committed and this applier stops: stream
+                // messages go back for redelivery at once (to whoever serves next),
+                // gate requests are left to their clients' retries.
+                for (_, _, origin) in meta {
+                    if let Origin::Stream(message) = origin {
+                        self.outbox.answers.push(Output::Nak(message));
+                    }
+                }
+                return Err(err);
+            }
+        };
         self.observer.log_commit(started.elapsed());
         for ((key, event_type, origin), outcome) in meta.into_iter().zip(outcomes) {
             match outcome {
@@ -211,6 +227,17 @@ impl<S: GuardStore> Applier<S> {
             }
         }
         Ok(())
+    }
+
+    /// The applier is failing: stream messages held for a gap go back for redelivery.
+    fn hand_back_held(&mut self) {
+        for origins in std::mem::take(&mut self.waiters).into_values() {
+            for origin in origins {
+                if let Origin::Stream(message) = origin {
+                    self.outbox.answers.push(Output::Nak(message));
+                }
+            }
+        }
     }
 
     /// One committed decision: publish what must be published, then answer everyone

@@ -29,6 +29,9 @@ pub(crate) enum Output {
     Ack(jetstream::Message),
     /// A stream message that can never be applied (it was dead-lettered).
     Terminate(jetstream::Message),
+    /// A stream message this daemon will not apply after all (its batch failed): hand
+    /// it back for redelivery now rather than after the ack wait.
+    Nak(jetstream::Message),
     Publish {
         subject: String,
         body: Bytes,
@@ -129,6 +132,11 @@ async fn send(
         Output::Terminate(message) => {
             if let Err(err) = message.ack_with(AckKind::Term).await {
                 tracing::warn!(%err, "term not sent");
+            }
+        }
+        Output::Nak(message) => {
+            if let Err(err) = message.ack_with(AckKind::Nak(None)).await {
+                tracing::warn!(%err, "nak not sent; the message comes back after its ack wait");
             }
         }
         Output::Publish { subject, body } => {

@@ -94,7 +94,9 @@ struct Partitions {
 /// An owned partition: its lease and the task serving it.
 struct Owned {
     lease: Lease,
-    renewed: Instant,
+    /// When the lease was last renewed; the partition's service stops by itself once
+    /// this is older than the fence, whatever the ownership loop is waiting on.
+    renewed: watch::Sender<Instant>,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), ClusterError>>,
 }
@@ -210,7 +212,10 @@ async fn round(
     state: &mut Partitions,
     lease_time: Duration,
 ) {
-    let live = match leases.heartbeat(shared.cluster.partitions).await {
+    // Every request is bounded by a quarter lease: a round stuck on an unreachable
+    // JetStream must still get to the check below and stop serving in time.
+    let bound = lease_time / 4;
+    let live = match within(bound, leases.heartbeat(shared.cluster.partitions)).await {
         Ok(live) => Some(live),
         Err(err) => {
             tracing::warn!(%err, "cluster heartbeat failed");
@@ -222,16 +227,16 @@ async fn round(
     let partitions: Vec<u32> = state.owned.keys().copied().collect();
     for partition in partitions {
         let entry = state.owned.get_mut(&partition).expect("listed");
-        let lost = match leases.renew(partition, entry.lease).await {
+        let lost = match within(bound, leases.renew(partition, entry.lease)).await {
             Ok(Some(lease)) => {
                 entry.lease = lease;
-                entry.renewed = Instant::now();
+                entry.renewed.send_replace(Instant::now());
                 None
             }
             Ok(None) => Some("lease lost"),
             Err(err) => {
                 tracing::warn!(partition, %err, "renewing the lease failed");
-                (entry.renewed.elapsed() > lease_time * 2 / 3)
+                (entry.renewed.borrow().elapsed() > fence(lease_time))
                     .then_some("lease not renewed in time")
             }
         };
@@ -270,23 +275,28 @@ async fn round(
         if state.owned.contains_key(&partition) {
             continue;
         }
-        match leases.claim(partition).await {
+        match within(bound, leases.claim(partition)).await {
             Ok(Some(lease)) => {
                 tracing::info!(partition, "partition lease taken; catching up");
                 let (stop, stopped) = watch::channel(false);
+                let (renewed, renewals) = watch::channel(Instant::now());
                 let task = tokio::spawn(serve_partition(
                     shared.clone(),
                     js.clone(),
                     ledger.clone(),
                     state.totals.clone(),
                     partition,
-                    stopped,
+                    Stopping {
+                        stop: stopped,
+                        renewals,
+                        fence: fence(lease_time),
+                    },
                 ));
                 state.owned.insert(
                     partition,
                     Owned {
                         lease,
-                        renewed: Instant::now(),
+                        renewed,
                         stop,
                         task,
                     },
@@ -309,6 +319,46 @@ enum Change {
     Lost(&'static str),
     /// Its service stopped on its own.
     Failed,
+}
+
+/// A lease not renewed for this long is given up by its owner, well before it expires
+/// and another daemon may take the partition.
+fn fence(lease: Duration) -> Duration {
+    lease * 2 / 3
+}
+
+/// When a partition's service must stop: told to, or its lease not renewed in time.
+struct Stopping {
+    stop: watch::Receiver<bool>,
+    renewals: watch::Receiver<Instant>,
+    fence: Duration,
+}
+
+impl Stopping {
+    async fn until(mut self, partition: u32) {
+        loop {
+            let deadline = *self.renewals.borrow() + self.fence;
+            tokio::select! {
+                _ = self.stop.wait_for(|stop| *stop) => return,
+                changed = self.renewals.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep_until(deadline.into()) => {
+                    if self.renewals.borrow().elapsed() >= self.fence {
+                        tracing::warn!(partition, "lease not renewed in time; stopped serving the partition");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn within<T>(
+    bound: Duration,
+    request: impl std::future::Future<Output = Result<T, ClusterError>>,
+) -> Result<T, ClusterError> {
+    tokio::time::timeout(bound, request)
+        .await
+        .unwrap_or_else(|_| Err(ClusterError::nats("a lease request", "no answer in time")))
 }
 
 /// Stops serving a partition (draining what it received) and, unless it was lost,
@@ -356,7 +406,7 @@ async fn serve_partition(
     ledger: Arc<SharedLedger>,
     totals: Arc<observe::Totals>,
     partition: u32,
-    mut stop: watch::Receiver<bool>,
+    stopping: Stopping,
 ) -> Result<(), ClusterError> {
     let started = Instant::now();
     let dir = shared
@@ -405,10 +455,6 @@ async fn serve_partition(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "partition claimed"
     );
-    service
-        .run_until(async move {
-            let _ = stop.wait_for(|stop| *stop).await;
-        })
-        .await?;
+    service.run_until(stopping.until(partition)).await?;
     Ok(())
 }
