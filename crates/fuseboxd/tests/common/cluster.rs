@@ -71,6 +71,18 @@ fn remap_ports(text: &str, ports: &HashMap<u16, u16>) -> String {
     out
 }
 
+/// Whether `text` has `127.0.0.1:<port>` with exactly that port (a free port may start
+/// with the same digits, e.g. 42221).
+fn has_port(text: &str, port: u16) -> bool {
+    let needle = format!("127.0.0.1:{port}");
+    text.match_indices(&needle).any(|(at, _)| {
+        !text[at + needle.len()..]
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_digit())
+    })
+}
+
 /// The placeholder password accounts.conf gives `user` (checked against the file).
 pub fn password(user: &str) -> String {
     let password = format!("PLACEHOLDER-{user}-change-me");
@@ -169,7 +181,7 @@ impl NatsCluster {
             let config = dir.path().join(format!("cluster-{node}.conf"));
             let text = remap_ports(&read(&config), &ports);
             assert!(
-                !text.contains(":4222") && !text.contains(":6222") && !text.contains(":8222"),
+                ports.keys().all(|port| !has_port(&text, *port)),
                 "cluster-{node}.conf: an address was not rewritten:\n{text}"
             );
             let store = dir.path().join(format!("store-{node}"));
