@@ -320,7 +320,13 @@ impl<S: GuardStore> Applier<S> {
             if now.duration_since(since) < self.options.gap_timeout {
                 continue;
             }
-            if !self.backlog.as_ref().map_or(true, Backlog::drained) {
+            let held = self
+                .waiters
+                .values()
+                .flatten()
+                .filter(|origin| matches!(origin, Origin::Stream(_)))
+                .count();
+            if !self.backlog.as_ref().map_or(true, |b| b.drained(held)) {
                 tracing::debug!(%tenant, %run, missing_seq = seq, "gap timed out but the events stream has undelivered messages; waiting for them");
                 continue;
             }

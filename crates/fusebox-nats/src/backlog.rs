@@ -5,12 +5,14 @@
 //! JetStream has acknowledged but not yet delivered — a NATS node restarting, a
 //! partition changing hands — must not be given up on that way: it would then be
 //! refused as late, an acknowledged event lost. So a gap is released only while the
-//! consumer has delivered everything the stream holds for it.
+//! consumer has delivered everything the stream holds and every delivery it still
+//! waits an ack for is one this service holds (a delivery to a connection that died
+//! with a NATS node comes back only after the ack wait).
 //!
 //! A task asks JetStream every timer interval and leaves the answer in a flag, so the
 //! applier thread never waits on NATS for it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,13 +22,32 @@ use tokio::sync::watch;
 use crate::inbound::stopped;
 use crate::subjects::{self, Scope};
 
-/// The latest answer: true when the consumer had nothing undelivered.
-#[derive(Clone, Default)]
-pub(crate) struct Backlog(Arc<AtomicBool>);
+/// The consumer's latest counts: messages not yet delivered, and delivered but not yet
+/// acked. `UNKNOWN` until JetStream answers (and whenever it does not).
+#[derive(Clone)]
+pub(crate) struct Backlog(Arc<[AtomicU64; 2]>);
+
+const UNKNOWN: u64 = u64::MAX;
+
+impl Default for Backlog {
+    fn default() -> Self {
+        Backlog(Arc::new([AtomicU64::new(UNKNOWN), AtomicU64::new(UNKNOWN)]))
+    }
+}
 
 impl Backlog {
-    pub(crate) fn drained(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+    /// Nothing undelivered, and no unacked delivery beyond the `held` stream messages
+    /// this service holds for gaps.
+    pub(crate) fn drained(&self, held: usize) -> bool {
+        let pending = self.0[0].load(Ordering::Acquire);
+        let unacked = self.0[1].load(Ordering::Acquire);
+        pending == 0 && unacked != UNKNOWN && unacked <= held as u64
+    }
+
+    fn set(&self, counts: Option<(u64, u64)>) {
+        let (pending, unacked) = counts.unwrap_or((UNKNOWN, UNKNOWN));
+        self.0[0].store(pending, Ordering::Release);
+        self.0[1].store(unacked, Ordering::Release);
     }
 }
 
@@ -51,10 +72,27 @@ pub(crate) async fn watch_backlog(
             let mut consumer: jetstream::consumer::Consumer<pull::Config> =
                 stream.get_consumer(&name).await?;
             let info = consumer.info().await?;
-            Ok::<_, async_nats::Error>(info.num_pending == 0)
+            Ok::<_, async_nats::Error>((info.num_pending, info.num_ack_pending as u64))
         })
         .await;
-        let drained = matches!(asked, Ok(Ok(true)));
-        backlog.0.store(drained, Ordering::Release);
+        backlog.set(asked.ok().and_then(Result::ok));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drained_only_with_nothing_undelivered_and_no_stranger_unacked() {
+        let backlog = Backlog::default();
+        assert!(!backlog.drained(0), "unknown until JetStream answers");
+        backlog.set(Some((0, 2)));
+        assert!(backlog.drained(2), "both unacked deliveries are held here");
+        assert!(!backlog.drained(1), "one delivery went somewhere else");
+        backlog.set(Some((3, 0)));
+        assert!(!backlog.drained(0), "undelivered messages");
+        backlog.set(None);
+        assert!(!backlog.drained(100));
     }
 }
