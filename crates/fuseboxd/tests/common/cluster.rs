@@ -335,10 +335,9 @@ impl ClusterDaemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    pub fn alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    /// How the process ended, once it has.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().unwrap())
     }
 
     /// The partitions this daemon holds according to its log: `partition claimed`
@@ -396,12 +395,13 @@ pub async fn wait_owners(daemons: &mut [&mut ClusterDaemon], within: Duration) -
     loop {
         let mut owner: Vec<Vec<String>> = vec![Vec::new(); PARTITIONS as usize];
         for daemon in daemons.iter_mut() {
-            assert!(
-                daemon.alive(),
-                "fuseboxd {} exited:\n{}",
-                daemon.node_id,
-                daemon.logs()
-            );
+            if let Some(status) = daemon.exit_status() {
+                panic!(
+                    "fuseboxd {} exited ({status}):\n{}",
+                    daemon.node_id,
+                    daemon.logs()
+                );
+            }
             for p in daemon.owned() {
                 owner[p as usize].push(daemon.node_id.clone());
             }
