@@ -17,10 +17,11 @@ const NODES: [&str; 3] = ["a", "b", "c"];
 /// monitoring 822x) moved to a free one and each store dir moved into the temp dir.
 fn start_cluster() -> (NatsConfigDir, Vec<NatsServer>) {
     let conf = NatsConfigDir::copy();
+    let mut free = common::free_ports(9).into_iter();
     let mut ports = HashMap::new();
     for i in 0..3u16 {
         for base in [4222u16, 6222, 8222] {
-            ports.insert(base + i, common::free_port());
+            ports.insert(base + i, free.next().expect("nine ports"));
         }
     }
     for node in NODES {

@@ -21,7 +21,9 @@ const ERROR_WAIT: Duration = Duration::from_secs(3);
 fn start_single() -> (NatsConfigDir, NatsServer) {
     common::assert_mapping_on();
     let conf = NatsConfigDir::copy();
-    let (client, http) = (common::free_port(), common::free_port());
+    let [client, http] = common::free_ports(2)[..] else {
+        unreachable!("two ports")
+    };
     let ports = HashMap::from([(4222, client), (8222, http)]);
     let store = conf.dir.path().join("jetstream");
     conf.edit("single.conf", |text| {

@@ -51,6 +51,16 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `n` distinct free ports: all bound at once, so no two calls can get the same port.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral loopback port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("a bound port").port())
+        .collect()
+}
+
 /// Rewrites every `<host>:<port>` in `text` whose host is `from_host` and whose port is a
 /// key of `ports` to `127.0.0.1:<new port>`. Scans whole port numbers, so a new port that
 /// happens to start with an old one (42231 vs 4223) is never rewritten twice.

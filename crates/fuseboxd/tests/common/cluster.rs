@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use fusebox_client::{ClientOptions, FuseboxClient};
 use tempfile::TempDir;
 
-use crate::common::{free_port, write_config};
+use crate::common::{free_ports, write_config};
 
 /// N of deploy/nats/partitions.conf: `partition(8, tenant, run)`.
 pub const PARTITIONS: u32 = 8;
@@ -174,7 +174,7 @@ impl NatsCluster {
         let ports: HashMap<u16, u16> = [4222u16, 6222, 8222]
             .iter()
             .flat_map(|base| (0..3).map(move |i| base + i))
-            .map(|port| (port, free_port()))
+            .zip(free_ports(9))
             .collect();
         let mut nodes = Vec::new();
         for (i, node) in ["a", "b", "c"].into_iter().enumerate() {
