@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 use tokio::runtime::Handle;
 
 use super::store::PartitionStore;
-use super::ClusterError;
+use super::{ClusterError, ATTEMPTS, RETRY_PAUSE};
 use crate::watchdog::FeedStore;
 
 pub const STREAM: &str = "FUSEBOX_APPLIED";
@@ -85,11 +85,6 @@ pub struct Replicator {
     last: u64,
     runtime: Handle,
 }
-
-/// Attempts of one publish: JetStream answers "unavailable" while a cluster elects a
-/// new stream leader (seconds), which must not cost the partition.
-const ATTEMPTS: u32 = 20;
-const RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 impl Replicator {
     pub fn new(js: jetstream::Context, partition: u32, last: u64, runtime: Handle) -> Self {

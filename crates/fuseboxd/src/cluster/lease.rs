@@ -11,7 +11,7 @@ use async_nats::jetstream::kv::{self, CreateErrorKind, UpdateErrorKind};
 use async_nats::jetstream::{self, stream::StorageType};
 use futures_util::TryStreamExt;
 
-use super::ClusterError;
+use super::{bind_bucket, ClusterError};
 
 pub const BUCKET: &str = "FUSEBOX_PARTITIONS";
 /// The partition count the live daemons agree on.
@@ -52,21 +52,19 @@ impl Leases {
         lease: Duration,
         replicas: usize,
     ) -> Result<Leases, ClusterError> {
-        let kv = match js.get_key_value(BUCKET).await {
-            Ok(kv) => kv,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: BUCKET.to_owned(),
-                    description: "fuseboxd partition leases".to_owned(),
-                    history: 1,
-                    max_age: lease,
-                    storage: StorageType::File,
-                    num_replicas: replicas,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| ClusterError::nats("creating the lease bucket", e))?,
-        };
+        let kv = bind_bucket(
+            js,
+            kv::Config {
+                bucket: BUCKET.to_owned(),
+                description: "fuseboxd partition leases".to_owned(),
+                history: 1,
+                max_age: lease,
+                storage: StorageType::File,
+                num_replicas: replicas,
+                ..Default::default()
+            },
+        )
+        .await?;
         let status = kv
             .status()
             .await

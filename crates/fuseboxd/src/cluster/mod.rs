@@ -71,6 +71,26 @@ impl ClusterError {
     }
 }
 
+/// Attempts of one replication or shared-ledger request from the applier thread:
+/// JetStream answers "unavailable" while a cluster elects a new leader (seconds), which
+/// must not cost the partition.
+const ATTEMPTS: u32 = 20;
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Binds a KV bucket, creating it from `config` when absent.
+async fn bind_bucket(
+    js: &jetstream::Context,
+    config: async_nats::jetstream::kv::Config,
+) -> Result<async_nats::jetstream::kv::Store, ClusterError> {
+    match js.get_key_value(config.bucket.clone()).await {
+        Ok(kv) => Ok(kv),
+        Err(_) => js
+            .create_key_value(config)
+            .await
+            .map_err(|e| ClusterError::nats("creating a KV bucket", e)),
+    }
+}
+
 /// What a partition needs to run, shared by all of them.
 #[derive(Clone)]
 pub struct Shared {

@@ -14,7 +14,6 @@
 //! 3. after the commit (`settle`), completions and releases are written back.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use async_nats::jetstream::kv::{self, CreateErrorKind, UpdateErrorKind};
 use async_nats::jetstream::{self, stream::StorageType};
@@ -23,7 +22,7 @@ use fusebox_log::AdoptedOp;
 use sha2::{Digest, Sha256};
 use tokio::runtime::Handle;
 
-use super::ClusterError;
+use super::{bind_bucket, ClusterError, ATTEMPTS, RETRY_PAUSE};
 
 pub const BUCKET: &str = "FUSEBOX_LEDGER";
 
@@ -51,30 +50,24 @@ pub struct SharedLedger {
     runtime: Handle,
 }
 
-/// Attempts of one KV operation while the cluster elects a leader.
-const ATTEMPTS: u32 = 20;
-const RETRY_PAUSE: Duration = Duration::from_millis(250);
-
 impl SharedLedger {
     pub async fn open(
         js: &jetstream::Context,
         replicas: usize,
         runtime: Handle,
     ) -> Result<SharedLedger, ClusterError> {
-        let kv = match js.get_key_value(BUCKET).await {
-            Ok(kv) => kv,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: BUCKET.to_owned(),
-                    description: "fusebox op_key ledger shared by every fuseboxd".to_owned(),
-                    history: 1,
-                    storage: StorageType::File,
-                    num_replicas: replicas,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| ClusterError::nats("creating the ledger bucket", e))?,
-        };
+        let kv = bind_bucket(
+            js,
+            kv::Config {
+                bucket: BUCKET.to_owned(),
+                description: "fusebox op_key ledger shared by every fuseboxd".to_owned(),
+                history: 1,
+                storage: StorageType::File,
+                num_replicas: replicas,
+                ..Default::default()
+            },
+        )
+        .await?;
         Ok(SharedLedger { kv, runtime })
     }
 
@@ -199,15 +192,11 @@ impl SharedLedger {
                 call_id: call.call_id.clone(),
             });
             let (shared, revision) = self.read(&key)?;
-            let claimable = match &shared {
-                None => true,
-                Some(LedgerEntry::InFlight { .. }) => shared == mine,
-                Some(LedgerEntry::Completed { .. }) => false,
-            };
             if shared == mine {
                 continue;
             }
-            if !claimable || !self.write(&key, &mine, revision)? {
+            // Only a free key can be claimed; anyone else's entry means we lost a race.
+            if shared.is_some() || !self.write(&key, &mine, revision)? {
                 return Err(ClaimError::Lost {
                     tenant: event.tenant.clone(),
                     op_key: op_key.clone(),
