@@ -12,6 +12,10 @@ use fusebox_core::PolicySet;
 use fusebox_log::workload::{Workload, WorkloadConfig};
 use fusebox_log::{inspect, log, Guard, GuardOptions, LogState};
 
+/// The allocator fuseboxd and the `fusebox` CLI use, so the figures are theirs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let mut args = std::env::args()
         .skip(1)
