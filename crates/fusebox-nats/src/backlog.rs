@@ -67,14 +67,20 @@ pub(crate) async fn watch_backlog(
             _ = stopped(&mut shutdown) => return,
             _ = interval.tick() => {}
         }
-        let asked = tokio::time::timeout(every.max(Duration::from_secs(1)), async {
+        let ask = tokio::time::timeout(every.max(Duration::from_secs(1)), async {
             let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
             let mut consumer: jetstream::consumer::Consumer<pull::Config> =
                 stream.get_consumer(&name).await?;
             let info = consumer.info().await?;
             Ok::<_, async_nats::Error>((info.num_pending, info.num_ack_pending as u64))
-        })
-        .await;
+        });
+        // While NATS is unreachable the question waits out its timeout; a stopping
+        // service does not.
+        let asked = tokio::select! {
+            biased;
+            _ = stopped(&mut shutdown) => return,
+            asked = ask => asked,
+        };
         backlog.set(asked.ok().and_then(Result::ok));
     }
 }

@@ -99,10 +99,18 @@ pub(crate) async fn dispatch(
     if let Err(err) = stops.await {
         tracing::error!(%err, "stop publisher failed");
     }
-    if let Err(err) = client.flush().await {
-        tracing::warn!(%err, "final flush failed");
+    // A flush waits for the server's answer, and while NATS is unreachable that never
+    // comes: a stopping service must not wait for the outage to end (the gate clients
+    // time out and deny; unacked stream messages are redelivered to the next owner).
+    match tokio::time::timeout(FINAL_FLUSH_WAIT, client.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::warn!(%err, "final flush failed"),
+        Err(_) => tracing::warn!("final flush not answered in time; NATS unreachable"),
     }
 }
+
+/// How long a stopping service waits for its last replies and acks to reach NATS.
+const FINAL_FLUSH_WAIT: Duration = Duration::from_secs(2);
 
 /// One output, in the order of its outbox.
 async fn send(

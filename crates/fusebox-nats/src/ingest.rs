@@ -26,15 +26,25 @@ pub(crate) async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     while !*shutdown.borrow() {
-        let (mut consumer, messages) = match setup::events_consumer(&js, scope).await {
+        // Each JetStream request waits up to its timeout while NATS is unreachable; a
+        // stopping service must not wait for them.
+        let bound = tokio::select! {
+            biased;
+            _ = stopped(&mut shutdown) => break,
+            bound = setup::events_consumer(&js, scope) => bound,
+        };
+        let (mut consumer, messages) = match bound {
             Ok(consumer) => {
-                let messages = consumer
-                    .stream()
-                    .max_messages_per_batch(pull_batch)
-                    .heartbeat(Duration::from_secs(5))
-                    .expires(Duration::from_secs(30))
-                    .messages()
-                    .await;
+                let messages = tokio::select! {
+                    biased;
+                    _ = stopped(&mut shutdown) => break,
+                    messages = consumer
+                        .stream()
+                        .max_messages_per_batch(pull_batch)
+                        .heartbeat(Duration::from_secs(5))
+                        .expires(Duration::from_secs(30))
+                        .messages() => messages,
+                };
                 (consumer, messages)
             }
             Err(err) => {
@@ -52,7 +62,12 @@ pub(crate) async fn run(
             Ok(messages) => messages,
             Err(err) => {
                 tracing::warn!(%err, "pulling from the events consumer failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                if tokio::time::timeout(Duration::from_secs(1), stopped(&mut shutdown))
+                    .await
+                    .is_ok()
+                {
+                    break;
+                }
                 continue;
             }
         };
@@ -66,7 +81,12 @@ pub(crate) async fn run(
                 _ = lag_check.tick() => {
                     // Not yet delivered plus delivered but not yet acked: what the daemon
                     // still owes the stream.
-                    if let Ok(info) = consumer.info().await {
+                    let info = tokio::select! {
+                        biased;
+                        _ = stopped(&mut shutdown) => break,
+                        info = consumer.info() => info,
+                    };
+                    if let Ok(info) = info {
                         let owed = info.num_pending.saturating_add(info.num_ack_pending as u64);
                         inbound.observer.consumer_lag(owed);
                     }

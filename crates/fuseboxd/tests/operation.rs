@@ -247,3 +247,17 @@ fn start_up_errors_are_clear_and_exit_non_zero() {
         "{stderr}"
     );
 }
+
+/// The single-daemon twin of partitions.rs's SIGTERM-during-outage test: stopping must
+/// not wait for NATS to come back (`terminate` allows 30 s).
+#[tokio::test]
+async fn a_daemon_stops_on_sigterm_while_nats_is_unreachable() {
+    let mut setup = Setup::start().await;
+    let client = client(&setup.nats.url()).await;
+    let events = fixture("ping-pong.jsonl");
+    gate(&client, &events[0]).await;
+    setup.nats.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = setup.daemon.terminate();
+    assert!(status.success(), "exit {status}:\n{}", setup.daemon.logs());
+}

@@ -395,3 +395,21 @@ async fn two_daemons_decide_like_one_engine_across_partitions_and_a_takeover() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A daemon told to stop while NATS is unreachable must still exit (within
+/// `Daemon::terminate`'s 30 s, Kubernetes' default grace): its replies and lease releases
+/// cannot be delivered anyway, and waiting for the outage to end kept it up for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_daemon_stops_on_sigterm_while_nats_is_unreachable() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = MappedNats::start(dir.path());
+    let config = cluster_config(dir.path(), "alone");
+    let mut daemon = Daemon::start(&nats.url(), &config, &dir.path().join("alone")).await;
+    wait_until_served(&[&daemon]).await;
+    drop(nats);
+    // Past the lease (1 s): the partitions fence themselves meanwhile, and the SIGTERM
+    // meets the ownership loop in the middle of its failing requests.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let status = daemon.terminate();
+    assert!(status.success(), "exit {status}:\n{}", daemon.logs());
+}

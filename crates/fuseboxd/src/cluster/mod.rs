@@ -187,7 +187,7 @@ pub async fn serve(
         .await;
     }
     shared.metrics.set_cluster_partitions_owned(0);
-    if let Err(err) = leases.leave().await {
+    if let Err(err) = within(RELEASE_WAIT, leases.leave()).await {
         tracing::warn!(%err, "removing the heartbeat failed; it ages out");
     }
     Ok(())
@@ -244,10 +244,17 @@ async fn round(
     };
     // Renew; a lease that is lost, or not renewed for most of its time, is given up
     // at once: another daemon may own the partition already or soon.
-    let partitions: Vec<u32> = state.owned.keys().copied().collect();
-    for partition in partitions {
+    // All at once: one after the other, a round with NATS unreachable would take a
+    // quarter lease per partition, longer than the lease itself.
+    let held: Vec<(u32, Lease)> = state.owned.iter().map(|(&p, o)| (p, o.lease)).collect();
+    let renewals = futures_util::future::join_all(
+        held.iter()
+            .map(|&(partition, lease)| within(bound, leases.renew(partition, lease))),
+    )
+    .await;
+    for ((partition, _), renewal) in held.into_iter().zip(renewals) {
         let entry = state.owned.get_mut(&partition).expect("listed");
-        let lost = match within(bound, leases.renew(partition, entry.lease)).await {
+        let lost = match renewal {
             Ok(Some(lease)) => {
                 entry.lease = lease;
                 entry.renewed.send_replace(Instant::now());
@@ -341,6 +348,11 @@ enum Change {
     Failed,
 }
 
+/// How long giving a lease (or the heartbeat) back may take: only a courtesy that lets
+/// another daemon take over before the lease expires, so it must not hold up a
+/// shutdown while NATS is unreachable.
+const RELEASE_WAIT: Duration = Duration::from_secs(1);
+
 /// A lease not renewed for this long is given up by its owner, well before it expires
 /// and another daemon may take the partition.
 fn fence(lease: Duration) -> Duration {
@@ -404,7 +416,7 @@ async fn give_up(
         tracing::warn!(partition, why, "partition lost; stopped serving it");
         return;
     }
-    match leases.release(partition, owned.lease).await {
+    match within(RELEASE_WAIT, leases.release(partition, owned.lease)).await {
         Ok(()) => tracing::info!(partition, why, "partition released"),
         Err(err) => tracing::warn!(partition, why, %err, "releasing the lease failed; it ages out"),
     }
