@@ -102,6 +102,11 @@ impl Replicator {
         self.last = last;
     }
 
+    /// The stream sequence of the last batch appended (or caught up to).
+    pub fn last(&self) -> u64 {
+        self.last
+    }
+
     /// Blocks (on the applier thread) until the batch is stored on a quorum. A retry
     /// after a lost answer may find its own earlier copy stored and report `Fenced`:
     /// the partition is then reopened and caught up, which reads that copy back.
@@ -153,6 +158,8 @@ impl Replicator {
 /// the last owner died between replicating and publishing).
 pub struct CaughtUp {
     pub last: u64,
+    /// Batches read from the stream (those after the log's mark).
+    pub batches_read: usize,
     pub batches_applied: usize,
     pub stops: Vec<Decision>,
 }
@@ -164,8 +171,8 @@ const CHUNK: usize = 256;
 /// and run ends the last owner applied reach this daemon's watchdog too.
 pub type Catching = FeedStore<PartitionStore>;
 
-/// Brings the partition's local log up to the replicated stream: every batch whose
-/// last event the log does not know is applied, in stream order.
+/// Brings the partition's local log up to the replicated stream: every batch after
+/// the log's mark whose last event the log does not know is applied, in stream order.
 pub async fn catch_up(
     js: &jetstream::Context,
     partition: u32,
@@ -181,6 +188,7 @@ pub async fn catch_up(
         Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
             let none = CaughtUp {
                 last: 0,
+                batches_read: 0,
                 batches_applied: 0,
                 stops: Vec::new(),
             };
@@ -188,51 +196,62 @@ pub async fn catch_up(
         }
         Err(err) => return Err(ClusterError::nats("reading FUSEBOX_APPLIED", err)),
     };
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            filter_subject: subject.clone(),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?;
+    // A mark beyond the stream's end means the stream was recreated since: the mark
+    // says nothing about it then.
+    let from = match store.inner().mark.read(store.inner().guard.position()) {
+        holds if holds <= last => holds + 1,
+        _ => 1,
+    };
     let mut replay = Replay::default();
-    let mut reached = 0;
-    while reached < last {
-        let mut chunk = Vec::with_capacity(CHUNK);
-        while chunk.len() < CHUNK && reached < last {
-            let message = messages
-                .next()
-                .await
-                .ok_or_else(|| ClusterError::Nats {
-                    what: "reading FUSEBOX_APPLIED",
-                    detail: "the stream ended early".to_owned(),
-                })?
-                .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?;
-            reached = message
-                .info()
-                .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?
-                .stream_sequence;
-            let batch = decode(&message.payload).map_err(|detail| ClusterError::Corrupt {
-                partition,
-                sequence: reached,
-                detail,
-            })?;
-            chunk.push(batch);
+    if from <= last {
+        let consumer = stream
+            .create_consumer(OrderedConfig {
+                filter_subject: subject.clone(),
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?;
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?;
+        let mut reached = 0;
+        while reached < last {
+            let mut chunk = Vec::with_capacity(CHUNK);
+            while chunk.len() < CHUNK && reached < last {
+                let message = messages
+                    .next()
+                    .await
+                    .ok_or_else(|| ClusterError::Nats {
+                        what: "reading FUSEBOX_APPLIED",
+                        detail: "the stream ended early".to_owned(),
+                    })?
+                    .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?;
+                reached = message
+                    .info()
+                    .map_err(|e| ClusterError::nats("reading FUSEBOX_APPLIED", e))?
+                    .stream_sequence;
+                let batch = decode(&message.payload).map_err(|detail| ClusterError::Corrupt {
+                    partition,
+                    sequence: reached,
+                    detail,
+                })?;
+                chunk.push(batch);
+                replay.batches_read += 1;
+            }
+            let last_chunk = reached >= last;
+            let (back, done) = tokio::task::spawn_blocking(move || {
+                let done = replay.apply(&mut store, chunk, last_chunk);
+                (store, done.map(|()| replay))
+            })
+            .await
+            .expect("catch-up task");
+            store = back;
+            replay = done?;
         }
-        let last_chunk = reached >= last;
-        let (back, done) = tokio::task::spawn_blocking(move || {
-            let done = replay.apply(&mut store, chunk, last_chunk);
-            (store, done.map(|()| replay))
-        })
-        .await
-        .expect("catch-up task");
-        store = back;
-        replay = done?;
     }
     // Only runs still closed keep their stop on the kill switch.
     let stops = replay
@@ -245,10 +264,13 @@ pub async fn catch_up(
                 .is_some_and(|run| !run.is_open())
         })
         .collect();
+    let position = store.inner().guard.position();
+    store.inner_mut().mark.write(last, position);
     Ok((
         store,
         CaughtUp {
             last,
+            batches_read: replay.batches_read,
             batches_applied: replay.batches_applied,
             stops,
         },
@@ -264,6 +286,7 @@ struct Replay {
     /// waiting to learn whether the log has them: it does when it has a later batch
     /// (the log holds a prefix of the stream).
     adopt_only: Vec<Vec<AdoptedOp>>,
+    batches_read: usize,
     batches_applied: usize,
 }
 

@@ -8,7 +8,9 @@
 //!   before the local log and fenced, and the catch-up a new owner runs;
 //! - `shared_ledger.rs`: the op_key ledger every daemon claims from (KV, create-if-absent);
 //! - `store.rs`: the partition's `GuardStore` that puts those together around its own
-//!   `fusebox-log` guard in `<data_dir>/partitions/<p>`.
+//!   `fusebox-log` guard in `<data_dir>/partitions/<p>`;
+//! - `mark.rs`: how far that log reaches into `FUSEBOX_APPLIED`, so a catch-up reads
+//!   only what the log lacks.
 //!
 //! Each owned partition is an ordinary [`Service`] scoped to its subjects, with its own
 //! applier thread and durable consumer `fuseboxd-p<p>`. This file is the loop that
@@ -17,6 +19,7 @@
 
 mod applied;
 mod lease;
+mod mark;
 mod observe;
 mod shared_ledger;
 mod store;
@@ -445,13 +448,14 @@ async fn serve_partition(
         .data_dir
         .join("partitions")
         .join(partition.to_string());
+    let mark = mark::AppliedMark::new(&dir);
     let (policies, options) = (shared.policies.clone(), shared.guard_options.clone());
     let guard = tokio::task::spawn_blocking(move || Guard::open(&dir, policies, options))
         .await
         .expect("log open task")?;
     let replicator =
         applied::Replicator::new(js.clone(), partition, 0, tokio::runtime::Handle::current());
-    let store = PartitionStore::catching_up(guard, replicator, ledger);
+    let store = PartitionStore::catching_up(guard, replicator, ledger, mark);
     let (mut store, caught) =
         applied::catch_up(&js, partition, FeedStore::new(store, shared.facts.clone())).await?;
     store.inner_mut().serve();
@@ -482,6 +486,7 @@ async fn serve_partition(
     shared.metrics.cluster_partition_change("claimed");
     tracing::info!(
         partition,
+        batches_read = caught.batches_read,
         batches_caught_up = caught.batches_applied,
         stops_republished = caught.stops.len(),
         elapsed_ms = started.elapsed().as_millis() as u64,

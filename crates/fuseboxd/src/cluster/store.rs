@@ -10,6 +10,7 @@ use fusebox_log::{AdoptedOp, Guard};
 use fusebox_nats::{GuardStore, StoreError, Submitted};
 
 use super::applied::{ReplicateError, Replicator};
+use super::mark::AppliedMark;
 use super::shared_ledger::{ClaimError, SharedLedger, Touch};
 use crate::store::submitted;
 
@@ -17,6 +18,8 @@ pub struct PartitionStore {
     pub guard: Guard,
     pub replicator: Replicator,
     pub ledger: std::sync::Arc<SharedLedger>,
+    /// How far the log is known to reach into the replicated stream.
+    pub mark: AppliedMark,
     /// `Some` while catching up: batches come from the replicated stream (with the
     /// entries their owner adopted, set here before each), so they are neither looked
     /// up, claimed nor replicated again.
@@ -44,11 +47,13 @@ impl PartitionStore {
         guard: Guard,
         replicator: Replicator,
         ledger: std::sync::Arc<SharedLedger>,
+        mark: AppliedMark,
     ) -> Self {
         PartitionStore {
             guard,
             replicator,
             ledger,
+            mark,
             replaying: Some(Vec::new()),
             in_flight: HashMap::new(),
         }
@@ -139,6 +144,8 @@ impl GuardStore for PartitionStore {
                         ledger, replicator, in_flight, touched, &adopted, engine, applied,
                     )
                 })?;
+        self.mark
+            .committed(self.replicator.last(), self.guard.position());
         self.ledger.settle(self.guard.engine(), &touched);
         Ok(submitted(outcomes))
     }
@@ -156,6 +163,8 @@ impl GuardStore for PartitionStore {
                 let touched = &mut touched;
                 Self::before_commit(ledger, replicator, in_flight, touched, &[], engine, applied)
             })?;
+        self.mark
+            .committed(self.replicator.last(), self.guard.position());
         self.ledger.settle(self.guard.engine(), &touched);
         Ok(decisions)
     }
@@ -172,6 +181,9 @@ impl GuardStore for PartitionStore {
     }
 
     fn close(&mut self) -> Result<(), StoreError> {
-        Ok(self.guard.checkpoint()?)
+        self.guard.checkpoint()?;
+        self.mark
+            .write(self.replicator.last(), self.guard.position());
+        Ok(())
     }
 }
