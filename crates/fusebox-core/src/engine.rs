@@ -22,7 +22,11 @@ use crate::observe;
 use crate::policy::PolicySet;
 use crate::run::RunState;
 
-type Runs = HashMap<String, HashMap<String, RunState, FixedHasher>, FixedHasher>;
+/// Each run behind an `Arc`, changed through `Arc::make_mut`: a clone of the engine (the
+/// log's snapshot view) shares every run and costs a pointer each, and only a run that
+/// changes while the clone lives is copied. serde writes an `Arc<T>` as `T`, so the
+/// serialised form is the same as with plain runs.
+type Runs = HashMap<String, HashMap<String, Arc<RunState>, FixedHasher>, FixedHasher>;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Engine {
@@ -95,16 +99,17 @@ impl Engine {
         }
         let tenant_runs = runs.get_mut(event.tenant.as_str()).expect("inserted above");
         let run = match tenant_runs.get_mut(event.run.as_str()) {
-            Some(run) => run,
+            Some(run) => Arc::make_mut(run),
             None => {
                 let agent = match &event.body {
                     EventBody::RunStarted(started) => started.agent.clone(),
                     _ => None,
                 };
                 let policy = policies.for_agent(agent.as_deref()).clone();
-                tenant_runs
+                let run = tenant_runs
                     .entry(event.run.clone())
-                    .or_insert_with(|| RunState::new(policy, agent, event.ts_ms))
+                    .or_insert_with(|| Arc::new(RunState::new(policy, agent, event.ts_ms)));
+                Arc::make_mut(run)
             }
         };
         run.counters.events += 1;
@@ -130,7 +135,7 @@ impl Engine {
     }
 
     pub fn run(&self, tenant: &str, run: &str) -> Option<&RunState> {
-        self.runs.get(tenant)?.get(run)
+        self.runs.get(tenant)?.get(run).map(|run| &**run)
     }
 
     /// Every run, ordered by tenant then run id.
@@ -140,7 +145,7 @@ impl Engine {
             .iter()
             .flat_map(|(tenant, runs)| {
                 runs.iter()
-                    .map(move |(id, run)| (tenant.as_str(), id.as_str(), run))
+                    .map(move |(id, run)| (tenant.as_str(), id.as_str(), &**run))
             })
             .collect();
         all.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
@@ -153,7 +158,7 @@ impl Engine {
 
     /// Forgets a run (retention). Its ledger entries stay: an operation that completed
     /// must not run again because its run was pruned.
-    pub fn forget_run(&mut self, tenant: &str, run: &str) -> Option<RunState> {
+    pub fn forget_run(&mut self, tenant: &str, run: &str) -> Option<Arc<RunState>> {
         let runs = self.runs.get_mut(tenant)?;
         let removed = runs.remove(run);
         if runs.is_empty() {

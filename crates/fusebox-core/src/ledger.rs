@@ -3,6 +3,7 @@
 //! operation never runs twice, whichever run asks for it again.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -20,9 +21,12 @@ pub enum LedgerEntry {
     },
 }
 
+/// Each tenant's keys behind an `Arc` (changed through `Arc::make_mut`), so a clone of the
+/// ledger (the log's snapshot view) copies no entry until a tenant's keys change while
+/// it lives. serde writes an `Arc<T>` as `T`: the serialised form is unchanged.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Ledger {
-    tenants: BTreeMap<String, BTreeMap<String, LedgerEntry>>,
+    tenants: BTreeMap<String, Arc<BTreeMap<String, LedgerEntry>>>,
 }
 
 impl Ledger {
@@ -30,8 +34,13 @@ impl Ledger {
         self.tenants.get(tenant)?.get(op_key)
     }
 
+    /// A tenant's keys, for a change.
+    fn keys_mut(&mut self, tenant: &str) -> &mut BTreeMap<String, LedgerEntry> {
+        Arc::make_mut(self.tenants.entry(tenant.to_owned()).or_default())
+    }
+
     pub(crate) fn start(&mut self, tenant: &str, op_key: &str, run: &str, call_id: &str) {
-        self.tenants.entry(tenant.to_owned()).or_default().insert(
+        self.keys_mut(tenant).insert(
             op_key.to_owned(),
             LedgerEntry::InFlight {
                 run: run.to_owned(),
@@ -48,7 +57,7 @@ impl Ledger {
         call_id: &str,
         result: String,
     ) {
-        self.tenants.entry(tenant.to_owned()).or_default().insert(
+        self.keys_mut(tenant).insert(
             op_key.to_owned(),
             LedgerEntry::Completed {
                 run: run.to_owned(),
@@ -64,7 +73,7 @@ impl Ledger {
         if let Some(keys) = self.tenants.get_mut(tenant) {
             if matches!(keys.get(op_key), Some(LedgerEntry::InFlight { call_id: c, .. }) if c == call_id)
             {
-                keys.remove(op_key);
+                Arc::make_mut(keys).remove(op_key);
             }
         }
     }
@@ -81,10 +90,7 @@ impl Ledger {
         }
         match entry {
             Some(entry) => {
-                self.tenants
-                    .entry(tenant.to_owned())
-                    .or_default()
-                    .insert(op_key.to_owned(), entry);
+                self.keys_mut(tenant).insert(op_key.to_owned(), entry);
             }
             None => {
                 self.forget(tenant, op_key);
@@ -96,7 +102,9 @@ impl Ledger {
     /// may run again: only the log's retention policy should call it.
     pub fn forget(&mut self, tenant: &str, op_key: &str) -> Option<LedgerEntry> {
         let keys = self.tenants.get_mut(tenant)?;
-        let removed = keys.remove(op_key);
+        // Looked up first: forgetting an absent key must not copy a shared tenant.
+        keys.get(op_key)?;
+        let removed = Arc::make_mut(keys).remove(op_key);
         if keys.is_empty() {
             self.tenants.remove(tenant);
         }
@@ -112,7 +120,7 @@ impl Ledger {
     }
 
     pub fn len(&self) -> usize {
-        self.tenants.values().map(BTreeMap::len).sum()
+        self.tenants.values().map(|keys| keys.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {

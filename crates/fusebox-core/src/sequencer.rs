@@ -8,6 +8,7 @@
 //! what the log records, so a rebuild never needs the sequencer again.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -38,9 +39,12 @@ struct RunOrder {
     held: BTreeMap<u64, Event>,
 }
 
+/// Each run's order behind an `Arc`, changed through `Arc::make_mut`: a clone (the log's
+/// snapshot view, or admission's copy of the applied order) shares the runs until they
+/// change. serde writes an `Arc<T>` as `T`, so the serialised form is unchanged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sequencer {
-    runs: HashMap<String, HashMap<String, RunOrder, FixedHasher>, FixedHasher>,
+    runs: HashMap<String, HashMap<String, Arc<RunOrder>, FixedHasher>, FixedHasher>,
     max_held: usize,
 }
 
@@ -70,13 +74,13 @@ impl Sequencer {
         if !runs.contains_key(run) {
             runs.insert(
                 run.to_owned(),
-                RunOrder {
+                Arc::new(RunOrder {
                     next_seq: 1,
                     ..RunOrder::default()
-                },
+                }),
             );
         }
-        runs.get_mut(run).expect("inserted above")
+        Arc::make_mut(runs.get_mut(run).expect("inserted above"))
     }
 
     pub fn admit(&mut self, event: Event) -> Result<Admission, EventError> {
@@ -139,6 +143,7 @@ impl Sequencer {
         let Some(order) = self.runs.get_mut(tenant).and_then(|runs| runs.get_mut(run)) else {
             return Vec::new();
         };
+        let order = Arc::make_mut(order);
         let held = std::mem::take(&mut order.held);
         if let Some(last) = held.keys().next_back() {
             order.next_seq = last + 1;

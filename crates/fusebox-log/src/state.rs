@@ -6,6 +6,7 @@
 //! drift apart.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use fusebox_core::{Decision, Engine, Event, EventBody, Sequencer};
 use serde::{Deserialize, Serialize};
@@ -37,9 +38,11 @@ pub struct LogState {
 
 /// tenant → run → FNV-1a of the event id → position. 64-bit hashes keep the index at
 /// ~25 bytes an event; a lookup checks the id of the decision it finds, so a
-/// collision can only miss, never answer with another event's decision.
+/// collision can only miss, never answer with another event's decision. Each run's ids
+/// sit behind an `Arc` (changed through `Arc::make_mut`) like the engine's runs, so the
+/// snapshot view shares them; serde writes an `Arc<T>` as `T`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct DedupIndex(HashMap<String, HashMap<String, RunIds, Fixed>, Fixed>);
+pub struct DedupIndex(HashMap<String, HashMap<String, Arc<RunIds>, Fixed>, Fixed>);
 
 /// One run's id hashes and positions.
 type RunIds = HashMap<u64, u64, Fixed>;
@@ -58,7 +61,7 @@ impl DedupIndex {
             Some(run) => run,
             None => tenant.entry(event.run.clone()).or_default(),
         };
-        run.insert(id_hash(&event.id), pos);
+        Arc::make_mut(run).insert(id_hash(&event.id), pos);
     }
 
     /// Where the event with this id was applied, if its run is still in the log.
@@ -89,7 +92,7 @@ impl DedupIndex {
         self.0
             .values()
             .flat_map(HashMap::values)
-            .map(HashMap::len)
+            .map(|ids| ids.len())
             .sum()
     }
 
@@ -98,9 +101,10 @@ impl DedupIndex {
     }
 }
 
-/// tenant → op_key → `ts_ms` of the event that last wrote the ledger entry.
+/// tenant → op_key → `ts_ms` of the event that last wrote the ledger entry. Each
+/// tenant's keys behind an `Arc`, like the engine's ledger, for the snapshot view.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct LedgerTimes(BTreeMap<String, BTreeMap<String, u64>>);
+pub struct LedgerTimes(BTreeMap<String, Arc<BTreeMap<String, u64>>>);
 
 impl LedgerTimes {
     /// Allocates only for a key it does not hold yet (most writes are the second of a
@@ -113,6 +117,7 @@ impl LedgerTimes {
             Some(keys) => keys,
             None => self.0.entry(tenant.to_owned()).or_default(),
         };
+        let keys = Arc::make_mut(keys);
         match keys.get_mut(op_key) {
             Some(at) => *at = ts,
             None => {
@@ -123,7 +128,9 @@ impl LedgerTimes {
 
     fn forget(&mut self, tenant: &str, op_key: &str) {
         if let Some(keys) = self.0.get_mut(tenant) {
-            keys.remove(op_key);
+            if keys.contains_key(op_key) {
+                Arc::make_mut(keys).remove(op_key);
+            }
             if keys.is_empty() {
                 self.0.remove(tenant);
             }
