@@ -62,6 +62,9 @@ pub enum LogError {
     /// cluster daemon could not replicate it, e.g. it no longer owns the partition).
     #[error("the batch was not committed: {0}")]
     BeforeCommit(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The thread that writes snapshots could not be started, or stopped (a panic).
+    #[error("the snapshot writer of the fusebox log at {path} failed: {detail}")]
+    SnapshotWriter { path: PathBuf, detail: String },
     #[error("cannot write the export: {0}")]
     Export(#[source] std::io::Error),
 }

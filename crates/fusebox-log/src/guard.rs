@@ -18,11 +18,15 @@ use crate::log::{self, check_format, rebuild, repair_tail};
 use crate::options::GuardOptions;
 use crate::record::{self, LogOp};
 use crate::sled_log::SledLog;
+use crate::snapshotter::Snapshotter;
 use crate::state::LogState;
 use crate::store::{EventLog, Tree, WriteBatch};
 use crate::submit::Pending;
 
 pub struct Guard<L: EventLog = SledLog> {
+    /// Writes snapshots on a thread of its own. First, so that a dropped guard finishes
+    /// the snapshots handed over before anything else of it goes.
+    pub(crate) snapshots: Snapshotter,
     pub(crate) log: L,
     pub(crate) state: LogState,
     /// Admission of new events: the applied events' sequencer plus what is held.
@@ -30,8 +34,8 @@ pub struct Guard<L: EventLog = SledLog> {
     pub(crate) options: GuardOptions,
     /// Position and event time of the last snapshot (or of the start of the log).
     pub(crate) last_snapshot: (u64, u64),
-    /// Ledger keys (tenant, op_key) changed since the ledger tree was last written. The
-    /// tree is written at snapshots and on open only, not per batch: it is a view the
+    /// Ledger keys (tenant, op_key) changed since the last snapshot. The ledger tree is
+    /// written by the snapshot writer and on open only, not per batch: it is a view the
     /// log can rebuild, and its writes were a large part of a batch's cost.
     pub(crate) ledger_changed: HashSet<(String, String), FixedHasher>,
     pub(crate) poisoned: bool,
@@ -58,10 +62,18 @@ impl<L: EventLog> Guard<L> {
         check_format(&mut log)?;
         repair_tail(&mut log)?;
         let state = rebuild(&log, options.max_held)?;
-        let last_snapshot = log::snapshot_positions(&log)?
+        let positions = log::snapshot_positions(&log)?;
+        let last_snapshot = positions
             .first()
             .map_or((0, state.event_time_ms), |&pos| (pos, state.event_time_ms));
+        let snapshots = Snapshotter::spawn(
+            log.path(),
+            log.side_writer(),
+            positions,
+            options.snapshots_kept,
+        )?;
         let mut guard = Guard {
+            snapshots,
             admission: state.applied.clone(),
             log,
             state,
@@ -134,13 +146,14 @@ impl<L: EventLog> Guard<L> {
             .filter(|d| d.event_id == id && d.tenant == tenant && d.run == run))
     }
 
-    /// Takes a snapshot now and flushes: call on graceful shutdown so the next start
-    /// replays nothing.
+    /// Takes a snapshot now and waits until it (and any snapshot still being written)
+    /// is durable: call on graceful shutdown so the next start replays nothing.
     pub fn checkpoint(&mut self) -> Result<(), LogError> {
         self.guarded(|guard| {
             let mut pending = Pending::default();
-            guard.snapshot_into(&mut pending.batch)?;
-            guard.commit(pending)
+            guard.snapshot_into(&mut pending);
+            guard.commit(pending)?;
+            guard.snapshots.wait()
         })
     }
 
@@ -167,26 +180,6 @@ impl<L: EventLog> Guard<L> {
             guard.stage_op(&mut pending, op)?;
             guard.commit(pending)
         })
-    }
-
-    /// Stages the ledger entries changed since the tree was last written, and the
-    /// position the tree then holds the ledger of (in the same tree, so atomically).
-    pub(crate) fn stage_ledger(&mut self, batch: &mut WriteBatch) -> Result<(), LogError> {
-        for (tenant, op_key) in std::mem::take(&mut self.ledger_changed) {
-            let key = keys::ledger(&tenant, &op_key);
-            match self.state.engine.ledger().get(&tenant, &op_key) {
-                Some(entry) => {
-                    batch.insert(Tree::Ledger, key, record::encode(entry, "a ledger entry")?)
-                }
-                None => batch.remove(Tree::Ledger, key),
-            }
-        }
-        batch.insert(
-            Tree::Ledger,
-            keys::LEDGER_POSITION_KEY,
-            keys::position(self.state.position).to_vec(),
-        );
-        Ok(())
     }
 
     /// Makes the ledger tree equal to the engine's ledger at the current position: the

@@ -17,6 +17,8 @@
 //!   decisions is returned.
 //! * A re-delivered event gets its original decision from an in-memory index (event id
 //!   → position) that snapshots carry and replay rebuilds.
+//! * Snapshots are encoded and written by a thread of their own, from a copy-on-write
+//!   view of the state taken in the batch and handed over once the batch is durable.
 //! * Start-up: the newest snapshot that verifies, plus the records after it; this
 //!   equals a replay of the whole log (tested by property).
 //! * [`inspect`] holds `fusebox log stats | verify | export`.
@@ -31,6 +33,7 @@ mod options;
 pub mod record;
 mod sled_log;
 mod snapshot;
+mod snapshotter;
 mod state;
 mod store;
 mod stored;
@@ -44,5 +47,5 @@ pub use options::GuardOptions;
 pub use record::{AdoptedOp, LogOp, OpRef, Record, RunRef};
 pub use sled_log::{SledLog, SledOptions};
 pub use state::{DedupIndex, LedgerTimes, LogState};
-pub use store::{EventLog, Tree, WriteBatch};
+pub use store::{EventLog, SideWriter, Tree, WriteBatch};
 pub use submit::Outcome;

@@ -222,10 +222,10 @@ pub fn latest_snapshot<L: EventLog>(log: &L, end: u64) -> Result<Option<LogState
     Ok(None)
 }
 
-/// Removes what a batch cut short by a crash left beyond the last record: snapshots.
-/// (A batch's frames are one atomic write, made last, so a frame on disk means the
-/// whole batch is; its ledger writes are reconciled by the guard.) Returns how many
-/// entries were removed.
+/// Removes snapshots beyond the last record. Builds that wrote a snapshot in the batch
+/// that took it could leave one there when a crash cut the batch short; now a snapshot
+/// is written only once its records are durable (`snapshotter.rs`), so this guards
+/// against older logs and damage. Returns how many entries were removed.
 pub fn repair_tail<L: EventLog>(log: &mut L) -> Result<usize, LogError> {
     let end = last_position(log)?;
     let mut batch = WriteBatch::default();

@@ -1,17 +1,16 @@
 //! Housekeeping at the start of a batch, written in the same commit as the batch:
 //! retention (a logged `prune`, so replay forgets the same runs at the same point),
-//! ledger retention (a logged `forget_operations`, likewise) and a snapshot of the
-//! state right after them.
+//! ledger retention (a logged `forget_operations`, likewise), and a view of the state
+//! right after them, which the snapshot writer (`snapshotter.rs`) turns into a snapshot
+//! and the ledger tree's catching up once the batch is durable.
 
 use fusebox_core::Engine;
 
 use crate::error::LogError;
 use crate::guard::Guard;
-use crate::keys;
-use crate::log::snapshot_positions;
 use crate::record::{LogOp, OpRef, RunRef};
-use crate::snapshot;
-use crate::store::{EventLog, Tree, WriteBatch};
+use crate::snapshotter::SnapshotJob;
+use crate::store::EventLog;
 use crate::submit::Pending;
 
 impl<L: EventLog> Guard<L> {
@@ -51,7 +50,8 @@ impl<L: EventLog> Guard<L> {
                 self.stage_op(pending, LogOp::ForgetOperations { operations })?;
             }
         }
-        self.snapshot_into(&mut pending.batch)
+        self.snapshot_into(pending);
+        Ok(())
     }
 
     fn snapshot_due(&self) -> bool {
@@ -63,24 +63,15 @@ impl<L: EventLog> Guard<L> {
             || (every_ms > 0 && records > 0 && self.state.event_time_ms - time >= every_ms)
     }
 
-    /// Stages a snapshot of the current state, the ledger tree's catching up to it, and
-    /// the removal of snapshots beyond `snapshots_kept`.
-    pub(crate) fn snapshot_into(&mut self, batch: &mut WriteBatch) -> Result<(), LogError> {
-        let pos = self.state.position;
-        self.stage_ledger(batch)?;
-        batch.insert(
-            Tree::Snapshots,
-            keys::position(pos),
-            snapshot::encode(&self.state)?,
-        );
-        let older = snapshot_positions(&self.log)?
-            .into_iter()
-            .filter(|&p| p != pos);
-        for old in older.skip(self.options.snapshots_kept.max(1) - 1) {
-            batch.remove(Tree::Snapshots, keys::position(old));
-        }
-        self.last_snapshot = (pos, self.state.event_time_ms);
-        Ok(())
+    /// Keeps a view of the current state and the ledger keys changed since the last
+    /// one for the snapshot writer, which gets them when the batch has committed
+    /// (`Guard::commit`).
+    pub(crate) fn snapshot_into(&mut self, pending: &mut Pending) {
+        pending.snapshot = Some(SnapshotJob {
+            view: self.state.clone(),
+            ledger_changed: std::mem::take(&mut self.ledger_changed),
+        });
+        self.last_snapshot = (self.state.position, self.state.event_time_ms);
     }
 }
 

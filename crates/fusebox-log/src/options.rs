@@ -9,7 +9,8 @@ use crate::sled_log::SledOptions;
 #[derive(Debug, Clone)]
 pub struct GuardOptions {
     /// Take a snapshot after this many records (0: never by count). Bounds start-up
-    /// replay; each snapshot costs a serialisation of the whole state, so not too often.
+    /// replay; each snapshot costs a serialisation of the whole state (on the snapshot
+    /// writer's thread, but a core all the same), so not too often.
     pub snapshot_every_records: u64,
     /// Take a snapshot after this much event time (`ts_ms`) since the last one, if any
     /// record came in (zero: never by time). Event time, not wall time, so a replay

@@ -8,7 +8,7 @@ use sled::{Batch, IVec};
 
 use crate::error::LogError;
 use crate::keys::{FORMAT_VERSION, FORMAT_VERSION_KEY};
-use crate::store::{Entry, EventLog, Scan, Tree, WriteBatch};
+use crate::store::{Entry, EventLog, Scan, SideWriter, Tree, WriteBatch};
 
 /// File in the data directory that says a fusebox log lives here.
 const MARKER: &str = "FUSEBOX_LOG";
@@ -200,5 +200,45 @@ impl EventLog for SledLog {
 
     fn size_on_disk(&self) -> Result<u64, LogError> {
         self.db.size_on_disk().map_err(|e| self.storage(e))
+    }
+
+    fn side_writer(&self) -> Box<dyn SideWriter> {
+        Box::new(SledSide {
+            path: self.path.clone(),
+            db: self.db.clone(),
+            trees: self.trees.clone(),
+        })
+    }
+}
+
+/// sled's handles are shared references to one database, so another thread writes
+/// through its own.
+struct SledSide {
+    path: PathBuf,
+    db: sled::Db,
+    trees: Vec<sled::Tree>,
+}
+
+impl SideWriter for SledSide {
+    fn put(&self, tree: Tree, key: &[u8], value: Option<Vec<u8>>) -> Result<(), LogError> {
+        let tree = &self.trees[tree as usize];
+        match value {
+            Some(value) => tree.insert(key, value).map(drop),
+            None => tree.remove(key).map(drop),
+        }
+        .map_err(|source| LogError::Storage {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    fn flush(&self) -> Result<(), LogError> {
+        self.db
+            .flush()
+            .map(drop)
+            .map_err(|source| LogError::Storage {
+                path: self.path.clone(),
+                source,
+            })
     }
 }

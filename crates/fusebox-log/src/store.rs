@@ -7,10 +7,9 @@ use std::path::Path;
 
 use crate::error::LogError;
 
-/// The trees of the log, in the order a batch writes them. sled recovers a prefix of
-/// its writes, so `events` (records and their decisions, in frames) last means a frame
-/// on disk implies the batch's ledger writes and snapshot are there too; what a batch
-/// cut short left in `ledger` and `snapshots` is repaired on open (see
+/// The trees of the log. A batch of the guard writes `events` only (records and their
+/// decisions, in frames); `ledger` and `snapshots` are written by the snapshot writer
+/// after the records they reflect are durable, and checked on open (see
 /// `log::repair_tail` and `Guard::reconcile_ledger`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Tree {
@@ -92,4 +91,18 @@ pub trait EventLog: Sync {
     fn flush(&self) -> Result<(), LogError>;
     /// Bytes the store occupies on disk.
     fn size_on_disk(&self) -> Result<u64, LogError>;
+    /// The store for the thread that writes snapshots and the ledger tree off the
+    /// commit path.
+    fn side_writer(&self) -> Box<dyn SideWriter>;
+}
+
+/// The snapshots and ledger trees, written from a thread of their own while the log goes
+/// on appending. Single keys, not batches: sled makes a batch atomic with a process-wide
+/// lock, so a long batch here would hold up the log's commits for its whole length.
+pub trait SideWriter: Send {
+    /// Inserts (`Some`) or removes (`None`) one key, atomically; durable after `flush`.
+    fn put(&self, tree: Tree, key: &[u8], value: Option<Vec<u8>>) -> Result<(), LogError>;
+    /// Makes every write before it durable (the log's own writes too: harmless, since
+    /// a batch's frames, its commit point, go in one atomic write).
+    fn flush(&self) -> Result<(), LogError>;
 }

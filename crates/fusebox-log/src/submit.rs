@@ -9,6 +9,7 @@ use crate::error::LogError;
 use crate::guard::Guard;
 use crate::keys;
 use crate::record::{AdoptedOp, FrameWriter, LogOp};
+use crate::snapshotter::SnapshotJob;
 use crate::store::{EventLog, Tree, WriteBatch};
 
 /// What became of one submitted event.
@@ -27,13 +28,14 @@ pub enum Outcome {
     Rejected(EventError),
 }
 
-/// The writes of one batch: snapshots and the ledger tree (`batch`), its records in
-/// frames, and where the decisions of the events it applied sit in the outcomes (to
-/// answer a duplicate inside the batch).
+/// The writes of one batch: its records in frames, the snapshot it takes, and where the
+/// decisions of the events it applied sit in the outcomes (to answer a duplicate inside
+/// the batch).
 #[derive(Default)]
 pub(crate) struct Pending {
-    pub(crate) batch: WriteBatch,
     pub(crate) frames: FrameWriter,
+    /// Handed to the snapshot writer once the batch is durable.
+    pub(crate) snapshot: Option<SnapshotJob>,
     /// (position, outcome index, index in that outcome's decisions), by position.
     applied: Vec<(u64, usize, usize)>,
     /// The applied events in application order, kept only for a `before_commit` hook.
@@ -175,18 +177,21 @@ impl<L: EventLog> Guard<L> {
         })
     }
 
-    /// Writes the batch (ledger and snapshots first, the frames last and in one atomic
-    /// write: the frames are the commit point) and flushes once.
+    /// Writes the batch's frames in one atomic write (the commit point) and flushes
+    /// once; then hands its snapshot, if any, to the snapshot writer.
     pub(crate) fn commit(&mut self, pending: Pending) -> Result<(), LogError> {
-        let mut batch = pending.batch;
+        let mut batch = WriteBatch::default();
         for (first, frame) in pending.frames.into_frames() {
             batch.insert(Tree::Events, keys::position(first), frame);
         }
-        if batch.is_empty() {
-            return Ok(());
+        if !batch.is_empty() {
+            self.log.write(batch)?;
+            self.log.flush()?;
         }
-        self.log.write(batch)?;
-        self.log.flush()
+        if let Some(job) = pending.snapshot {
+            self.snapshots.write(job);
+        }
+        Ok(())
     }
 
     /// Fills in the original decision of each duplicate: from this batch's outcomes,
