@@ -74,7 +74,14 @@ pub fn run(target: &Target, op: Op) -> Result<(), String> {
         let split = |reference: &str| parse_run_ref(reference).map_err(|e| e.to_string());
         match op {
             Op::Runs => {
-                let runs = client.runs().await.map_err(|e| e.to_string())?;
+                let listing = client.runs_listing().await.map_err(|e| e.to_string())?;
+                if !listing.unanswered.is_empty() {
+                    eprintln!(
+                        "warning: partitions {:?} did not answer within {:?}; their runs are missing",
+                        listing.unanswered, target.timeout
+                    );
+                }
+                let runs = listing.runs;
                 if target.json {
                     return runs.iter().try_for_each(print_json);
                 }

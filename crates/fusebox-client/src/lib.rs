@@ -22,7 +22,7 @@ mod stop;
 
 pub use client::{ClientOptions, FuseboxClient, Gate, GateOnError};
 pub use error::ClientError;
-pub use ops::{parse_run_ref, DecisionTail};
+pub use ops::{parse_run_ref, DecisionTail, RunsListing};
 pub use stop::StopWatch;
 
 pub use fusebox_nats::wire::{RunStatusReply, RunSummary, WireError};

@@ -1,12 +1,13 @@
 //! Operator commands over the daemon's control subjects (the `fusebox` CLI wires these
 //! to `runs`, `run T/R`, `cancel T/R`, `resume T/R --evidence JSON`, `tail`).
 
+use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_nats::Subscriber;
 use fusebox_core::Decision;
 use fusebox_nats::subjects::{self, ControlVerb};
-use fusebox_nats::wire::{CancelRequest, ResumeRequest, RunStatusReply, RunSummary};
+use fusebox_nats::wire::{CancelRequest, PartitionRuns, ResumeRequest, RunStatusReply, RunSummary};
 use futures_util::StreamExt;
 use serde_json::Value;
 
@@ -57,14 +58,34 @@ impl DecisionTail {
     }
 }
 
-/// How long `runs` waits for one more partition's answer after the last one.
-const GATHER_QUIET: std::time::Duration = std::time::Duration::from_millis(150);
+/// What `fusebox.control.runs` gathered: every run of the daemons that answered, and
+/// in a cluster the partitions that did not answer in time (their runs are missing,
+/// e.g. while a partition moves to another daemon).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunsListing {
+    pub runs: Vec<RunSummary>,
+    pub unanswered: Vec<u32>,
+}
+
+/// One answer to `fusebox.control.runs`: a single daemon's list, or a partition's.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum RunsAnswer {
+    All(Vec<RunSummary>),
+    Partition(PartitionRuns),
+}
 
 impl FuseboxClient {
-    /// Every run the daemons know (`fusebox runs`). In a cluster each owned partition
-    /// answers with its own runs, so the answers are gathered until none has come for
-    /// [`GATHER_QUIET`] after the first.
+    /// Every run the daemons know (`fusebox runs`); see [`FuseboxClient::runs_listing`].
     pub async fn runs(&self) -> Result<Vec<RunSummary>, ClientError> {
+        Ok(self.runs_listing().await?.runs)
+    }
+
+    /// Every run the daemons know. A single daemon answers with all of them; in a
+    /// cluster each owned partition answers with its own and says how many partitions
+    /// there are, so the answers are gathered until every partition answered or the
+    /// client's timeout passed.
+    pub async fn runs_listing(&self) -> Result<RunsListing, ClientError> {
         let subject = subjects::CONTROL_RUNS.to_owned();
         let failed = |detail: String| ClientError::Request {
             subject: subject.clone(),
@@ -80,34 +101,54 @@ impl FuseboxClient {
             .publish_with_reply(subject.clone(), inbox, Vec::new().into())
             .await
             .map_err(|e| failed(e.to_string()))?;
-        let first = tokio::time::timeout(self.options().timeout, answers.next())
-            .await
-            .ok()
-            .flatten()
-            .ok_or_else(|| ClientError::Timeout {
-                subject: subject.clone(),
-                timeout_ms: self.options().timeout.as_millis() as u64,
-            })?;
-        let mut runs = Vec::new();
-        let mut answer = Some(first);
-        while let Some(message) = answer {
+        let deadline = tokio::time::Instant::now() + self.options().timeout;
+        let timed_out = || ClientError::Timeout {
+            subject: subject.clone(),
+            timeout_ms: self.options().timeout.as_millis() as u64,
+        };
+        let mut partitions: BTreeMap<u32, Vec<RunSummary>> = BTreeMap::new();
+        let mut expected = None;
+        loop {
+            let Ok(Some(message)) = tokio::time::timeout_at(deadline, answers.next()).await else {
+                break;
+            };
             // 503: no daemon subscribes (the only status a plain reply inbox gets).
             if message.status.is_some_and(|s| s.is_server_error()) {
                 return Err(ClientError::NoResponders { subject });
             }
-            let part: Vec<RunSummary> =
+            let answer: RunsAnswer =
                 serde_json::from_slice(&message.payload).map_err(|e| ClientError::BadAnswer {
                     subject: subject.clone(),
                     detail: e.to_string(),
                 })?;
-            runs.extend(part);
-            answer = tokio::time::timeout(GATHER_QUIET, answers.next())
-                .await
-                .ok()
-                .flatten();
+            match answer {
+                RunsAnswer::All(mut runs) => {
+                    runs.sort_by(|a, b| (&a.tenant, &a.run).cmp(&(&b.tenant, &b.run)));
+                    return Ok(RunsListing {
+                        runs,
+                        unanswered: Vec::new(),
+                    });
+                }
+                // Two owners may both answer for a partition in the moment it moves:
+                // the first answer counts.
+                RunsAnswer::Partition(part) => {
+                    expected = Some(part.partitions);
+                    partitions.entry(part.partition).or_insert(part.runs);
+                    if partitions.len() as u32 >= part.partitions {
+                        break;
+                    }
+                }
+            }
         }
+        let Some(expected) = expected else {
+            return Err(timed_out());
+        };
+        let unanswered = (0..expected)
+            .filter(|p| !partitions.contains_key(p))
+            .collect();
+        let mut runs: Vec<RunSummary> = partitions.into_values().flatten().collect();
         runs.sort_by(|a, b| (&a.tenant, &a.run).cmp(&(&b.tenant, &b.run)));
-        Ok(runs)
+        Ok(RunsListing { runs, unanswered })
     }
 
     /// One run's state, counters, stop report and latest decisions (`fusebox run T/R`).

@@ -453,7 +453,7 @@ async fn partition_scoped_services_serve_each_run_in_one_partition() {
             client,
             fusebox_nats::MemoryStore::new(engine),
             fusebox_nats::ServiceOptions {
-                scope: Scope::Partition(p),
+                scope: Scope::Partition { index: p, of: n },
                 gap_timeout: Duration::from_secs(120),
                 ..fusebox_nats::ServiceOptions::default()
             },
@@ -470,7 +470,7 @@ async fn partition_scoped_services_serve_each_run_in_one_partition() {
         .await
         .expect("FUSEBOX_EVENTS");
     for p in 0..n {
-        let name = Scope::Partition(p).events_consumer();
+        let name = Scope::Partition { index: p, of: n }.events_consumer();
         let mut consumer: async_nats::jetstream::consumer::PullConsumer = stream
             .get_consumer(&name)
             .await
@@ -553,13 +553,23 @@ async fn partition_scoped_services_serve_each_run_in_one_partition() {
         .await
         .expect("publish");
     let mut lists = Vec::new();
+    let mut partitions = std::collections::BTreeSet::new();
     while let Ok(Some(answer)) = tokio::time::timeout(Duration::from_secs(1), answers.next()).await
     {
+        let part: serde_json::Value =
+            serde_json::from_slice(&answer.payload).expect("a partition's runs");
+        assert_eq!(part["partitions"], n, "each answer says how many to gather");
+        partitions.insert(part["partition"].as_u64().expect("its partition"));
         let list: Vec<serde_json::Value> =
-            serde_json::from_slice(&answer.payload).expect("a runs list");
+            serde_json::from_value(part["runs"].clone()).expect("a runs list");
         lists.push(list);
     }
     assert_eq!(lists.len(), n as usize, "one runs answer per partition");
+    assert_eq!(
+        partitions,
+        (0..n as u64).collect(),
+        "each partition answers once"
+    );
     for run in &runs {
         let found: Vec<&serde_json::Value> = lists
             .iter()

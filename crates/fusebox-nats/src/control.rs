@@ -27,7 +27,9 @@ pub(crate) async fn handle(inbound: &Inbound, message: async_nats::Message) {
     let control_reply = reply.clone();
     let input = match parse_control(message.subject.as_str()) {
         Some(Control::Runs) => Ok(Input::Query {
-            query: Query::Runs,
+            query: Query::Runs {
+                scope: inbound.scope,
+            },
             reply,
         }),
         Some(Control::Run {

@@ -96,6 +96,8 @@ pub(crate) struct Inbound {
     pub out: tokio::sync::mpsc::UnboundedSender<crate::dispatch::Outbox>,
     pub observer: std::sync::Arc<dyn crate::observer::Observer>,
     pub max_event_bytes: usize,
+    /// Which runs this service serves; a partition's runs listing says which it is.
+    pub scope: crate::subjects::Scope,
 }
 
 impl Inbound {

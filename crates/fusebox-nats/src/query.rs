@@ -6,11 +6,18 @@ use std::collections::{HashMap, VecDeque};
 use fusebox_core::{Decision, Engine, RunState, StopReport};
 
 use crate::applier::RunKey;
-use crate::wire::{ErrorReply, RunStatusReply, RunSummary, WireError};
+use crate::subjects::Scope;
+use crate::wire::{ErrorReply, PartitionRuns, RunStatusReply, RunSummary, WireError};
 
 pub(crate) enum Query {
-    Runs,
-    Status { tenant: String, run: String },
+    /// The runs of what `scope` serves.
+    Runs {
+        scope: Scope,
+    },
+    Status {
+        tenant: String,
+        run: String,
+    },
 }
 
 fn summary(tenant: &str, run_id: &str, run: &RunState) -> RunSummary {
@@ -36,12 +43,19 @@ pub(crate) fn answer(
     query: &Query,
 ) -> Vec<u8> {
     let json = match query {
-        Query::Runs => {
+        Query::Runs { scope } => {
             let runs: Vec<RunSummary> = engine
                 .runs()
                 .map(|(tenant, run_id, run)| summary(tenant, run_id, run))
                 .collect();
-            serde_json::to_vec(&runs)
+            match *scope {
+                Scope::All => serde_json::to_vec(&runs),
+                Scope::Partition { index, of } => serde_json::to_vec(&PartitionRuns {
+                    partition: index,
+                    partitions: of,
+                    runs,
+                }),
+            }
         }
         Query::Status { tenant, run } => match engine.run(tenant, run) {
             Some(state) => serde_json::to_vec(&RunStatusReply {

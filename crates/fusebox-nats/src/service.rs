@@ -120,7 +120,9 @@ impl Service {
         // it is a plain subscription: the asker gathers the answers.
         let runs_sub = match options.scope {
             Scope::All => None,
-            Scope::Partition(_) => Some(subscribe(subjects::CONTROL_RUNS.to_owned(), None).await?),
+            Scope::Partition { .. } => {
+                Some(subscribe(subjects::CONTROL_RUNS.to_owned(), None).await?)
+            }
         };
 
         let (tx, rx) = mpsc::channel(options.queue_capacity);
@@ -157,6 +159,7 @@ impl Service {
             out,
             observer,
             max_event_bytes: options.max_event_bytes,
+            scope: options.scope,
         };
         let mut tasks = Vec::new();
         for gate_sub in gate_subs {

@@ -52,7 +52,11 @@ pub fn control(tenant: &str, run: &str, verb: ControlVerb) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     All,
-    Partition(u32),
+    /// Partition `index` of the `of` that the servers' mapping splits runs into.
+    Partition {
+        index: u32,
+        of: u32,
+    },
 }
 
 impl Scope {
@@ -62,21 +66,21 @@ impl Scope {
     pub fn gate_filters(self) -> Vec<String> {
         match self {
             Scope::All => vec![GATE_FILTER.to_owned(), GATE_PARTITIONED_FILTER.to_owned()],
-            Scope::Partition(p) => vec![format!("fusebox.gate.*.{p}.*")],
+            Scope::Partition { index: p, .. } => vec![format!("fusebox.gate.*.{p}.*")],
         }
     }
 
     pub fn control_filter(self) -> String {
         match self {
             Scope::All => CONTROL_FILTER.to_owned(),
-            Scope::Partition(p) => format!("fusebox.control.*.{p}.*.*"),
+            Scope::Partition { index: p, .. } => format!("fusebox.control.*.{p}.*.*"),
         }
     }
 
     pub fn events_filter(self) -> String {
         match self {
             Scope::All => EVENTS_FILTER.to_owned(),
-            Scope::Partition(p) => format!("fusebox.events.*.{p}.*"),
+            Scope::Partition { index: p, .. } => format!("fusebox.events.*.{p}.*"),
         }
     }
 
@@ -85,7 +89,7 @@ impl Scope {
     pub fn events_consumer(self) -> String {
         match self {
             Scope::All => EVENTS_CONSUMER.to_owned(),
-            Scope::Partition(p) => format!("{EVENTS_CONSUMER}-p{p}"),
+            Scope::Partition { index: p, .. } => format!("{EVENTS_CONSUMER}-p{p}"),
         }
     }
 }
@@ -222,7 +226,7 @@ mod tests {
                 verb: ControlVerb::Status
             })
         );
-        let p = Scope::Partition(5);
+        let p = Scope::Partition { index: 5, of: 8 };
         assert_eq!(p.gate_filters(), ["fusebox.gate.*.5.*"]);
         assert_eq!(p.events_filter(), "fusebox.events.*.5.*");
         assert_eq!(p.control_filter(), "fusebox.control.*.5.*.*");

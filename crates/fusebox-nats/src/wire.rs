@@ -85,6 +85,15 @@ pub struct RunSummary {
     pub last_ts_ms: u64,
 }
 
+/// One partition's answer to `fusebox.control.runs` in a cluster (a single daemon
+/// answers with the plain list): the asker knows from it how many answers to gather.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartitionRuns {
+    pub partition: u32,
+    pub partitions: u32,
+    pub runs: Vec<RunSummary>,
+}
+
 /// The answer of `fusebox.control.<t>.<r>.status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunStatusReply {

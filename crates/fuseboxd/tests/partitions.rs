@@ -294,6 +294,13 @@ async fn two_daemons_decide_like_one_engine_across_partitions_and_a_takeover() {
     subjects.sort();
     assert!(subjects.len() >= 3, "runs landed in {subjects:?}");
 
+    // The operator's listing gathers every partition's answer, from both daemons.
+    let listing = client.runs_listing().await.unwrap();
+    assert!(listing.unanswered.is_empty(), "{:?}", listing.unanswered);
+    let listed: BTreeSet<&str> = listing.runs.iter().map(|r| r.run.as_str()).collect();
+    let sent: BTreeSet<&str> = trace.sent.iter().map(|e| e.run.as_str()).collect();
+    assert_eq!(listed, sent);
+
     // SIGKILL one daemon: the other takes its partitions and every run goes on where
     // it was — stopped runs stay stopped, completed op_keys stay completed.
     let killed = Instant::now();

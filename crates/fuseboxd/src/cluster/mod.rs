@@ -469,7 +469,10 @@ async fn serve_partition(
             .map_err(|e| ClusterError::nats("republishing a stop", e))?;
     }
     let options = ServiceOptions {
-        scope: Scope::Partition(partition),
+        scope: Scope::Partition {
+            index: partition,
+            of: shared.cluster.partitions,
+        },
         ..shared.service.clone()
     };
     let service = Service::start(
