@@ -10,8 +10,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::close::decision;
 use crate::decision::{Action, Decision};
 use crate::event::{Event, EventBody, RunStarted};
@@ -26,15 +24,15 @@ use crate::run::RunState;
 /// log's snapshot view) shares every run and costs a pointer each, and only a run that
 /// changes while the clone lives is copied. serde writes an `Arc<T>` as `T`, so the
 /// serialised form is the same as with plain runs.
-type Runs = HashMap<String, HashMap<String, Arc<RunState>, FixedHasher>, FixedHasher>;
+pub(crate) type Runs = HashMap<String, HashMap<String, Arc<RunState>, FixedHasher>, FixedHasher>;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Serialised through `engine_form.rs` (runs refer to a table of policies).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Engine {
-    policies: PolicySet,
-    runs: Runs,
-    ledger: Ledger,
-    #[serde(skip)]
-    scratch: Scratch,
+    pub(crate) policies: PolicySet,
+    pub(crate) runs: Runs,
+    pub(crate) ledger: Ledger,
+    pub(crate) scratch: Scratch,
 }
 
 /// A reusable buffer for canonical encodings; always empty between calls, so it is no

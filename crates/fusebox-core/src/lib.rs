@@ -20,6 +20,7 @@ mod close;
 pub mod decision;
 mod detect;
 pub mod engine;
+mod engine_form;
 pub mod event;
 pub mod fingerprint;
 pub mod fixed_hash;

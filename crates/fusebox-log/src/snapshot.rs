@@ -6,9 +6,10 @@
 //! MessagePack rather than JSON: several times smaller and faster to decode (start-up
 //! was dominated by the JSON snapshot), self-describing so the core types' skipped
 //! `None` fields still decode, and `f64` is stored as its bits, so `cost_usd` sums
-//! round-trip exactly. LZ4 because field names repeat for every run (each carries its
-//! whole policy): it shrinks the snapshot several times for little CPU, and sled
-//! rewrites and rereads the snapshot tree's node, so its size is paid on every start.
+//! round-trip exactly. LZ4 because field names repeat for every run: it halves the
+//! snapshot for little CPU, and sled rewrites and rereads the snapshot tree's node, so
+//! its size is paid on every start. The engine's runs refer to a table of policies
+//! (fusebox-core's `engine_form.rs`) rather than each carrying its own.
 
 use fusebox_core::{Engine, Sequencer};
 use serde::{Deserialize, Serialize};
@@ -18,7 +19,9 @@ use crate::error::LogError;
 use crate::record;
 use crate::state::{DedupIndex, LedgerTimes, LogState};
 
-const MAGIC: &[u8; 8] = b"FBSNAP2\n";
+/// 3: runs refer to a table of policies. A snapshot with another tag is skipped (an
+/// older one, or a full replay, does the job).
+const MAGIC: &[u8; 8] = b"FBSNAP3\n";
 const HEADER: usize = MAGIC.len() + 32;
 
 #[derive(Serialize)]
