@@ -3,9 +3,10 @@
 //! operation never runs twice, whichever run asks for it again.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+
+use crate::sharded::ShardedMap;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum LedgerEntry {
@@ -21,12 +22,12 @@ pub enum LedgerEntry {
     },
 }
 
-/// Each tenant's keys behind an `Arc` (changed through `Arc::make_mut`), so a clone of the
-/// ledger (the log's snapshot view) copies no entry until a tenant's keys change while
-/// it lives. serde writes an `Arc<T>` as `T`: the serialised form is unchanged.
+/// Each tenant's keys in a [`ShardedMap`], so a clone of the ledger (the log's snapshot
+/// view) is cheap, and a key changed while it lives copies a few hundred entries, not the
+/// tenant's ledger. It serialises like a `BTreeMap`: the form is unchanged.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Ledger {
-    tenants: BTreeMap<String, Arc<BTreeMap<String, LedgerEntry>>>,
+    tenants: BTreeMap<String, ShardedMap<LedgerEntry>>,
 }
 
 impl Ledger {
@@ -35,8 +36,12 @@ impl Ledger {
     }
 
     /// A tenant's keys, for a change.
-    fn keys_mut(&mut self, tenant: &str) -> &mut BTreeMap<String, LedgerEntry> {
-        Arc::make_mut(self.tenants.entry(tenant.to_owned()).or_default())
+    fn keys_mut(&mut self, tenant: &str) -> &mut ShardedMap<LedgerEntry> {
+        if !self.tenants.contains_key(tenant) {
+            self.tenants
+                .insert(tenant.to_owned(), ShardedMap::default());
+        }
+        self.tenants.get_mut(tenant).expect("inserted above")
     }
 
     pub(crate) fn start(&mut self, tenant: &str, op_key: &str, run: &str, call_id: &str) {
@@ -73,7 +78,7 @@ impl Ledger {
         if let Some(keys) = self.tenants.get_mut(tenant) {
             if matches!(keys.get(op_key), Some(LedgerEntry::InFlight { call_id: c, .. }) if c == call_id)
             {
-                Arc::make_mut(keys).remove(op_key);
+                keys.remove(op_key);
             }
         }
     }
@@ -102,9 +107,7 @@ impl Ledger {
     /// may run again: only the log's retention policy should call it.
     pub fn forget(&mut self, tenant: &str, op_key: &str) -> Option<LedgerEntry> {
         let keys = self.tenants.get_mut(tenant)?;
-        // Looked up first: forgetting an absent key must not copy a shared tenant.
-        keys.get(op_key)?;
-        let removed = Arc::make_mut(keys).remove(op_key);
+        let removed = keys.remove(op_key);
         if keys.is_empty() {
             self.tenants.remove(tenant);
         }
@@ -115,7 +118,7 @@ impl Ledger {
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str, &LedgerEntry)> {
         self.tenants.iter().flat_map(|(tenant, keys)| {
             keys.iter()
-                .map(move |(key, entry)| (tenant.as_str(), key.as_str(), entry))
+                .map(move |(key, entry)| (tenant.as_str(), key, entry))
         })
     }
 

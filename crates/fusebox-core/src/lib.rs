@@ -32,6 +32,7 @@ pub mod parse;
 pub mod policy;
 pub mod run;
 pub mod sequencer;
+pub mod sharded;
 
 pub use decision::{
     Action, Decision, Detector, Reason, ResumeCondition, StopReport, TerminalState,

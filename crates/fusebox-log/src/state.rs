@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use fusebox_core::sharded::ShardedMap;
 use fusebox_core::{Decision, Engine, Event, EventBody, Sequencer};
 use serde::{Deserialize, Serialize};
 
@@ -102,9 +103,9 @@ impl DedupIndex {
 }
 
 /// tenant → op_key → `ts_ms` of the event that last wrote the ledger entry. Each
-/// tenant's keys behind an `Arc`, like the engine's ledger, for the snapshot view.
+/// tenant's keys in a `ShardedMap`, like the engine's ledger, for the snapshot view.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct LedgerTimes(BTreeMap<String, Arc<BTreeMap<String, u64>>>);
+pub struct LedgerTimes(BTreeMap<String, ShardedMap<u64>>);
 
 impl LedgerTimes {
     /// Allocates only for a key it does not hold yet (most writes are the second of a
@@ -117,7 +118,6 @@ impl LedgerTimes {
             Some(keys) => keys,
             None => self.0.entry(tenant.to_owned()).or_default(),
         };
-        let keys = Arc::make_mut(keys);
         match keys.get_mut(op_key) {
             Some(at) => *at = ts,
             None => {
@@ -128,9 +128,7 @@ impl LedgerTimes {
 
     fn forget(&mut self, tenant: &str, op_key: &str) {
         if let Some(keys) = self.0.get_mut(tenant) {
-            if keys.contains_key(op_key) {
-                Arc::make_mut(keys).remove(op_key);
-            }
+            keys.remove(op_key);
             if keys.is_empty() {
                 self.0.remove(tenant);
             }
@@ -142,7 +140,7 @@ impl LedgerTimes {
         self.0.iter().flat_map(move |(tenant, keys)| {
             keys.iter()
                 .filter(move |(_, &ts)| ts <= cutoff_ms)
-                .map(move |(key, _)| (tenant.as_str(), key.as_str()))
+                .map(move |(key, _)| (tenant.as_str(), key))
         })
     }
 }
