@@ -4,6 +4,8 @@
 //! `submit_batch` (in `submit.rs`) decides a batch and makes it durable with one flush
 //! before any decision is returned. The type is plain blocking code with `&mut self`:
 //! the daemon owns it on a dedicated thread (or behind a mutex in `spawn_blocking`).
+//! Snapshots are encoded and written by a thread the guard owns (`snapshotter.rs`);
+//! dropping the guard waits for the snapshots handed to it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
