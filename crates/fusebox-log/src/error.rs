@@ -38,6 +38,18 @@ pub enum LogError {
         what: String,
         detail: String,
     },
+    /// The disk is full: nothing is damaged, and nothing can be decided until there is
+    /// room again (the open question at 3 a.m. is whether to restore a backup: no).
+    #[error(
+        "the disk holding the fusebox log at {path} is full ({source}): free space or grow \
+         the volume, then start fuseboxd again; everything it acknowledged is on disk and \
+         the log reopens where it stopped (no restore needed)"
+    )]
+    DiskFull {
+        path: PathBuf,
+        #[source]
+        source: sled::Error,
+    },
     /// A read or write failed after the log was opened.
     #[error("fusebox log I/O failed at {path}: {source}")]
     Storage {
@@ -67,4 +79,72 @@ pub enum LogError {
     SnapshotWriter { path: PathBuf, detail: String },
     #[error("cannot write the export: {0}")]
     Export(#[source] std::io::Error),
+}
+
+impl LogError {
+    /// sled refused to open `path`: a full disk, or one of [`LogError::Open`]'s causes.
+    pub(crate) fn open(path: &std::path::Path, source: sled::Error) -> LogError {
+        match disk_full(&source) {
+            true => LogError::DiskFull {
+                path: path.to_owned(),
+                source,
+            },
+            false => LogError::Open {
+                path: path.to_owned(),
+                source,
+            },
+        }
+    }
+
+    /// A read or write of the open log at `path` failed.
+    pub(crate) fn storage(path: &std::path::Path, source: sled::Error) -> LogError {
+        match disk_full(&source) {
+            true => LogError::DiskFull {
+                path: path.to_owned(),
+                source,
+            },
+            false => LogError::Storage {
+                path: path.to_owned(),
+                source,
+            },
+        }
+    }
+}
+
+/// ENOSPC: 28 on Linux, macOS and the BSDs (`ErrorKind::StorageFull` is newer than the
+/// workspace's minimum Rust).
+const ENOSPC: i32 = 28;
+
+fn disk_full(err: &sled::Error) -> bool {
+    matches!(err, sled::Error::Io(io) if io.raw_os_error() == Some(ENOSPC))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_told_apart_from_damage() {
+        let path = std::path::Path::new("/var/lib/fusebox");
+        let full = || sled::Error::Io(std::io::Error::from_raw_os_error(ENOSPC));
+        for err in [
+            LogError::open(path, full()),
+            LogError::storage(path, full()),
+        ] {
+            let text = err.to_string();
+            assert!(matches!(err, LogError::DiskFull { .. }), "{text}");
+            assert!(text.contains("/var/lib/fusebox is full"), "{text}");
+            assert!(!text.contains("backup (or"), "{text}");
+        }
+        let denied = sled::Error::Io(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        assert!(matches!(
+            LogError::open(path, denied),
+            LogError::Open { .. }
+        ));
+        let torn = sled::Error::Corruption { at: None, bt: () };
+        assert!(matches!(
+            LogError::storage(path, torn),
+            LogError::Storage { .. }
+        ));
+    }
 }

@@ -44,10 +44,7 @@ impl SledLog {
     /// path and the recovery command; sled panics on some damaged files, and those are
     /// turned into the same error rather than taking the daemon down.
     pub fn open(path: &Path, options: &SledOptions) -> Result<SledLog, LogError> {
-        let open_error = |source| LogError::Open {
-            path: path.to_owned(),
-            source,
-        };
+        let open_error = |source| LogError::open(path, source);
         let config = sled::Config::new()
             .path(path)
             .cache_capacity(options.cache_capacity)
@@ -105,10 +102,7 @@ impl SledLog {
     }
 
     fn storage(&self, source: sled::Error) -> LogError {
-        LogError::Storage {
-            path: self.path.clone(),
-            source,
-        }
+        LogError::storage(&self.path, source)
     }
 
     fn boxed<'a>(&'a self, iter: sled::Iter) -> Scan<'a, IVec> {
@@ -226,19 +220,13 @@ impl SideWriter for SledSide {
             Some(value) => tree.insert(key, value).map(drop),
             None => tree.remove(key).map(drop),
         }
-        .map_err(|source| LogError::Storage {
-            path: self.path.clone(),
-            source,
-        })
+        .map_err(|source| LogError::storage(&self.path, source))
     }
 
     fn flush(&self) -> Result<(), LogError> {
         self.db
             .flush()
             .map(drop)
-            .map_err(|source| LogError::Storage {
-                path: self.path.clone(),
-                source,
-            })
+            .map_err(|source| LogError::storage(&self.path, source))
     }
 }

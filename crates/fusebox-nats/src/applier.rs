@@ -21,6 +21,7 @@ use crate::dispatch::{Outbox, Output};
 use crate::observer::Observer;
 use crate::query::{self, Query};
 use crate::reject::{reject, Origin};
+use crate::stall::Busy;
 use crate::store::{GuardStore, StoreError, Submitted};
 use crate::{subjects, ticks};
 
@@ -68,6 +69,8 @@ pub(crate) struct Applier<S> {
     /// Runs whose stop is on the kill switch.
     stopped: HashSet<RunKey>,
     started: Instant,
+    /// When the batch in hand was started, for the service's stall check.
+    busy: Arc<Busy>,
 }
 
 /// A decision's JSON, serialised once for its reply, its publish and its stop.
@@ -88,6 +91,7 @@ impl<S: GuardStore> Applier<S> {
         out: UnboundedSender<Outbox>,
         observer: Arc<dyn Observer>,
         options: ApplierOptions,
+        busy: Arc<Busy>,
     ) -> Self {
         // Runs already closed in the rebuilt state have their stop kept in the stream.
         let stopped = store
@@ -109,6 +113,7 @@ impl<S: GuardStore> Applier<S> {
             recent: HashMap::new(),
             stopped,
             started: Instant::now(),
+            busy,
         }
     }
 
@@ -123,12 +128,14 @@ impl<S: GuardStore> Applier<S> {
                     Err(_) => break,
                 }
             }
+            self.busy.start();
             let handled = self.handle(inputs);
             if handled.is_err() {
                 self.hand_back_held();
             }
             // Whatever was committed before a failure is durable and is answered.
             std::mem::take(&mut self.outbox).send(&self.out);
+            self.busy.done();
             handled?;
         }
         self.store.close()

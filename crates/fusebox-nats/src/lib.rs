@@ -27,6 +27,7 @@ mod query;
 mod reject;
 mod service;
 pub mod setup;
+mod stall;
 mod store;
 pub mod subjects;
 mod ticks;

@@ -14,6 +14,7 @@ use crate::backlog::{watch_backlog, Backlog};
 use crate::inbound::{serve_subscription, stopped, Inbound};
 use crate::observer::Observer;
 use crate::setup::{self, Placement, SetupError};
+use crate::stall::{stalled, Busy};
 use crate::store::{GuardStore, StoreError};
 use crate::subjects::Scope;
 use crate::{control, dispatch, gate, ingest, subjects};
@@ -41,6 +42,9 @@ pub struct ServiceOptions {
     pub scope: Scope,
     /// Replicas of the streams and consumer this service creates.
     pub replicas: usize,
+    /// One batch taking longer than this means the log is stuck (see `stall.rs`): the
+    /// service fails so the daemon exits instead of hanging while looking alive.
+    pub stall_limit: Duration,
 }
 
 impl Default for ServiceOptions {
@@ -57,6 +61,7 @@ impl Default for ServiceOptions {
             queue_capacity: 8192,
             scope: Scope::All,
             replicas: 1,
+            stall_limit: Duration::from_secs(60),
         }
     }
 }
@@ -71,6 +76,11 @@ pub enum ServiceError {
     Store(StoreError),
     #[error("the applier thread panicked")]
     ApplierPanicked,
+    #[error(
+        "the event log made no progress for {secs} s (a commit is stuck in the storage \
+         layer: a full, failing or hung disk?); stopping so the daemon can be restarted"
+    )]
+    Stalled { secs: u64 },
 }
 
 /// A running guard service.
@@ -79,6 +89,8 @@ pub struct Service {
     tasks: Vec<JoinHandle<()>>,
     applier_done: oneshot::Receiver<Result<(), StoreError>>,
     dispatcher: JoinHandle<()>,
+    busy: Arc<Busy>,
+    stall_limit: Duration,
 }
 
 impl Service {
@@ -129,6 +141,7 @@ impl Service {
         let (out, out_rx) = mpsc::unbounded_channel();
         let (shutdown, shutdown_rx) = watch::channel(false);
         let backlog = Backlog::default();
+        let busy = Arc::new(Busy::default());
         let dispatcher = tokio::spawn(dispatch::dispatch(
             client.clone(),
             js.clone(),
@@ -145,6 +158,7 @@ impl Service {
                 gap_timeout: options.gap_timeout,
                 recent_decisions: options.recent_decisions,
             },
+            busy.clone(),
         );
         let (done_tx, applier_done) = oneshot::channel();
         std::thread::Builder::new()
@@ -204,6 +218,8 @@ impl Service {
             tasks,
             applier_done,
             dispatcher,
+            busy,
+            stall_limit: options.stall_limit,
         })
     }
 
@@ -212,9 +228,21 @@ impl Service {
         mut self,
         signal: F,
     ) -> Result<(), ServiceError> {
+        let busy = self.busy.clone();
         let failed = tokio::select! {
             _ = signal => None,
             result = &mut self.applier_done => Some(applier_result(result)),
+            taken = stalled(&busy, self.stall_limit) => {
+                let err = ServiceError::Stalled { secs: taken.as_secs() };
+                tracing::error!(%err, "guard service stuck; stopping without it");
+                // The applier cannot be waited for, nor can what waits on it (inbound
+                // paths blocked on its full queue, the dispatcher it feeds).
+                for task in self.tasks {
+                    task.abort();
+                }
+                self.dispatcher.abort();
+                return Err(err);
+            }
         };
         if let Some(Err(err)) = &failed {
             tracing::error!(%err, "guard service failed; stopping");

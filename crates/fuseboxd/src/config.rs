@@ -102,6 +102,7 @@ pub struct DaemonSection {
     pub max_ack_pending: i64,
     pub pull_batch: usize,
     pub recent_decisions: usize,
+    pub stall_limit_ms: u64,
 }
 
 impl Default for DaemonSection {
@@ -114,6 +115,7 @@ impl Default for DaemonSection {
             max_ack_pending: service.max_ack_pending,
             pull_batch: service.pull_batch,
             recent_decisions: service.recent_decisions,
+            stall_limit_ms: service.stall_limit.as_millis() as u64,
         }
     }
 }
@@ -306,10 +308,15 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
     if !(1..=5).contains(&cluster.replicas) {
         return Err(invalid("cluster", "replicas must be 1 to 5".to_owned()));
     }
-    if daemon.max_batch == 0 || daemon.pull_batch == 0 || daemon.timer_interval_ms == 0 {
+    if daemon.max_batch == 0
+        || daemon.pull_batch == 0
+        || daemon.timer_interval_ms == 0
+        || daemon.stall_limit_ms == 0
+    {
         return Err(invalid(
             "daemon",
-            "max_batch, pull_batch and timer_interval_ms must be above 0".to_owned(),
+            "max_batch, pull_batch, timer_interval_ms and stall_limit_ms must be above 0"
+                .to_owned(),
         ));
     }
     let metrics_listen = metrics.listen.parse().map_err(|err| {
@@ -343,6 +350,7 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
         pull_batch: daemon.pull_batch,
         max_ack_pending: daemon.max_ack_pending,
         recent_decisions: daemon.recent_decisions,
+        stall_limit: Duration::from_millis(daemon.stall_limit_ms),
         replicas: cluster.replicas,
         ..ServiceOptions::default()
     };

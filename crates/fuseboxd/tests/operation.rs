@@ -4,6 +4,7 @@
 mod common;
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -260,4 +261,68 @@ async fn a_daemon_stops_on_sigterm_while_nats_is_unreachable() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let status = setup.daemon.terminate();
     assert!(status.success(), "exit {status}:\n{}", setup.daemon.logs());
+}
+
+/// A store whose commits never return, as sled's did after a write error on a full
+/// disk: the service must give up on it (and the daemon exit) rather than hang.
+struct StuckStore(fusebox_nats::MemoryStore);
+
+impl fusebox_nats::GuardStore for StuckStore {
+    fn submit_batch(
+        &mut self,
+        _: Vec<Event>,
+    ) -> Result<Vec<fusebox_nats::Submitted>, fusebox_nats::StoreError> {
+        loop {
+            std::thread::park();
+        }
+    }
+
+    fn release_gap(
+        &mut self,
+        tenant: &str,
+        run: &str,
+    ) -> Result<Vec<Decision>, fusebox_nats::StoreError> {
+        self.0.release_gap(tenant, run)
+    }
+
+    fn waiting(&self) -> Vec<(String, String, u64)> {
+        self.0.waiting()
+    }
+
+    fn engine(&self) -> &fusebox_core::Engine {
+        self.0.engine()
+    }
+}
+
+#[tokio::test]
+async fn a_stuck_log_stops_the_service_instead_of_hanging_it() {
+    let nats = NatsServer::start();
+    let service = fusebox_nats::Service::start(
+        client(&nats.url()).await.nats().clone(),
+        StuckStore(fusebox_nats::MemoryStore::default()),
+        fusebox_nats::ServiceOptions {
+            stall_limit: Duration::from_millis(300),
+            ..Default::default()
+        },
+        Arc::new(fusebox_nats::NoopObserver),
+    )
+    .await
+    .unwrap();
+    let agent = client(&nats.url()).await;
+    let events = fixture("ping-pong.jsonl");
+    let asked = tokio::spawn(async move { agent.gate(&events[0]).await });
+    let ended = tokio::time::timeout(
+        Duration::from_secs(30),
+        service.run_until(std::future::pending()),
+    )
+    .await
+    .expect("the service hung on its stuck log");
+    assert!(
+        matches!(ended, Err(fusebox_nats::ServiceError::Stalled { .. })),
+        "{ended:?}"
+    );
+    assert!(
+        !matches!(asked.await.unwrap(), Gate::Decided(_)),
+        "nothing stuck may be answered"
+    );
 }

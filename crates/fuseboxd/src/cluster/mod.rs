@@ -112,6 +112,9 @@ pub struct Shared {
 struct Partitions {
     owned: BTreeMap<u32, Owned>,
     totals: Arc<observe::Totals>,
+    /// A partition whose log got stuck (`ServiceError::Stalled`): the disk is this
+    /// daemon's, so it stops altogether and the others take its partitions over.
+    stuck: Option<ClusterError>,
 }
 
 /// An owned partition: its lease and the task serving it.
@@ -165,6 +168,7 @@ pub async fn serve(
     let mut state = Partitions {
         owned: BTreeMap::new(),
         totals: Arc::new(observe::Totals::default()),
+        stuck: None,
     };
     let mut tick = tokio::time::interval(lease_time / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -175,13 +179,16 @@ pub async fn serve(
             _ = tick.tick() => {
                 round(&shared, &js, &leases, &ledger, &mut state, lease_time).await;
                 shared.metrics.set_cluster_partitions_owned(state.owned.len());
+                if state.stuck.is_some() {
+                    break;
+                }
             }
         }
     }
     for (partition, owned) in std::mem::take(&mut state.owned) {
         give_up(
             &shared,
-            &state,
+            &mut state,
             &leases,
             partition,
             owned,
@@ -193,7 +200,10 @@ pub async fn serve(
     if let Err(err) = within(RELEASE_WAIT, leases.leave()).await {
         tracing::warn!(%err, "removing the heartbeat failed; it ages out");
     }
-    Ok(())
+    match state.stuck {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
 }
 
 /// How long start-up waits for JetStream to answer: a cluster that has just started (or
@@ -400,14 +410,16 @@ async fn within<T>(
 /// releases its lease so another daemon can take it at once.
 async fn give_up(
     shared: &Shared,
-    state: &Partitions,
+    state: &mut Partitions,
     leases: &Leases,
     partition: u32,
     owned: Owned,
     change: Change,
 ) {
     let _ = owned.stop.send(true);
-    log_end(partition, owned.task.await);
+    if let Some(stuck) = log_end(partition, owned.task.await) {
+        state.stuck.get_or_insert(stuck);
+    }
     state.totals.forget(&*shared.observer, partition);
     let (label, why) = match change {
         Change::Released(why) => ("released", why),
@@ -425,11 +437,25 @@ async fn give_up(
     }
 }
 
-fn log_end(partition: u32, ended: Result<Result<(), ClusterError>, tokio::task::JoinError>) {
+/// Logs how a partition's task ended; returns the error when its log got stuck.
+fn log_end(
+    partition: u32,
+    ended: Result<Result<(), ClusterError>, tokio::task::JoinError>,
+) -> Option<ClusterError> {
     match ended {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => tracing::error!(partition, %err, "partition service ended with an error"),
-        Err(err) => tracing::error!(partition, %err, "partition task failed"),
+        Ok(Ok(())) => None,
+        Ok(Err(err @ ClusterError::Service(ServiceError::Stalled { .. }))) => {
+            tracing::error!(partition, %err, "partition log stuck; stopping the daemon");
+            Some(err)
+        }
+        Ok(Err(err)) => {
+            tracing::error!(partition, %err, "partition service ended with an error");
+            None
+        }
+        Err(err) => {
+            tracing::error!(partition, %err, "partition task failed");
+            None
+        }
     }
 }
 
