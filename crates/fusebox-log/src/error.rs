@@ -84,30 +84,27 @@ pub enum LogError {
 impl LogError {
     /// sled refused to open `path`: a full disk, or one of [`LogError::Open`]'s causes.
     pub(crate) fn open(path: &std::path::Path, source: sled::Error) -> LogError {
-        match disk_full(&source) {
-            true => LogError::DiskFull {
-                path: path.to_owned(),
-                source,
-            },
-            false => LogError::Open {
-                path: path.to_owned(),
-                source,
-            },
-        }
+        unless_disk_full(path, source, |path, source| LogError::Open { path, source })
     }
 
     /// A read or write of the open log at `path` failed.
     pub(crate) fn storage(path: &std::path::Path, source: sled::Error) -> LogError {
-        match disk_full(&source) {
-            true => LogError::DiskFull {
-                path: path.to_owned(),
-                source,
-            },
-            false => LogError::Storage {
-                path: path.to_owned(),
-                source,
-            },
-        }
+        unless_disk_full(path, source, |path, source| LogError::Storage {
+            path,
+            source,
+        })
+    }
+}
+
+fn unless_disk_full(
+    path: &std::path::Path,
+    source: sled::Error,
+    otherwise: impl FnOnce(PathBuf, sled::Error) -> LogError,
+) -> LogError {
+    let path = path.to_owned();
+    match disk_full(&source) {
+        true => LogError::DiskFull { path, source },
+        false => otherwise(path, source),
     }
 }
 
