@@ -232,17 +232,7 @@ impl Service {
         let failed = tokio::select! {
             _ = signal => None,
             result = &mut self.applier_done => Some(applier_result(result)),
-            taken = stalled(&busy, self.stall_limit) => {
-                let err = ServiceError::Stalled { secs: taken.as_secs() };
-                tracing::error!(%err, "guard service stuck; stopping without it");
-                // The applier cannot be waited for, nor can what waits on it (inbound
-                // paths blocked on its full queue, the dispatcher it feeds).
-                for task in self.tasks {
-                    task.abort();
-                }
-                self.dispatcher.abort();
-                return Err(err);
-            }
+            taken = stalled(&busy, self.stall_limit) => return Err(self.abandon(taken)),
         };
         if let Some(Err(err)) = &failed {
             tracing::error!(%err, "guard service failed; stopping");
@@ -256,22 +246,45 @@ impl Service {
         self.stop(None).await
     }
 
-    async fn stop(self, failed: Option<Result<(), ServiceError>>) -> Result<(), ServiceError> {
+    async fn stop(mut self, failed: Option<Result<(), ServiceError>>) -> Result<(), ServiceError> {
         let _ = self.shutdown.send(true);
-        for task in self.tasks {
-            if let Err(err) = task.await {
-                tracing::error!(%err, "inbound task failed");
+        let busy = self.busy.clone();
+        // The drain waits for the applier, so a log that gets stuck now (or already
+        // was, when the signal came) is given up on like one that got stuck before.
+        let drain = async {
+            for task in &mut self.tasks {
+                if let Err(err) = task.await {
+                    tracing::error!(%err, "inbound task failed");
+                }
             }
-        }
-        // Every sender is gone now: the applier drains its queue and returns.
-        let result = match failed {
-            Some(result) => result,
-            None => applier_result(self.applier_done.await),
+            // Every sender is gone now: the applier drains its queue and returns.
+            let result = match failed {
+                Some(result) => result,
+                None => applier_result((&mut self.applier_done).await),
+            };
+            if let Err(err) = (&mut self.dispatcher).await {
+                tracing::error!(%err, "dispatcher failed");
+            }
+            result
         };
-        if let Err(err) = self.dispatcher.await {
-            tracing::error!(%err, "dispatcher failed");
+        tokio::select! {
+            result = drain => result,
+            taken = stalled(&busy, self.stall_limit) => Err(self.abandon(taken)),
         }
-        result
+    }
+
+    /// Gives up on a stuck applier: it cannot be waited for, nor can what waits on it
+    /// (inbound paths blocked on its full queue, the dispatcher it feeds).
+    fn abandon(self, taken: Duration) -> ServiceError {
+        let err = ServiceError::Stalled {
+            secs: taken.as_secs(),
+        };
+        tracing::error!(%err, "guard service stuck; stopping without it");
+        for task in self.tasks {
+            task.abort();
+        }
+        self.dispatcher.abort();
+        err
     }
 }
 

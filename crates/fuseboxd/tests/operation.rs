@@ -294,35 +294,43 @@ impl fusebox_nats::GuardStore for StuckStore {
     }
 }
 
+/// Whether the log gets stuck before or after a shutdown signal: either way the service
+/// gives up on it within its stall limit.
 #[tokio::test]
 async fn a_stuck_log_stops_the_service_instead_of_hanging_it() {
     let nats = NatsServer::start();
-    let service = fusebox_nats::Service::start(
-        client(&nats.url()).await.nats().clone(),
-        StuckStore(fusebox_nats::MemoryStore::default()),
-        fusebox_nats::ServiceOptions {
-            stall_limit: Duration::from_millis(300),
-            ..Default::default()
-        },
-        Arc::new(fusebox_nats::NoopObserver),
-    )
-    .await
-    .unwrap();
-    let agent = client(&nats.url()).await;
-    let events = fixture("ping-pong.jsonl");
-    let asked = tokio::spawn(async move { agent.gate(&events[0]).await });
-    let ended = tokio::time::timeout(
-        Duration::from_secs(30),
-        service.run_until(std::future::pending()),
-    )
-    .await
-    .expect("the service hung on its stuck log");
-    assert!(
-        matches!(ended, Err(fusebox_nats::ServiceError::Stalled { .. })),
-        "{ended:?}"
-    );
-    assert!(
-        !matches!(asked.await.unwrap(), Gate::Decided(_)),
-        "nothing stuck may be answered"
-    );
+    for signalled in [false, true] {
+        let service = fusebox_nats::Service::start(
+            client(&nats.url()).await.nats().clone(),
+            StuckStore(fusebox_nats::MemoryStore::default()),
+            fusebox_nats::ServiceOptions {
+                stall_limit: Duration::from_millis(300),
+                ..Default::default()
+            },
+            Arc::new(fusebox_nats::NoopObserver),
+        )
+        .await
+        .unwrap();
+        let agent = client(&nats.url()).await;
+        let events = fixture("ping-pong.jsonl");
+        let asked = tokio::spawn(async move { agent.gate(&events[0]).await });
+        // The signal comes once the request is in the stuck commit.
+        let signal = async move {
+            match signalled {
+                true => tokio::time::sleep(Duration::from_millis(100)).await,
+                false => std::future::pending().await,
+            }
+        };
+        let ended = tokio::time::timeout(Duration::from_secs(30), service.run_until(signal))
+            .await
+            .expect("the service hung on its stuck log");
+        assert!(
+            matches!(ended, Err(fusebox_nats::ServiceError::Stalled { .. })),
+            "signalled: {signalled}: {ended:?}"
+        );
+        assert!(
+            !matches!(asked.await.unwrap(), Gate::Decided(_)),
+            "nothing stuck may be answered"
+        );
+    }
 }
