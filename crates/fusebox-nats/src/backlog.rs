@@ -10,7 +10,7 @@
 //! with a NATS node comes back only after the ack wait).
 //!
 //! A task asks JetStream every timer interval and leaves the answer in a flag, so the
-//! applier thread never waits on NATS for it.
+//! applier thread never waits on NATS for it. The same answer is the consumer-lag gauge.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,6 +20,7 @@ use async_nats::jetstream::{self, consumer::pull};
 use tokio::sync::watch;
 
 use crate::inbound::stopped;
+use crate::observer::Observer;
 use crate::subjects::{self, Scope};
 
 /// The consumer's latest counts: messages not yet delivered, and delivered but not yet
@@ -51,26 +52,35 @@ impl Backlog {
     }
 }
 
-/// Keeps `backlog` up to date until shutdown; no answer counts as "not drained".
+/// Keeps `backlog` and the consumer-lag gauge up to date until shutdown; no answer
+/// counts as "not drained".
 pub(crate) async fn watch_backlog(
     js: jetstream::Context,
     scope: Scope,
     backlog: Backlog,
+    observer: Arc<dyn Observer>,
     every: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let name = scope.events_consumer();
     let mut interval = tokio::time::interval(every);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Bound once and asked for its info each tick; bound again after a failed answer
+    // (the consumer may have been recreated at its ack floor meanwhile).
+    let mut bound: Option<jetstream::consumer::Consumer<pull::Config>> = None;
     loop {
         tokio::select! {
             _ = stopped(&mut shutdown) => return,
             _ = interval.tick() => {}
         }
         let ask = tokio::time::timeout(every.max(Duration::from_secs(1)), async {
-            let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
-            let mut consumer: jetstream::consumer::Consumer<pull::Config> =
-                stream.get_consumer(&name).await?;
+            let consumer = match &mut bound {
+                Some(consumer) => consumer,
+                None => {
+                    let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
+                    bound.insert(stream.get_consumer(&name).await?)
+                }
+            };
             let info = consumer.info().await?;
             Ok::<_, async_nats::Error>((info.num_pending, info.num_ack_pending as u64))
         });
@@ -79,9 +89,15 @@ pub(crate) async fn watch_backlog(
         let asked = tokio::select! {
             biased;
             _ = stopped(&mut shutdown) => return,
-            asked = ask => asked,
+            asked = ask => asked.ok().and_then(Result::ok),
         };
-        backlog.set(asked.ok().and_then(Result::ok));
+        match asked {
+            // Not yet delivered plus delivered but not yet acked: what the daemon still
+            // owes the stream.
+            Some((pending, unacked)) => observer.consumer_lag(pending.saturating_add(unacked)),
+            None => bound = None,
+        }
+        backlog.set(asked);
     }
 }
 

@@ -15,8 +15,6 @@ use crate::setup;
 /// Consecutive pull errors (missed heartbeats, no responders while NATS is down) after
 /// which the consumer is bound afresh.
 const REBIND_AFTER_ERRORS: u32 = 3;
-/// How often the consumer's backlog is read for `fusebox_consumer_lag_messages`.
-const LAG_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 pub(crate) async fn run(
     js: async_nats::jetstream::Context,
@@ -33,20 +31,17 @@ pub(crate) async fn run(
             _ = stopped(&mut shutdown) => break,
             bound = setup::events_consumer(&js, scope) => bound,
         };
-        let (mut consumer, messages) = match bound {
-            Ok(consumer) => {
-                let messages = tokio::select! {
-                    biased;
-                    _ = stopped(&mut shutdown) => break,
-                    messages = consumer
-                        .stream()
-                        .max_messages_per_batch(pull_batch)
-                        .heartbeat(Duration::from_secs(5))
-                        .expires(Duration::from_secs(30))
-                        .messages() => messages,
-                };
-                (consumer, messages)
-            }
+        let messages = match bound {
+            Ok(consumer) => tokio::select! {
+                biased;
+                _ = stopped(&mut shutdown) => break,
+                messages = consumer
+                    .stream()
+                    .max_messages_per_batch(pull_batch)
+                    .heartbeat(Duration::from_secs(5))
+                    .expires(Duration::from_secs(30))
+                    .messages() => messages,
+            },
             Err(err) => {
                 tracing::warn!(%err, "binding the events consumer failed; retrying");
                 if tokio::time::timeout(Duration::from_secs(1), stopped(&mut shutdown))
@@ -73,24 +68,10 @@ pub(crate) async fn run(
         };
         inbound.observer.consumer_bound(true);
         let mut errors = 0;
-        let mut lag_check = tokio::time::interval(LAG_CHECK_EVERY);
         loop {
             tokio::select! {
                 biased;
                 _ = stopped(&mut shutdown) => break,
-                _ = lag_check.tick() => {
-                    // Not yet delivered plus delivered but not yet acked: what the daemon
-                    // still owes the stream.
-                    let info = tokio::select! {
-                        biased;
-                        _ = stopped(&mut shutdown) => break,
-                        info = consumer.info() => info,
-                    };
-                    if let Ok(info) = info {
-                        let owed = info.num_pending.saturating_add(info.num_ack_pending as u64);
-                        inbound.observer.consumer_lag(owed);
-                    }
-                }
                 next = messages.next() => match next {
                     Some(Ok(message)) => {
                         errors = 0;

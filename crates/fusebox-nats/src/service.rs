@@ -202,6 +202,7 @@ impl Service {
             js.clone(),
             options.scope,
             backlog,
+            inbound.observer.clone(),
             options.timer_interval,
             shutdown_rx.clone(),
         )));
