@@ -26,7 +26,7 @@
 mod error;
 mod guard;
 pub mod inspect;
-mod keys;
+pub mod keys;
 pub mod log;
 mod maintain;
 mod options;

@@ -21,11 +21,13 @@ pub(crate) fn corrupt<L: EventLog>(log: &L, what: String, detail: String) -> Log
     }
 }
 
-/// Checks the format version; a new, empty log gets the current one.
+/// Checks the format version; a new, empty log gets the current one, and a log of an
+/// older format this build reads is marked with the current one (it is one already).
 pub fn check_format<L: EventLog>(log: &mut L) -> Result<(), LogError> {
+    let current = FORMAT_VERSION.to_string();
     match log.get(Tree::Meta, FORMAT_VERSION_KEY)? {
-        Some(found) if found.as_ref() == FORMAT_VERSION.to_string().as_bytes() => Ok(()),
-        Some(found) => Err(LogError::FormatVersion {
+        Some(found) if found.as_ref() == current.as_bytes() => Ok(()),
+        Some(found) if !keys::is_readable_format(found.as_ref()) => Err(LogError::FormatVersion {
             path: log.path().to_owned(),
             found: String::from_utf8_lossy(found.as_ref()).into_owned(),
             expected: FORMAT_VERSION,
@@ -35,13 +37,9 @@ pub fn check_format<L: EventLog>(log: &mut L) -> Result<(), LogError> {
             found: "none".to_owned(),
             expected: FORMAT_VERSION,
         }),
-        None => {
+        Some(_) | None => {
             let mut batch = WriteBatch::default();
-            batch.insert(
-                Tree::Meta,
-                FORMAT_VERSION_KEY,
-                FORMAT_VERSION.to_string().into_bytes(),
-            );
+            batch.insert(Tree::Meta, FORMAT_VERSION_KEY, current.into_bytes());
             log.write(batch)?;
             log.flush()
         }
@@ -185,24 +183,52 @@ pub fn decision_at<L: EventLog>(log: &L, pos: u64) -> Result<Option<Decision>, L
         .map_err(|detail| corrupt(log, format!("the decision at position {pos}"), detail))
 }
 
-/// Snapshot positions, newest first.
+/// Snapshot positions, newest first: one seek per snapshot, not a read of every piece.
 pub fn snapshot_positions<L: EventLog>(log: &L) -> Result<Vec<u64>, LogError> {
-    let mut positions = log
-        .scan(Tree::Snapshots, &[])
-        .map(|item| position_of(log, Tree::Snapshots, item?.0.as_ref()))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut positions = Vec::new();
+    let mut from = 0;
+    while let Some(item) = log.scan(Tree::Snapshots, &keys::position(from)).next() {
+        let key = item?.0;
+        let pos = keys::decode_snapshot_position(key.as_ref()).ok_or_else(|| {
+            corrupt(
+                log,
+                "a key of the snapshots tree".to_owned(),
+                format!(
+                    "{} bytes where a snapshot key has 8 or 12",
+                    key.as_ref().len()
+                ),
+            )
+        })?;
+        positions.push(pos);
+        match pos.checked_add(1) {
+            Some(next) => from = next,
+            None => break,
+        }
+    }
     positions.reverse();
     Ok(positions)
+}
+
+/// The stored bytes of the snapshot at `pos`: its pieces, in order (`None`: no snapshot
+/// there). A missing piece is caught by the snapshot's checksum.
+pub fn snapshot_bytes<L: EventLog>(log: &L, pos: u64) -> Result<Option<Vec<u8>>, LogError> {
+    let mut bytes = Vec::new();
+    let mut found = false;
+    for item in log.scan_prefix(Tree::Snapshots, &keys::position(pos)) {
+        bytes.extend_from_slice(item?.1.as_ref());
+        found = true;
+    }
+    Ok(found.then_some(bytes))
 }
 
 /// The newest snapshot that decodes, verifies and is not ahead of the log; damaged ones
 /// are skipped with a warning (an older one, or a full replay, does the job).
 pub fn latest_snapshot<L: EventLog>(log: &L, end: u64) -> Result<Option<LogState>, LogError> {
     for pos in snapshot_positions(log)? {
-        let Some(bytes) = log.get(Tree::Snapshots, &keys::position(pos))? else {
+        let Some(bytes) = snapshot_bytes(log, pos)? else {
             continue;
         };
-        match snapshot::decode(bytes.as_ref()) {
+        match snapshot::decode(&bytes) {
             Ok(state) if state.position == pos && pos <= end => return Ok(Some(state)),
             Ok(state) => warn!(
                 path = %log.path().display(),
@@ -300,4 +326,32 @@ pub fn replay_into<L: EventLog>(log: &L, state: &mut LogState) -> Result<(), Log
     state.applied = applied;
     state.index = index;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SledLog, SledOptions};
+
+    fn set_format(log: &mut SledLog, version: &str) {
+        let mut batch = WriteBatch::default();
+        batch.insert(Tree::Meta, FORMAT_VERSION_KEY, version.as_bytes().to_vec());
+        log.write(batch).unwrap();
+    }
+
+    #[test]
+    fn an_older_readable_format_is_marked_current_and_others_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = SledLog::open(dir.path(), &SledOptions::default()).unwrap();
+        set_format(&mut log, "3");
+        check_format(&mut log).unwrap();
+        let stored = log.get(Tree::Meta, FORMAT_VERSION_KEY).unwrap().unwrap();
+        assert_eq!(stored.as_ref(), FORMAT_VERSION.to_string().as_bytes());
+
+        set_format(&mut log, "2");
+        match check_format(&mut log) {
+            Err(LogError::FormatVersion { found, .. }) => assert_eq!(found, "2"),
+            other => panic!("format 2 was not refused: {other:?}"),
+        }
+    }
 }

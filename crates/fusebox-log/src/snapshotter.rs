@@ -31,6 +31,12 @@ use crate::snapshot;
 use crate::state::LogState;
 use crate::store::{SideWriter, Tree};
 
+/// Snapshot pieces written between two flushes of the writer. Whatever the writer has
+/// not flushed rides on the guard's next commit, so this bounds what a commit can be
+/// held up by: 128 pieces of 4 KiB, half a MiB (a 36 MB snapshot would otherwise make
+/// one commit write all of it).
+const PIECES_PER_FLUSH: u32 = 128;
+
 /// Ledger keys (tenant, op_key).
 pub(crate) type LedgerKeys = HashSet<(String, String), FixedHasher>;
 
@@ -182,8 +188,15 @@ impl Writer {
             .put(Tree::Ledger, keys::LEDGER_POSITION_KEY, Some(position))?;
         self.unwritten.clear();
 
-        self.store
-            .put(Tree::Snapshots, &keys::position(pos), Some(bytes))?;
+        for (index, piece) in bytes.chunks(keys::SNAPSHOT_PIECE_BYTES).enumerate() {
+            let index = u32::try_from(index).expect("a snapshot under 16 TiB");
+            let key = keys::snapshot_piece(pos, index);
+            self.store
+                .put(Tree::Snapshots, &key, Some(piece.to_vec()))?;
+            if (index + 1) % PIECES_PER_FLUSH == 0 {
+                self.store.flush()?;
+            }
+        }
         self.store.flush()?;
         let mut older: Vec<u64> = self
             .positions
@@ -196,7 +209,7 @@ impl Writer {
         self.positions = older;
         for old in &removed {
             self.store
-                .put(Tree::Snapshots, &keys::position(*old), None)?;
+                .remove_prefix(Tree::Snapshots, &keys::position(*old))?;
         }
         if !removed.is_empty() {
             self.store.flush()?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{full_replay, open, options};
 use fusebox_core::{Event, Sequencer};
 use fusebox_log::workload::{Workload, WorkloadConfig};
-use fusebox_log::{EventLog, GuardOptions, LogState, SledLog, SledOptions, Tree, WriteBatch};
+use fusebox_log::{keys, EventLog, GuardOptions, LogState, SledLog, SledOptions, Tree, WriteBatch};
 use proptest::prelude::*;
 
 /// Workload events, perturbed the way delivery perturbs them: some re-delivered, some
@@ -140,20 +140,21 @@ fn damaged_snapshots_are_skipped_for_an_older_one_or_a_full_replay() {
         drop(guard);
 
         let mut log = SledLog::open(dir.path(), &SledOptions::default()).unwrap();
-        let stored: Vec<(Vec<u8>, Vec<u8>)> = fusebox_log::log::snapshot_positions(&log)
+        let stored: Vec<(u64, Vec<u8>)> = fusebox_log::log::snapshot_positions(&log)
             .unwrap()
             .into_iter()
             .map(|pos| {
-                let key = pos.to_be_bytes().to_vec();
-                let value = log.get(Tree::Snapshots, &key).unwrap().unwrap().to_vec();
-                (key, value)
+                let bytes = fusebox_log::log::snapshot_bytes(&log, pos)
+                    .unwrap()
+                    .unwrap();
+                (pos, bytes)
             })
             .collect();
         assert_eq!(stored.len(), 3, "{name}");
         let mut batch = WriteBatch::default();
-        for (i, (key, value)) in stored.into_iter().enumerate() {
-            if let Some(damaged) = damage(i, value) {
-                batch.insert(Tree::Snapshots, key, damaged);
+        for (i, (pos, bytes)) in stored.into_iter().enumerate() {
+            if let Some(damaged) = damage(i, bytes) {
+                replace_snapshot(&log, &mut batch, pos, &damaged);
             }
         }
         log.write(batch).unwrap();
@@ -164,6 +165,53 @@ fn damaged_snapshots_are_skipped_for_an_older_one_or_a_full_replay() {
         assert_eq!(guard.state(), &live, "{name}");
         assert_eq!(full_replay(guard.log()), live, "{name}");
     }
+}
+
+/// Writes `bytes` in place of the snapshot at `pos`, in pieces as the writer does.
+fn replace_snapshot(log: &SledLog, batch: &mut WriteBatch, pos: u64, bytes: &[u8]) {
+    for item in log.scan_prefix(Tree::Snapshots, &keys::position(pos)) {
+        batch.remove(Tree::Snapshots, item.unwrap().0.to_vec());
+    }
+    for (index, piece) in bytes.chunks(keys::SNAPSHOT_PIECE_BYTES).enumerate() {
+        let key = keys::snapshot_piece(pos, index as u32);
+        batch.insert(Tree::Snapshots, key.to_vec(), piece.to_vec());
+    }
+}
+
+/// sled writes a value or node above a quarter segment (128 KiB) to a blob file it
+/// never fsyncs, and its recovery drops every write after such a file that a power
+/// loss tore. A snapshot far bigger than that must land in pieces, never in a blob.
+#[test]
+fn a_large_snapshot_is_stored_in_pieces_sled_keeps_out_of_blob_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut guard = open(dir.path(), options(0));
+    let mut workload = Workload::new(WorkloadConfig {
+        concurrent_runs: 1_000,
+        ..WorkloadConfig::default()
+    });
+    for _ in 0..20 {
+        guard.submit_batch(workload.batch(1_000)).unwrap();
+    }
+    guard.checkpoint().unwrap();
+    let live = guard.state().clone();
+    drop(guard);
+
+    let log = SledLog::open(dir.path(), &SledOptions::default()).unwrap();
+    let stats = fusebox_log::inspect::stats(&log).unwrap();
+    assert_eq!(stats.snapshots, 1);
+    assert!(
+        stats.latest_snapshot_bytes > 2 * 128 * 1024,
+        "the snapshot is large enough to have been a blob: {} bytes",
+        stats.latest_snapshot_bytes
+    );
+    let blobs = std::fs::read_dir(dir.path().join("blobs"))
+        .map(|files| files.count())
+        .unwrap_or(0);
+    assert_eq!(blobs, 0, "blob files in the log");
+    drop(log);
+
+    let guard = open(dir.path(), options(0));
+    assert_eq!(guard.state(), &live);
 }
 
 #[test]

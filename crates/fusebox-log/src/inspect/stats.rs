@@ -64,9 +64,14 @@ pub fn stats<L: EventLog>(log: &L) -> Result<LogStats, LogError> {
                 }
                 Tree::Ledger => stats.ledger_keys += u64::from(key != keys::LEDGER_POSITION_KEY),
                 Tree::Snapshots => {
-                    stats.snapshots += 1;
-                    stats.latest_snapshot_position = keys::decode_position(key);
-                    stats.latest_snapshot_bytes = value.len() as u64;
+                    // Pieces of one snapshot follow each other in key order.
+                    let pos = keys::decode_snapshot_position(key);
+                    if pos != stats.latest_snapshot_position || stats.snapshots == 0 {
+                        stats.snapshots += 1;
+                        stats.latest_snapshot_position = pos;
+                        stats.latest_snapshot_bytes = 0;
+                    }
+                    stats.latest_snapshot_bytes += value.len() as u64;
                 }
                 Tree::Meta => {}
             }

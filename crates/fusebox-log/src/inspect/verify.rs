@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::error::LogError;
 use crate::keys::{self, FORMAT_VERSION, FORMAT_VERSION_KEY};
-use crate::log::{decode_frame, frames, last_position, snapshot_positions};
+use crate::log::{decode_frame, frames, last_position, snapshot_bytes, snapshot_positions};
 use crate::record::{self, Record};
 use crate::snapshot;
 use crate::state::{id_hash, LogState};
@@ -54,9 +54,9 @@ impl VerifyReport {
 pub fn verify<L: EventLog>(log: &L) -> Result<VerifyReport, LogError> {
     let mut report = VerifyReport::default();
     match log.get(Tree::Meta, FORMAT_VERSION_KEY)? {
-        Some(v) if v.as_ref() == FORMAT_VERSION.to_string().as_bytes() => {}
+        Some(v) if keys::is_readable_format(v.as_ref()) => {}
         other => report.problem(format!(
-            "format version is {:?}, expected {FORMAT_VERSION}",
+            "format version is {:?}, expected {FORMAT_VERSION} (or 3, which this build reads)",
             other.map(|v| String::from_utf8_lossy(v.as_ref()).into_owned())
         )),
     }
@@ -102,10 +102,10 @@ fn load_snapshots<L: EventLog>(
 ) -> Result<BTreeMap<u64, LogState>, LogError> {
     let mut snapshots = BTreeMap::new();
     for pos in snapshot_positions(log)? {
-        let Some(bytes) = log.get(Tree::Snapshots, &keys::position(pos))? else {
+        let Some(bytes) = snapshot_bytes(log, pos)? else {
             continue;
         };
-        match snapshot::decode(bytes.as_ref()) {
+        match snapshot::decode(&bytes) {
             Ok(state) if state.position == pos => {
                 snapshots.insert(pos, state);
             }
