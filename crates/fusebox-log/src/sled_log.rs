@@ -1,5 +1,6 @@
 //! [`EventLog`] on sled 0.34: one `sled::Db`, one tree per [`Tree`].
 
+use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -15,6 +16,8 @@ use crate::store::{Entry, EventLog, Scan, SideWriter, Tree, WriteBatch};
 const MARKER: &str = "FUSEBOX_LOG";
 const MARKER_TEXT: &str = "This directory holds a fusebox event log (sled). Inspect it with \
 `fusebox log stats|verify|export --data-dir <this directory>`.\n";
+/// sled 0.34's one database file in its directory.
+const DATA_FILE: &str = "db";
 /// How long opening waits for a lock held by a handle that is closing.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
 
@@ -38,6 +41,8 @@ pub struct SledLog {
     db: sled::Db,
     trees: Vec<sled::Tree>,
     blobs: Arc<BlobSync>,
+    /// sled's database file, opened again for `fdatasync` (see [`flush`]).
+    data_file: Arc<File>,
 }
 
 impl SledLog {
@@ -59,11 +64,14 @@ impl SledLog {
             .map(|tree| db.open_tree(tree.name()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(open_error)?;
+        let data_file =
+            File::open(path.join(DATA_FILE)).map_err(|e| open_error(sled::Error::Io(e)))?;
         let mut log = SledLog {
             path: path.to_owned(),
             db,
             trees,
             blobs: BlobSync::new(path),
+            data_file: Arc::new(data_file),
         };
         log.check_marker()?;
         Ok(log)
@@ -192,7 +200,7 @@ impl EventLog for SledLog {
     }
 
     fn flush(&self) -> Result<(), LogError> {
-        flush(&self.db, &self.blobs).map_err(|e| self.storage(e))
+        flush(&self.db, &self.blobs, &self.data_file).map_err(|e| self.storage(e))
     }
 
     fn size_on_disk(&self) -> Result<u64, LogError> {
@@ -205,6 +213,7 @@ impl EventLog for SledLog {
             db: self.db.clone(),
             trees: self.trees.clone(),
             blobs: self.blobs.clone(),
+            data_file: self.data_file.clone(),
         })
     }
 }
@@ -216,6 +225,8 @@ struct SledSide {
     db: sled::Db,
     trees: Vec<sled::Tree>,
     blobs: Arc<BlobSync>,
+    /// sled's database file, opened again for `fdatasync` (see [`flush`]).
+    data_file: Arc<File>,
 }
 
 impl SideWriter for SledSide {
@@ -238,19 +249,26 @@ impl SideWriter for SledSide {
     }
 
     fn flush(&self) -> Result<(), LogError> {
-        flush(&self.db, &self.blobs).map_err(|source| LogError::storage(&self.path, source))
+        flush(&self.db, &self.blobs, &self.data_file)
+            .map_err(|source| LogError::storage(&self.path, source))
     }
 }
 
-/// Makes every write before it durable: sled's own files, and first the blob files
-/// sled writes but never fsyncs (values or nodes above a quarter segment, see
-/// `keys::SNAPSHOT_PIECE_BYTES`). Without this, a power loss before the kernel wrote
-/// such a file back would make sled's recovery stop at it and drop every flushed write
-/// after it. Snapshot pieces and normal frames are too small to make blobs; a frame of
-/// a very large event (up to `max_event_bytes`) is not.
-fn flush(db: &sled::Db, blobs: &BlobSync) -> sled::Result<()> {
+/// Makes every write before it durable, which sled 0.34's flush alone does not on
+/// Linux:
+/// - the blob files sled writes but never fsyncs (values or nodes above a quarter
+///   segment, see `keys::SNAPSHOT_PIECE_BYTES`) are synced first; otherwise a power loss
+///   before the kernel wrote one back makes sled's recovery stop at it and drop every
+///   flushed write after it. Snapshot pieces and normal frames are too small to make
+///   blobs; a frame of a very large event (up to `max_event_bytes`) is not;
+/// - sled writes its log with `sync_file_range`, which writes the pages but neither
+///   the file's size and block allocation nor the disk's write cache (its man page: "no
+///   guarantees that the data will be available after a crash" for a file that grows,
+///   as sled's does). An `fdatasync` of the database file after sled's flush covers both.
+fn flush(db: &sled::Db, blobs: &BlobSync, data_file: &File) -> sled::Result<()> {
     blobs.sync()?;
-    db.flush().map(drop)
+    db.flush()?;
+    Ok(data_file.sync_data()?)
 }
 
 /// The blob files (named by their log sequence number) synced so far.
