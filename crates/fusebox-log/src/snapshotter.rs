@@ -188,6 +188,13 @@ impl Writer {
             .put(Tree::Ledger, keys::LEDGER_POSITION_KEY, Some(position))?;
         self.unwritten.clear();
 
+        if self.positions.contains(&pos) {
+            // A snapshot at this position already (a checkpoint with nothing new since
+            // the last one, maybe written by an older build in one piece): its pieces
+            // would mix with these, so they go first.
+            self.store
+                .remove_prefix(Tree::Snapshots, &keys::position(pos))?;
+        }
         for (index, piece) in bytes.chunks(keys::SNAPSHOT_PIECE_BYTES).enumerate() {
             let index = u32::try_from(index).expect("a snapshot under 16 TiB");
             let key = keys::snapshot_piece(pos, index);

@@ -214,6 +214,53 @@ fn a_large_snapshot_is_stored_in_pieces_sled_keeps_out_of_blob_files() {
     assert_eq!(guard.state(), &live);
 }
 
+/// A format-3 log keeps each snapshot whole under its position; a checkpoint at that
+/// same position (nothing new since) must replace it, not add pieces beside it.
+#[test]
+fn a_checkpoint_replaces_a_whole_format_3_snapshot_at_its_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut guard = open(dir.path(), options(0));
+    guard
+        .submit_batch(Workload::new(WorkloadConfig::default()).batch(2_000))
+        .unwrap();
+    guard.checkpoint().unwrap();
+    let live = guard.state().clone();
+    drop(guard);
+
+    let mut log = SledLog::open(dir.path(), &SledOptions::default()).unwrap();
+    let pos = live.position;
+    let bytes = fusebox_log::log::snapshot_bytes(&log, pos)
+        .unwrap()
+        .unwrap();
+    assert!(
+        bytes.len() > keys::SNAPSHOT_PIECE_BYTES,
+        "more than one piece"
+    );
+    let mut batch = WriteBatch::default();
+    for item in log.scan_prefix(Tree::Snapshots, &keys::position(pos)) {
+        batch.remove(Tree::Snapshots, item.unwrap().0.to_vec());
+    }
+    batch.insert(Tree::Snapshots, keys::position(pos).to_vec(), bytes);
+    batch.insert(Tree::Meta, keys::FORMAT_VERSION_KEY.to_vec(), b"3".to_vec());
+    log.write(batch).unwrap();
+    log.flush().unwrap();
+    drop(log);
+
+    let mut guard = open(dir.path(), options(0));
+    assert_eq!(
+        guard.state(),
+        &live,
+        "the whole snapshot reads as one piece"
+    );
+    guard.checkpoint().unwrap();
+    drop(guard);
+
+    let log = SledLog::open(dir.path(), &SledOptions::default()).unwrap();
+    let report = fusebox_log::inspect::verify(&log).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.snapshots_matched, 1);
+}
+
 #[test]
 fn garbage_in_place_of_the_log_is_a_clear_error_not_a_panic() {
     type Setup = fn(&std::path::Path) -> std::path::PathBuf;
