@@ -183,30 +183,42 @@ pub fn decision_at<L: EventLog>(log: &L, pos: u64) -> Result<Option<Decision>, L
         .map_err(|detail| corrupt(log, format!("the decision at position {pos}"), detail))
 }
 
-/// Snapshot positions, newest first: one seek per snapshot, not a read of every piece.
+/// Positions of the complete snapshots, newest first: one seek per snapshot, not a
+/// read of every piece. A snapshot is complete once its piece 0 is stored (the writer
+/// stores it last; a format-3 snapshot is one whole key).
 pub fn snapshot_positions<L: EventLog>(log: &L) -> Result<Vec<u64>, LogError> {
-    let mut positions = Vec::new();
+    let (mut complete, _torn) = snapshots_found(log)?;
+    complete.reverse();
+    Ok(complete)
+}
+
+/// Positions of the complete snapshots and of the torn ones (pieces without piece 0:
+/// a write cut short, or a removal), oldest first.
+fn snapshots_found<L: EventLog>(log: &L) -> Result<(Vec<u64>, Vec<u64>), LogError> {
+    let (mut complete, mut torn) = (Vec::new(), Vec::new());
     let mut from = 0;
     while let Some(item) = log.scan(Tree::Snapshots, &keys::position(from)).next() {
         let key = item?.0;
-        let pos = keys::decode_snapshot_position(key.as_ref()).ok_or_else(|| {
+        let key = key.as_ref();
+        let pos = keys::decode_snapshot_position(key).ok_or_else(|| {
             corrupt(
                 log,
                 "a key of the snapshots tree".to_owned(),
-                format!(
-                    "{} bytes where a snapshot key has 8 or 12",
-                    key.as_ref().len()
-                ),
+                format!("{} bytes where a snapshot key has 8 or 12", key.len()),
             )
         })?;
-        positions.push(pos);
+        // Piece 0, if stored, is the first key of its position.
+        if key.len() == 8 || key[8..] == [0; 4] {
+            complete.push(pos);
+        } else {
+            torn.push(pos);
+        }
         match pos.checked_add(1) {
             Some(next) => from = next,
             None => break,
         }
     }
-    positions.reverse();
-    Ok(positions)
+    Ok((complete, torn))
 }
 
 /// The stored bytes of the snapshot at `pos`: its pieces, in order (`None`: no snapshot
@@ -248,10 +260,12 @@ pub fn latest_snapshot<L: EventLog>(log: &L, end: u64) -> Result<Option<LogState
     Ok(None)
 }
 
-/// Removes snapshots beyond the last record. Builds that wrote a snapshot in the batch
-/// that took it could leave one there when a crash cut the batch short; now a snapshot
-/// is written only once its records are durable (`snapshotter.rs`), so this guards
-/// against older logs and damage. Returns how many entries were removed.
+/// Removes snapshots beyond the last record, and the pieces of torn snapshots. Builds
+/// that wrote a snapshot in the batch that took it could leave one beyond the end when
+/// a crash cut the batch short; now a snapshot is written only once its records are
+/// durable (`snapshotter.rs`), so that guards against older logs and damage. A crash
+/// while a snapshot is written or removed leaves pieces without piece 0, which no
+/// reader sees. Returns how many entries were removed.
 pub fn repair_tail<L: EventLog>(log: &mut L) -> Result<usize, LogError> {
     let end = last_position(log)?;
     let mut batch = WriteBatch::default();
@@ -260,12 +274,21 @@ pub fn repair_tail<L: EventLog>(log: &mut L) -> Result<usize, LogError> {
         batch.remove(Tree::Snapshots, item?.0.as_ref());
         removed += 1;
     }
+    let beyond_end = removed;
+    let (_, torn) = snapshots_found(log)?;
+    for pos in torn.iter().filter(|&&pos| pos <= end) {
+        for item in log.scan_prefix(Tree::Snapshots, &keys::position(*pos)) {
+            batch.remove(Tree::Snapshots, item?.0.as_ref());
+            removed += 1;
+        }
+    }
     if removed > 0 {
         info!(
             path = %log.path().display(),
             log_end = end,
-            removed,
-            "removed the unfinished tail of a batch cut short by a crash"
+            beyond_end,
+            torn_snapshot_pieces = removed - beyond_end,
+            "removed what a crash left unfinished (a batch cut short, a snapshot being written or removed)"
         );
         log.write(batch)?;
         log.flush()?;

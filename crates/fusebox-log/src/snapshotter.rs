@@ -195,15 +195,23 @@ impl Writer {
             self.store
                 .remove_prefix(Tree::Snapshots, &keys::position(pos))?;
         }
-        for (index, piece) in bytes.chunks(keys::SNAPSHOT_PIECE_BYTES).enumerate() {
+        // Piece 0 last: it is the snapshot's commit point (`log::snapshot_positions`
+        // lists only snapshots that have it), so a crash in between leaves pieces no
+        // reader sees, removed at the next open.
+        let pieces: Vec<&[u8]> = bytes.chunks(keys::SNAPSHOT_PIECE_BYTES).collect();
+        for (index, piece) in pieces.iter().enumerate().skip(1) {
             let index = u32::try_from(index).expect("a snapshot under 16 TiB");
             let key = keys::snapshot_piece(pos, index);
             self.store
                 .put(Tree::Snapshots, &key, Some(piece.to_vec()))?;
-            if (index + 1) % PIECES_PER_FLUSH == 0 {
+            if index % PIECES_PER_FLUSH == 0 {
                 self.store.flush()?;
             }
         }
+        self.store.flush()?;
+        let first = pieces.first().map_or_else(Vec::new, |piece| piece.to_vec());
+        self.store
+            .put(Tree::Snapshots, &keys::snapshot_piece(pos, 0), Some(first))?;
         self.store.flush()?;
         let mut older: Vec<u64> = self
             .positions

@@ -214,6 +214,46 @@ fn a_large_snapshot_is_stored_in_pieces_sled_keeps_out_of_blob_files() {
     assert_eq!(guard.state(), &live);
 }
 
+/// A crash while a snapshot is written (or removed) leaves pieces without piece 0,
+/// which the writer stores last: no reader sees them, and the next open removes them.
+#[test]
+fn a_torn_snapshot_is_invisible_and_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut guard = open(dir.path(), options(0));
+    let mut workload = Workload::new(WorkloadConfig::default());
+    guard.submit_batch(workload.batch(1_000)).unwrap();
+    guard.checkpoint().unwrap();
+    guard.submit_batch(workload.batch(1_000)).unwrap();
+    guard.checkpoint().unwrap();
+    let live = guard.state().clone();
+    drop(guard);
+
+    let mut log = SledLog::open(dir.path(), &SledOptions::default()).unwrap();
+    let positions = fusebox_log::log::snapshot_positions(&log).unwrap();
+    assert_eq!(positions.len(), 2);
+    let newest = positions[0];
+    let mut batch = WriteBatch::default();
+    batch.remove(Tree::Snapshots, keys::snapshot_piece(newest, 0).to_vec());
+    log.write(batch).unwrap();
+    log.flush().unwrap();
+    assert_eq!(
+        fusebox_log::log::snapshot_positions(&log).unwrap(),
+        positions[1..]
+    );
+    let report = fusebox_log::inspect::verify(&log).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    drop(log);
+
+    let guard = open(dir.path(), options(0));
+    assert_eq!(guard.state(), &live);
+    drop(guard);
+    let log = SledLog::open(dir.path(), &SledOptions::default()).unwrap();
+    let left = log
+        .scan_prefix(Tree::Snapshots, &keys::position(newest))
+        .count();
+    assert_eq!(left, 0, "pieces of the torn snapshot left");
+}
+
 /// A format-3 log keeps each snapshot whole under its position; a checkpoint at that
 /// same position (nothing new since) must replace it, not add pieces beside it.
 #[test]
