@@ -108,6 +108,18 @@ impl SledLog {
         Ok(())
     }
 
+    /// Another handle on the same open database (not `Clone`: the log's own handle is
+    /// its one writer of batches).
+    fn share(&self) -> SledLog {
+        SledLog {
+            path: self.path.clone(),
+            db: self.db.clone(),
+            trees: self.trees.clone(),
+            blobs: self.blobs.clone(),
+            data_file: self.data_file.clone(),
+        }
+    }
+
     fn tree(&self, tree: Tree) -> &sled::Tree {
         &self.trees[tree as usize]
     }
@@ -208,49 +220,37 @@ impl EventLog for SledLog {
     }
 
     fn side_writer(&self) -> Box<dyn SideWriter> {
-        Box::new(SledSide {
-            path: self.path.clone(),
-            db: self.db.clone(),
-            trees: self.trees.clone(),
-            blobs: self.blobs.clone(),
-            data_file: self.data_file.clone(),
-        })
+        Box::new(SledSide(self.share()))
     }
 }
 
 /// sled's handles are shared references to one database, so another thread writes
-/// through its own.
-struct SledSide {
-    path: PathBuf,
-    db: sled::Db,
-    trees: Vec<sled::Tree>,
-    blobs: Arc<BlobSync>,
-    /// sled's database file, opened again for `fdatasync` (see [`flush`]).
-    data_file: Arc<File>,
-}
+/// through a second handle.
+struct SledSide(SledLog);
 
 impl SideWriter for SledSide {
     fn put(&self, tree: Tree, key: &[u8], value: Option<Vec<u8>>) -> Result<(), LogError> {
-        let tree = &self.trees[tree as usize];
+        let log = &self.0;
+        let tree = log.tree(tree);
         match value {
             Some(value) => tree.insert(key, value).map(drop),
             None => tree.remove(key).map(drop),
         }
-        .map_err(|source| LogError::storage(&self.path, source))
+        .map_err(|e| log.storage(e))
     }
 
     fn remove_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<(), LogError> {
-        let tree = &self.trees[tree as usize];
-        let storage = |source| LogError::storage(&self.path, source);
-        for item in tree.scan_prefix(prefix).keys() {
-            tree.remove(item.map_err(storage)?).map_err(storage)?;
+        let log = &self.0;
+        let tree = log.tree(tree);
+        for key in tree.scan_prefix(prefix).keys() {
+            tree.remove(key.map_err(|e| log.storage(e))?)
+                .map_err(|e| log.storage(e))?;
         }
         Ok(())
     }
 
     fn flush(&self) -> Result<(), LogError> {
-        flush(&self.db, &self.blobs, &self.data_file)
-            .map_err(|source| LogError::storage(&self.path, source))
+        EventLog::flush(&self.0)
     }
 }
 

@@ -103,7 +103,7 @@ pub trait SideWriter: Send {
     /// Inserts (`Some`) or removes (`None`) one key, atomically; durable after `flush`.
     fn put(&self, tree: Tree, key: &[u8], value: Option<Vec<u8>>) -> Result<(), LogError>;
     /// Removes every key that starts with `prefix`, one by one in key order (a snapshot
-    /// cut short this way has lost its first piece, so it no longer verifies).
+    /// cut short this way has lost its piece 0 first, so no reader lists it).
     fn remove_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<(), LogError>;
     /// Makes every write before it durable (the log's own writes too: harmless, since
     /// a batch's frames, its commit point, go in one atomic write).
