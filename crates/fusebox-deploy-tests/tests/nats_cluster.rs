@@ -161,18 +161,28 @@ async fn r3_stream_survives_losing_a_node() {
     );
 
     // The daemon-side read path works too: a pull consumer gets all of them back.
-    stream = js
-        .get_stream(fusebox_nats::subjects::EVENTS_STREAM)
-        .await
-        .expect("stream");
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::Config {
-            durable_name: Some("deploy-test".to_owned()),
-            ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            ..Default::default()
-        })
-        .await
-        .expect("consumer on the surviving nodes");
+    // The consumer is a cluster-wide (meta) change, and the meta group may still be
+    // electing its own leader after the kill: retried like the writes above.
+    let consumer = retry(
+        "a consumer on the surviving nodes",
+        Duration::from_secs(20),
+        || {
+            let js = js.clone();
+            async move {
+                js.get_stream(fusebox_nats::subjects::EVENTS_STREAM)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .create_consumer(jetstream::consumer::pull::Config {
+                        durable_name: Some("deploy-test".to_owned()),
+                        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        },
+    )
+    .await;
     let mut messages = consumer
         .fetch()
         .max_messages(100)
