@@ -29,6 +29,12 @@ pub fn run(data_dir: &Path, command: LogCommand) -> Result<bool, String> {
                 stats.disk_bytes_per_event(),
                 stats.space_amplification()
             );
+            if stats.torn_snapshots > 0 {
+                eprintln!(
+                    "{} torn snapshot(s) (a write cut short by a crash): unused, and removed when the log is next opened by fuseboxd",
+                    stats.torn_snapshots
+                );
+            }
             Ok(true)
         }
         LogCommand::Verify => {

@@ -62,6 +62,13 @@ pub fn decode_snapshot_position(key: &[u8]) -> Option<u64> {
     }
 }
 
+/// Whether a `snapshots` key is its snapshot's commit point: piece 0, or the whole
+/// snapshot of format 3. Stored, it is the first key of its position; a position whose
+/// first key is another piece holds a torn snapshot (a write or a removal cut short).
+pub fn is_snapshot_commit_key(key: &[u8]) -> bool {
+    key.len() == 8 || (key.len() == 12 && key[8..] == [0; 4])
+}
+
 /// `ledger` key of the position whose ledger the tree holds (8 bytes, big-endian). No
 /// entry's key starts with NUL: tenants are non-empty.
 pub const LEDGER_POSITION_KEY: &[u8] = &[0];
@@ -104,6 +111,14 @@ mod tests {
         assert_eq!(decoded, vec![Some(2), Some(2), Some(7), Some(256)]);
         assert_eq!(keys[0], snapshot_piece(2, 1).to_vec());
         assert_eq!(decode_snapshot_position(b"ten bytes!"), None);
+    }
+
+    #[test]
+    fn piece_0_and_a_whole_snapshot_are_commit_keys_other_pieces_are_not() {
+        assert!(is_snapshot_commit_key(&snapshot_piece(9, 0)));
+        assert!(is_snapshot_commit_key(&position(9)));
+        assert!(!is_snapshot_commit_key(&snapshot_piece(9, 1)));
+        assert!(!is_snapshot_commit_key(b"ten bytes!"));
     }
 
     #[test]

@@ -207,8 +207,7 @@ fn snapshots_found<L: EventLog>(log: &L) -> Result<(Vec<u64>, Vec<u64>), LogErro
                 format!("{} bytes where a snapshot key has 8 or 12", key.len()),
             )
         })?;
-        // Piece 0, if stored, is the first key of its position.
-        if key.len() == 8 || key[8..] == [0; 4] {
+        if keys::is_snapshot_commit_key(key) {
             complete.push(pos);
         } else {
             torn.push(pos);

@@ -242,6 +242,13 @@ fn a_torn_snapshot_is_invisible_and_removed_at_open() {
     );
     let report = fusebox_log::inspect::verify(&log).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
+    let stats = fusebox_log::inspect::stats(&log).unwrap();
+    assert_eq!(
+        (stats.snapshots, stats.torn_snapshots),
+        (1, 1),
+        "stats counts the torn snapshot as one"
+    );
+    assert_eq!(stats.latest_snapshot_position, Some(positions[1]));
     drop(log);
 
     let guard = open(dir.path(), options(0));
@@ -252,6 +259,7 @@ fn a_torn_snapshot_is_invisible_and_removed_at_open() {
         .scan_prefix(Tree::Snapshots, &keys::position(newest))
         .count();
     assert_eq!(left, 0, "pieces of the torn snapshot left");
+    assert_eq!(fusebox_log::inspect::stats(&log).unwrap().torn_snapshots, 0);
 }
 
 /// A format-3 log keeps each snapshot whole under its position; a checkpoint at that

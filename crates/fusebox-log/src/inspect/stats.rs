@@ -21,9 +21,13 @@ pub struct LogStats {
     /// Runs with events in the log (pruned runs no longer count).
     pub runs: u64,
     pub ledger_keys: u64,
+    /// Complete snapshots, the ones start-up and verify read.
     pub snapshots: u64,
     pub latest_snapshot_position: Option<u64>,
     pub latest_snapshot_bytes: u64,
+    /// Snapshots without their piece 0 (a write or a removal cut short by a crash): no
+    /// reader sees them, and the next open of the log for writing removes their pieces.
+    pub torn_snapshots: u64,
     /// Keys and values of every tree: what the log would take with no overhead.
     pub logical_bytes: u64,
     /// What sled occupies on disk.
@@ -44,6 +48,8 @@ impl LogStats {
 
 pub fn stats<L: EventLog>(log: &L) -> Result<LogStats, LogError> {
     let mut stats = LogStats::default();
+    // The snapshot whose pieces are being counted, and whether it is complete.
+    let mut snapshot: Option<(Option<u64>, bool)> = None;
     for tree in Tree::ALL {
         for item in log.scan(tree, &[]) {
             let (key, value) = item?;
@@ -64,14 +70,23 @@ pub fn stats<L: EventLog>(log: &L) -> Result<LogStats, LogError> {
                 }
                 Tree::Ledger => stats.ledger_keys += u64::from(key != keys::LEDGER_POSITION_KEY),
                 Tree::Snapshots => {
-                    // Pieces of one snapshot follow each other in key order.
+                    // Pieces of one snapshot follow each other in key order, its commit
+                    // point first when stored.
                     let pos = keys::decode_snapshot_position(key);
-                    if pos != stats.latest_snapshot_position || stats.snapshots == 0 {
-                        stats.snapshots += 1;
-                        stats.latest_snapshot_position = pos;
-                        stats.latest_snapshot_bytes = 0;
+                    if snapshot.map(|(current, _)| current) != Some(pos) {
+                        let complete = keys::is_snapshot_commit_key(key);
+                        snapshot = Some((pos, complete));
+                        if complete {
+                            stats.snapshots += 1;
+                            stats.latest_snapshot_position = pos;
+                            stats.latest_snapshot_bytes = 0;
+                        } else {
+                            stats.torn_snapshots += 1;
+                        }
                     }
-                    stats.latest_snapshot_bytes += value.len() as u64;
+                    if snapshot.is_some_and(|(_, complete)| complete) {
+                        stats.latest_snapshot_bytes += value.len() as u64;
+                    }
                 }
                 Tree::Meta => {}
             }
