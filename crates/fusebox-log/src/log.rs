@@ -194,7 +194,7 @@ pub fn snapshot_positions<L: EventLog>(log: &L) -> Result<Vec<u64>, LogError> {
 
 /// Positions of the complete snapshots and of the torn ones (pieces without piece 0:
 /// a write cut short, or a removal), oldest first.
-fn snapshots_found<L: EventLog>(log: &L) -> Result<(Vec<u64>, Vec<u64>), LogError> {
+pub(crate) fn snapshots_found<L: EventLog>(log: &L) -> Result<(Vec<u64>, Vec<u64>), LogError> {
     let (mut complete, mut torn) = (Vec::new(), Vec::new());
     let mut from = 0;
     while let Some(item) = log.scan(Tree::Snapshots, &keys::position(from)).next() {

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::error::LogError;
 use crate::keys;
-use crate::log::{decode_frame, records};
+use crate::log::{decode_frame, records, snapshots_found};
 use crate::record::{LogOp, Record};
 use crate::store::{EventLog, Tree};
 
@@ -48,8 +48,10 @@ impl LogStats {
 
 pub fn stats<L: EventLog>(log: &L) -> Result<LogStats, LogError> {
     let mut stats = LogStats::default();
-    // The snapshot whose pieces are being counted, and whether it is complete.
-    let mut snapshot: Option<(Option<u64>, bool)> = None;
+    let (complete, torn) = snapshots_found(log)?;
+    stats.snapshots = complete.len() as u64;
+    stats.torn_snapshots = torn.len() as u64;
+    stats.latest_snapshot_position = complete.last().copied();
     for tree in Tree::ALL {
         for item in log.scan(tree, &[]) {
             let (key, value) = item?;
@@ -70,21 +72,8 @@ pub fn stats<L: EventLog>(log: &L) -> Result<LogStats, LogError> {
                 }
                 Tree::Ledger => stats.ledger_keys += u64::from(key != keys::LEDGER_POSITION_KEY),
                 Tree::Snapshots => {
-                    // Pieces of one snapshot follow each other in key order, its commit
-                    // point first when stored.
                     let pos = keys::decode_snapshot_position(key);
-                    if snapshot.map(|(current, _)| current) != Some(pos) {
-                        let complete = keys::is_snapshot_commit_key(key);
-                        snapshot = Some((pos, complete));
-                        if complete {
-                            stats.snapshots += 1;
-                            stats.latest_snapshot_position = pos;
-                            stats.latest_snapshot_bytes = 0;
-                        } else {
-                            stats.torn_snapshots += 1;
-                        }
-                    }
-                    if snapshot.is_some_and(|(_, complete)| complete) {
+                    if pos.is_some() && pos == stats.latest_snapshot_position {
                         stats.latest_snapshot_bytes += value.len() as u64;
                     }
                 }
