@@ -158,9 +158,9 @@ pub(crate) fn latched(run: &RunState, event: &Event, call_id: Option<&str>) -> O
 /// The stored result a `use_completed_result` answer carries.
 pub(crate) fn stored_result(output: Option<&crate::event::Output>) -> String {
     let value = match output {
-        Some(crate::event::Output::Json(value)) => return value.to_string(),
+        Some(crate::event::Output::Json(value)) => return message::compact_json(value),
         Some(crate::event::Output::Hash(hash)) => serde_json::json!({ "output_hash": hash }),
         None => Value::Null,
     };
-    value.to_string()
+    message::compact_json(&value)
 }

@@ -10,7 +10,7 @@ const LABEL_MAX: usize = 120;
 /// `tool({"q":"x"})`, cut to a readable length.
 pub fn call_label(tool: &str, args: &Args) -> String {
     let rendered = match args {
-        Args::Json(value) => value.to_string(),
+        Args::Json(value) => compact_json(value),
         Args::Hash(hash) => format!("#{}", cut(hash, 12)),
     };
     let mut label = format!("{tool}({rendered})");
@@ -20,6 +20,13 @@ pub fn call_label(tool: &str, args: &Args) -> String {
         label.push_str("…)");
     }
     label
+}
+
+/// `value` as compact JSON, the same text as `value.to_string()`: `Display` writes it
+/// through the formatting machinery a few bytes at a time, which was most of the cost
+/// of storing a completed operation's result (replay does it for every one).
+pub(crate) fn compact_json(value: &serde_json::Value) -> String {
+    serde_json::to_string(value).expect("a JSON value always serialises")
 }
 
 fn floor_char_boundary(s: &str, mut index: usize) -> usize {
@@ -167,4 +174,24 @@ pub fn stop(report: &StopReport) -> String {
         "run stopped ({}): {why}; {next}",
         report.terminal_state.as_str()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compact_json_is_the_text_display_gives() {
+        // Stored results and labels were `to_string()` text when logs were written: the
+        // same event must keep giving the same decision bytes.
+        let values = [
+            r#"null"#,
+            r#"{"b":[1,-2,3.5,1e300,18446744073709551615],"a":"é\"\\\n\u0001 ","c":{}}"#,
+            r#"[true,false,{"x":[[]]},"\ud83d\ude00",0.1,-0.0]"#,
+        ];
+        for text in values {
+            let value: serde_json::Value = serde_json::from_str(text).unwrap();
+            assert_eq!(compact_json(&value), value.to_string());
+        }
+    }
 }
