@@ -39,6 +39,16 @@ struct RunOrder {
     held: BTreeMap<u64, Event>,
 }
 
+impl RunOrder {
+    /// A run nothing of which was admitted yet.
+    fn starting() -> Self {
+        RunOrder {
+            next_seq: 1,
+            ..RunOrder::default()
+        }
+    }
+}
+
 /// Each run's order behind an `Arc`, changed through `Arc::make_mut`: a clone (the log's
 /// snapshot view, or admission's copy of the applied order) shares the runs until they
 /// change. serde writes an `Arc<T>` as `T`, so the serialised form is unchanged.
@@ -72,13 +82,7 @@ impl Sequencer {
         }
         let runs = self.runs.get_mut(tenant).expect("inserted above");
         if !runs.contains_key(run) {
-            runs.insert(
-                run.to_owned(),
-                Arc::new(RunOrder {
-                    next_seq: 1,
-                    ..RunOrder::default()
-                }),
-            );
+            runs.insert(run.to_owned(), Arc::new(RunOrder::starting()));
         }
         Arc::make_mut(runs.get_mut(run).expect("inserted above"))
     }
@@ -170,7 +174,19 @@ impl Sequencer {
     /// Records an event that was applied before (a log being replayed at start-up), so
     /// re-deliveries of it are recognised and the run's order goes on from it.
     pub fn note_applied(&mut self, event: &Event) {
-        let order = self.order(&event.tenant, &event.run);
+        // One lookup per level when the run is known (every event of a replay but its
+        // run's first), which `order` cannot do: it returns the borrow.
+        let runs = match self.runs.get_mut(event.tenant.as_str()) {
+            Some(runs) => runs,
+            None => self.runs.entry(event.tenant.clone()).or_default(),
+        };
+        let order = match runs.get_mut(event.run.as_str()) {
+            Some(order) => order,
+            None => runs
+                .entry(event.run.clone())
+                .or_insert_with(|| Arc::new(RunOrder::starting())),
+        };
+        let order = Arc::make_mut(order);
         order.ids.insert(id_hash(&event.id));
         if let Some(seq) = event.seq {
             order.next_seq = order.next_seq.max(seq + 1);
