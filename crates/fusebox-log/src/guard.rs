@@ -129,7 +129,7 @@ impl<L: EventLog> Guard<L> {
         run: &str,
         id: &str,
     ) -> Result<Option<Decision>, LogError> {
-        match self.state.index.get(tenant, run, id) {
+        match self.state.applied.recorded_at(tenant, run, id) {
             Some(pos) => self.stored_decision(pos, tenant, run, id),
             None => Ok(None),
         }

@@ -46,6 +46,6 @@ pub use maintain::expired_runs;
 pub use options::GuardOptions;
 pub use record::{AdoptedOp, LogOp, OpRef, Record, RunRef};
 pub use sled_log::{SledLog, SledOptions};
-pub use state::{DedupIndex, LedgerTimes, LogState};
+pub use state::{LedgerTimes, LogState};
 pub use store::{EventLog, SideWriter, Tree, WriteBatch};
 pub use submit::Outcome;

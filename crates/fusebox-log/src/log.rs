@@ -333,13 +333,12 @@ const DECODED_AHEAD: usize = 8;
 pub fn replay_into<L: EventLog>(log: &L, state: &mut LogState) -> Result<(), LogError> {
     let from = state.position + 1;
     let mut applied = std::mem::replace(&mut state.applied, Sequencer::new(0));
-    let mut index = std::mem::take(&mut state.index);
     let result = std::thread::scope(|scope| {
         let (send, receive) = mpsc::sync_channel(DECODED_AHEAD);
         // Unbounded: the applying side must never wait on the reading side, which may
         // itself be waiting for room in `send`.
         let (give_back, spent) = mpsc::channel::<DecodedFrame>();
-        let (applied, index) = (&mut applied, &mut index);
+        let applied = &mut applied;
         let reader = scope.spawn(move || {
             let mut frame = Frame::default();
             for stored in frames(log, from) {
@@ -350,7 +349,7 @@ pub fn replay_into<L: EventLog>(log: &L, state: &mut LogState) -> Result<(), Log
                     Err(e) => vec![Err(e)],
                 };
                 for (pos, record) in decoded.iter().flatten() {
-                    note_order(applied, index, *pos, record);
+                    note_order(applied, *pos, record);
                 }
                 // The applying side stops at an error and drops its end.
                 if send.send(decoded).is_err() {
@@ -376,7 +375,6 @@ pub fn replay_into<L: EventLog>(log: &L, state: &mut LogState) -> Result<(), Log
         applying
     });
     state.applied = applied;
-    state.index = index;
     result
 }
 

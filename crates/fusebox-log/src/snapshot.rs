@@ -1,6 +1,6 @@
 //! Snapshot bytes: a magic tag, the SHA-256 of the payload, and the payload (LZ4 of
-//! MessagePack with field names of the engine, the applied-events sequencer, the dedup
-//! index and the ledger times at a log position). The checksum catches a torn or bit-rotted
+//! MessagePack with field names of the engine, the applied-events sequencer (also the
+//! dedup index) and the ledger times at a log position). The checksum catches a torn or bit-rotted
 //! snapshot, which start-up then skips for an older one.
 //!
 //! MessagePack rather than JSON: several times smaller and faster to decode (start-up
@@ -17,11 +17,12 @@ use sha2::{Digest, Sha256};
 
 use crate::error::LogError;
 use crate::record;
-use crate::state::{DedupIndex, LedgerTimes, LogState};
+use crate::state::{LedgerTimes, LogState};
 
-/// 3: runs refer to a table of policies. A snapshot with another tag is skipped (an
-/// older one, or a full replay, does the job).
-const MAGIC: &[u8; 8] = b"FBSNAP3\n";
+/// 3: runs refer to a table of policies. 4: the sequencer keeps each id's position;
+/// no separate dedup index. A snapshot with another tag is skipped (an older one, or a
+/// full replay, does the job).
+const MAGIC: &[u8; 8] = b"FBSNAP4\n";
 const HEADER: usize = MAGIC.len() + 32;
 
 #[derive(Serialize)]
@@ -30,7 +31,6 @@ struct SnapshotRef<'a> {
     event_time_ms: u64,
     engine: &'a Engine,
     sequencer: &'a Sequencer,
-    index: &'a DedupIndex,
     ledger_times: &'a LedgerTimes,
 }
 
@@ -40,7 +40,6 @@ struct SnapshotOwned {
     event_time_ms: u64,
     engine: Engine,
     sequencer: Sequencer,
-    index: DedupIndex,
     ledger_times: LedgerTimes,
 }
 
@@ -53,7 +52,6 @@ pub fn encode(state: &LogState) -> Result<Vec<u8>, LogError> {
             event_time_ms: state.event_time_ms,
             engine: &state.engine,
             sequencer: &state.applied,
-            index: &state.index,
             ledger_times: &state.ledger_times,
         },
         "a snapshot",
@@ -71,7 +69,13 @@ pub fn encode(state: &LogState) -> Result<Vec<u8>, LogError> {
 /// The state a snapshot holds; the error says why it cannot be used.
 pub fn decode(bytes: &[u8]) -> Result<LogState, String> {
     if bytes.len() < HEADER || &bytes[..MAGIC.len()] != MAGIC {
-        return Err("not a fusebox snapshot (bad header)".to_owned());
+        return Err(match bytes.get(..MAGIC.len() - 1) {
+            Some(tag) if tag.starts_with(b"FBSNAP") => format!(
+                "a snapshot of another format ({}), which this build does not read",
+                String::from_utf8_lossy(tag)
+            ),
+            _ => "not a fusebox snapshot (bad header)".to_owned(),
+        });
     }
     let payload = &bytes[HEADER..];
     if Sha256::digest(payload).as_slice() != &bytes[MAGIC.len()..HEADER] {
@@ -84,7 +88,6 @@ pub fn decode(bytes: &[u8]) -> Result<LogState, String> {
     Ok(LogState {
         engine: snapshot.engine,
         applied: snapshot.sequencer,
-        index: snapshot.index,
         ledger_times: snapshot.ledger_times,
         position: snapshot.position,
         event_time_ms: snapshot.event_time_ms,
@@ -102,7 +105,7 @@ mod tests {
         assert_eq!(decode(&bytes).unwrap(), state);
 
         // A busy state (runs open and closed, ledger entries, costs, held-free
-        // sequencer, index) must come back equal, or a rebuild would drift.
+        // sequencer with its positions) must come back equal, or a rebuild would drift.
         let mut busy = LogState::new(16);
         let events = crate::workload::Workload::new(crate::workload::WorkloadConfig::default());
         for event in events.take(5_000) {
@@ -123,5 +126,13 @@ mod tests {
             damage(&mut bad);
             assert!(decode(&bad).is_err(), "{name} was accepted");
         }
+
+        // A snapshot an older build wrote is named as such, not as damage.
+        let mut older = bytes.clone();
+        older[..MAGIC.len()].copy_from_slice(b"FBSNAP3\n");
+        assert_eq!(
+            decode(&older).unwrap_err(),
+            "a snapshot of another format (FBSNAP3), which this build does not read"
+        );
     }
 }

@@ -1,12 +1,11 @@
-//! The guard state the log rebuilds: the engine, the sequencer of applied events (ids
-//! and per-run order, without anything held in memory only), where each applied event
-//! sits in the log (to answer a re-delivery with its original decision), when each
-//! ledger key was last written, the log position and the latest event time. Start-up,
+//! The guard state the log rebuilds: the engine, the sequencer of applied events (per-run
+//! order, without anything held in memory only, and each id with where it sits in the
+//! log, to answer a re-delivery with its original decision), when each ledger key was
+//! last written, the log position and the latest event time. Start-up,
 //! verify and the tests all go through `apply`, so a rebuild and a full replay cannot
 //! drift apart.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::BTreeMap;
 
 use fusebox_core::sharded::ShardedMap;
 use fusebox_core::{Decision, Engine, Event, EventBody, Sequencer};
@@ -15,91 +14,22 @@ use serde::{Deserialize, Serialize};
 use crate::error::LogError;
 use crate::record::{LogOp, Record};
 
-/// Deterministic hashing (no random keys): equal states hash and compare alike across
-/// processes. FNV-1a like the engine's run maps: SipHash was a measurable share of the
-/// two index operations every event costs (a lookup on admission, an insert).
-type Fixed = fusebox_core::fixed_hash::FixedHasher;
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogState {
     pub engine: Engine,
     /// Mirrors what the log holds (fed by `note_applied`), so a snapshot of it never
-    /// contains events held for a missing `seq` that the log does not have.
+    /// contains events held for a missing `seq` that the log does not have. It is also
+    /// the dedup index: where each applied event id sits in the log (in memory and in
+    /// snapshots, instead of an index tree written per event). Ids are kept as 64-bit
+    /// hashes; a lookup checks the id of the decision it finds, so a collision can only
+    /// miss, never answer with another event's decision.
     pub applied: Sequencer,
-    /// Event id → log position, per run. Kept in memory and in snapshots instead of an
-    /// index tree written per event.
-    pub index: DedupIndex,
     /// Event time each ledger key was last written (for ledger retention).
     pub ledger_times: LedgerTimes,
     /// Position of the last record applied (0: none).
     pub position: u64,
     /// Latest `ts_ms` applied: the log's clock for snapshots and retention.
     pub event_time_ms: u64,
-}
-
-/// tenant → run → FNV-1a of the event id → position. 64-bit hashes keep the index at
-/// ~25 bytes an event; a lookup checks the id of the decision it finds, so a
-/// collision can only miss, never answer with another event's decision. Each run's ids
-/// sit behind an `Arc` (changed through `Arc::make_mut`) like the engine's runs, so the
-/// snapshot view shares them; serde writes an `Arc<T>` as `T`.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct DedupIndex(HashMap<String, HashMap<String, Arc<RunIds>, Fixed>, Fixed>);
-
-/// One run's id hashes and positions.
-type RunIds = HashMap<u64, u64, Fixed>;
-
-pub fn id_hash(id: &str) -> u64 {
-    fusebox_core::fixed_hash::fnv1a(id.as_bytes())
-}
-
-impl DedupIndex {
-    fn insert(&mut self, event: &Event, pos: u64) {
-        let tenant = match self.0.get_mut(event.tenant.as_str()) {
-            Some(tenant) => tenant,
-            None => self.0.entry(event.tenant.clone()).or_default(),
-        };
-        let run = match tenant.get_mut(event.run.as_str()) {
-            Some(run) => run,
-            None => tenant.entry(event.run.clone()).or_default(),
-        };
-        Arc::make_mut(run).insert(id_hash(&event.id), pos);
-    }
-
-    /// Where the event with this id was applied, if its run is still in the log.
-    pub fn get(&self, tenant: &str, run: &str, id: &str) -> Option<u64> {
-        self.0.get(tenant)?.get(run)?.get(&id_hash(id)).copied()
-    }
-
-    fn forget_run(&mut self, tenant: &str, run: &str) {
-        if let Some(runs) = self.0.get_mut(tenant) {
-            runs.remove(run);
-            if runs.is_empty() {
-                self.0.remove(tenant);
-            }
-        }
-    }
-
-    /// Every entry: tenant, run, id hash, position.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, u64, u64)> {
-        self.0.iter().flat_map(|(tenant, runs)| {
-            runs.iter().flat_map(move |(run, ids)| {
-                ids.iter()
-                    .map(move |(&hash, &pos)| (tenant.as_str(), run.as_str(), hash, pos))
-            })
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.0
-            .values()
-            .flat_map(HashMap::values)
-            .map(|ids| ids.len())
-            .sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// tenant → op_key → `ts_ms` of the event that last wrote the ledger entry. Each
@@ -150,7 +80,6 @@ impl LogState {
         LogState {
             engine: Engine::default(),
             applied: Sequencer::new(max_held),
-            index: DedupIndex::default(),
             ledger_times: LedgerTimes::default(),
             position: 0,
             event_time_ms: 0,
@@ -165,13 +94,13 @@ impl LogState {
     /// changed (the guard writes that entry to the ledger tree).
     pub fn apply_event_touching(&mut self, event: &Event) -> (Decision, Option<String>) {
         let applied = self.event_to_engine(event);
-        note_event(&mut self.applied, &mut self.index, event, self.position);
+        self.applied.note_applied(event, self.position);
         applied
     }
 
     pub fn apply_op(&mut self, op: &LogOp) -> Result<(), LogError> {
         self.op_to_engine(op);
-        note_op(&mut self.applied, &mut self.index, op);
+        note_op(&mut self.applied, op);
         Ok(())
     }
 
@@ -236,30 +165,19 @@ impl LogState {
     }
 }
 
-/// The order and dedup bookkeeping of the record at `pos`: the applied-events
-/// sequencer and the dedup index.
-pub(crate) fn note_order(
-    applied: &mut Sequencer,
-    index: &mut DedupIndex,
-    pos: u64,
-    record: &Record,
-) {
+/// The order and dedup bookkeeping of the record at `pos`, in the applied-events
+/// sequencer.
+pub(crate) fn note_order(applied: &mut Sequencer, pos: u64, record: &Record) {
     match record {
-        Record::Event(event) => note_event(applied, index, event, pos),
-        Record::Op(op) => note_op(applied, index, op),
+        Record::Event(event) => applied.note_applied(event, pos),
+        Record::Op(op) => note_op(applied, op),
     }
 }
 
-fn note_event(applied: &mut Sequencer, index: &mut DedupIndex, event: &Event, pos: u64) {
-    applied.note_applied(event);
-    index.insert(event, pos);
-}
-
-fn note_op(applied: &mut Sequencer, index: &mut DedupIndex, op: &LogOp) {
+fn note_op(applied: &mut Sequencer, op: &LogOp) {
     if let LogOp::Prune { runs } = op {
         for run in runs {
             applied.forget_run(&run.tenant, &run.run);
-            index.forget_run(&run.tenant, &run.run);
         }
     }
 }
@@ -294,7 +212,7 @@ mod tests {
         )
         .unwrap();
         state.apply_event(&event);
-        assert_eq!(state.index.get("t", "r", "e1"), Some(1));
+        assert_eq!(state.applied.recorded_at("t", "r", "e1"), Some(1));
         assert_eq!(state.ledger_times.older_than(1).count(), 1);
         let before = state.engine.clone();
 

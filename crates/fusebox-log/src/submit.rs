@@ -93,8 +93,8 @@ impl<L: EventLog> Guard<L> {
                 // before admission takes the event; the id is kept only for those.
                 let seen = guard
                     .state
-                    .index
-                    .get(&event.tenant, &event.run, &event.id)
+                    .applied
+                    .recorded_at(&event.tenant, &event.run, &event.id)
                     .map(|pos| Seen {
                         outcome: outcomes.len(),
                         pos,

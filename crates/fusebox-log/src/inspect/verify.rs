@@ -9,7 +9,7 @@ use crate::keys::{self, FORMAT_VERSION, FORMAT_VERSION_KEY};
 use crate::log::{decode_frame, frames, last_position, snapshot_bytes, snapshot_positions};
 use crate::record::{self, Record};
 use crate::snapshot;
-use crate::state::{id_hash, LogState};
+use crate::state::LogState;
 use crate::store::{EventLog, Tree};
 
 /// Problems listed in full; more are only counted.
@@ -158,7 +158,11 @@ fn replay_and_compare<L: EventLog>(
                     report.events += 1;
                     ids.insert(
                         pos,
-                        (event.tenant.clone(), event.run.clone(), id_hash(&event.id)),
+                        (
+                            event.tenant.clone(),
+                            event.run.clone(),
+                            fusebox_core::sequencer::id_hash(&event.id),
+                        ),
                     );
                 }
                 Record::Op(_) => report.operations += 1,
@@ -211,7 +215,7 @@ fn compare_snapshot(report: &mut VerifyReport, pos: u64, snapshot: &LogState, st
     // The sequencer's held-event bound is configuration, not state: compare the rest.
     if snapshot.engine == state.engine
         && snapshot.event_time_ms == state.event_time_ms
-        && snapshot.index == state.index
+        && snapshot.applied.same_state(&state.applied)
         && snapshot.ledger_times == state.ledger_times
     {
         report.snapshots_matched += 1;
@@ -233,7 +237,7 @@ struct ReplayedLog {
 
 /// Every entry of the replayed dedup index points at the event with that id.
 fn check_index(report: &mut VerifyReport, replayed: &ReplayedLog) {
-    for (tenant, run, hash, pos) in replayed.state.index.iter() {
+    for (tenant, run, hash, pos) in replayed.state.applied.recorded() {
         report.ids_checked += 1;
         let right = replayed
             .ids

@@ -309,8 +309,8 @@ impl Replay {
                 .inner()
                 .guard
                 .state()
-                .index
-                .get(&last.tenant, &last.run, &last.id)
+                .applied
+                .recorded_at(&last.tenant, &last.run, &last.id)
                 .is_some();
             if known {
                 self.adopt_only.clear();
