@@ -247,11 +247,13 @@ mod tests {
     use super::*;
     use crate::parse::parse_event;
 
+    /// A progress report of run t/r.
     fn event(id: &str, seq: u64) -> Event {
-        let json = format!(
-            r#"{{"v":1,"id":"{id}","tenant":"t","run":"r","seq":{seq},"ts_ms":1,"type":"progress","version":{seq}}}"#
-        );
-        parse_event(json.as_bytes()).unwrap()
+        let fields = serde_json::json!({
+            "v": 1, "id": id, "tenant": "t", "run": "r", "seq": seq, "ts_ms": 1,
+            "type": "progress", "version": seq,
+        });
+        parse_event(fields.to_string().as_bytes()).unwrap()
     }
 
     #[test]
