@@ -86,6 +86,13 @@ impl Engine {
     /// Applies one event (already validated, deduplicated and in its run's order) and
     /// returns the guard's decision for it.
     pub fn apply(&mut self, event: &Event) -> Decision {
+        self.apply_touching(event).0
+    }
+
+    /// [`Engine::apply`], also naming the `op_key` whose ledger entry the event may have
+    /// changed: a call's own key, or for a result the key of the call it answers (the
+    /// log keeps when each key was last written, for ledger retention).
+    pub fn apply_touching(&mut self, event: &Event) -> (Decision, Option<String>) {
         let Engine {
             policies,
             runs,
@@ -115,12 +122,15 @@ impl Engine {
         if event.seq.is_some() {
             run.last_seq = event.seq;
         }
-        match &event.body {
-            EventBody::RunStarted(started) => run_started(run, policies, event, started),
-            EventBody::ToolCall(call) => gate::gate(run, ledger, &mut scratch.0, event, call),
-            EventBody::ToolResult(result) => {
-                observe::tool_result(run, ledger, &mut scratch.0, event, result)
+        let decided = match &event.body {
+            EventBody::ToolCall(call) => {
+                let decided = gate::gate(run, ledger, &mut scratch.0, event, call);
+                return (decided, call.op_key.clone());
             }
+            EventBody::ToolResult(result) => {
+                return observe::tool_result(run, ledger, &mut scratch.0, event, result);
+            }
+            EventBody::RunStarted(started) => run_started(run, policies, event, started),
             EventBody::Progress(update) => observe::progress(run, event, update),
             EventBody::ModelTurn(turn) => observe::model_turn(run, event, turn),
             EventBody::Compaction(_) => observe::compaction(run, event),
@@ -129,7 +139,8 @@ impl Engine {
             EventBody::RunFinished(finished) => observe::run_finished(run, event, finished),
             EventBody::Tick(_) => observe::tick(run, event),
             EventBody::InstanceLaunched(_) => decision(event, None, Action::Continue),
-        }
+        };
+        (decided, None)
     }
 
     pub fn run(&self, tenant: &str, run: &str) -> Option<&RunState> {

@@ -11,7 +11,9 @@ use crate::gate::{effect_of, no_progress_stop};
 use crate::ledger::Ledger;
 use crate::message;
 use crate::policy::{is_default_volatile, Policy};
-use crate::run::{short, CompactionWatch, PreconditionGate, RetryGate, RunState, RunStatus};
+use crate::run::{
+    short, CompactionWatch, PendingCall, PreconditionGate, RetryGate, RunState, RunStatus,
+};
 
 /// Suggested wait between polls when neither the tool nor its policy says.
 pub const DEFAULT_POLL_WAIT_MS: u64 = 1000;
@@ -29,18 +31,42 @@ fn is_volatile(key: &str, policy: &Policy, tool: &str) -> bool {
             .is_some_and(|t| t.volatile_result_keys.iter().any(|k| k == key))
 }
 
+/// Also returns the `op_key` of the call it answers, whose ledger entry it may change.
 pub(crate) fn tool_result(
     run: &mut RunState,
     ledger: &mut Ledger,
     scratch: &mut Vec<u8>,
     event: &Event,
     result: &ToolResult,
+) -> (Decision, Option<String>) {
+    let mut pending = run.pending.remove(&result.call_id);
+    let op_key = pending.as_mut().and_then(|p| p.op_key.take());
+    let decided = answer(
+        run,
+        ledger,
+        scratch,
+        event,
+        result,
+        pending,
+        op_key.as_deref(),
+    );
+    (decided, op_key)
+}
+
+/// `tool_result` once the call it answers (its `op_key` taken out) is known.
+fn answer(
+    run: &mut RunState,
+    ledger: &mut Ledger,
+    scratch: &mut Vec<u8>,
+    event: &Event,
+    result: &ToolResult,
+    pending: Option<PendingCall>,
+    op_key: Option<&str>,
 ) -> Decision {
     let call_id = Some(result.call_id.as_str());
-    let pending = run.pending.remove(&result.call_id);
     // The ledger first: a side effect that happened is recorded even when the run was
     // stopped while it ran, so a resumed or new run never repeats it.
-    if let Some(op_key) = pending.as_ref().and_then(|p| p.op_key.as_deref()) {
+    if let Some(op_key) = op_key {
         match result.kind {
             ResultKind::Success => {
                 let stored = stored_result(result.output.as_ref());

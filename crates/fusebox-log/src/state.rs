@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use fusebox_core::sharded::ShardedMap;
-use fusebox_core::{Decision, Engine, Event, EventBody, Sequencer};
+use fusebox_core::{Decision, Engine, Event, Sequencer};
 use serde::{Deserialize, Serialize};
 
 use crate::error::LogError;
@@ -122,8 +122,7 @@ impl LogState {
     }
 
     fn event_to_engine(&mut self, event: &Event) -> (Decision, Option<String>) {
-        let op_key = op_key_touched(&self.engine, event);
-        let decision = self.engine.apply(event);
+        let (decision, op_key) = self.engine.apply_touching(event);
         self.position += 1;
         self.event_time_ms = self.event_time_ms.max(event.ts_ms);
         if let Some(op_key) = &op_key {
@@ -179,21 +178,6 @@ fn note_op(applied: &mut Sequencer, op: &LogOp) {
         for run in runs {
             applied.forget_run(&run.tenant, &run.run);
         }
-    }
-}
-
-/// The `op_key` whose ledger entry this event may change: a call's own key, or for a
-/// result the key of the call it answers.
-fn op_key_touched(engine: &Engine, event: &Event) -> Option<String> {
-    match &event.body {
-        EventBody::ToolCall(call) => call.op_key.clone(),
-        EventBody::ToolResult(result) => engine
-            .run(&event.tenant, &event.run)?
-            .pending
-            .get(&result.call_id)?
-            .op_key
-            .clone(),
-        _ => None,
     }
 }
 
