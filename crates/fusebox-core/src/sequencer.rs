@@ -70,8 +70,8 @@ impl Default for Sequencer {
     }
 }
 
-/// An admitted id whose record this copy of the sequencer was not told of (admission's
-/// copy is not; the log's is, with positions, which start at 1).
+/// Where an admitted id was recorded, when this copy of the sequencer was not told:
+/// admission's copy never is; the log's copy always is, and log positions start at 1.
 const NOT_RECORDED: u64 = 0;
 
 /// The hash an id is kept under, here and in snapshots: it must never change.
