@@ -3,8 +3,8 @@
 //! - [`fnv1a`]: a value that is stored or compared across processes — event-id dedup
 //!   hashes in snapshots, tool grouping, ids derived from request bodies. It must never
 //!   change.
-//! - [`FixedHasher`]: the hasher of the in-memory maps (engine runs, sequencer, dedup
-//!   index). The engine may not use `RandomState` (no randomness). foldhash's
+//! - [`FixedHasher`]: the hasher of the in-memory maps (engine runs, ledger shards, the
+//!   sequencer, which is also the log's dedup index). The engine may not use `RandomState` (no randomness). foldhash's
 //!   fixed-seed variant reads eight bytes at a time; FNV-1a, one byte at a time, cost a
 //!   replay's reading thread 4.4% more instructions (callgrind). Its values never leave
 //!   the process and map order never reaches an output: whatever is listed is sorted
