@@ -49,7 +49,8 @@ fn resume_condition(terminal: TerminalState, reason: Reason) -> ResumeCondition 
             | Reason::CostBudget
             | Reason::TurnBudget
             | Reason::ToolErrorLimit
-            | Reason::InvalidModelOutput,
+            | Reason::InvalidModelOutput
+            | Reason::CompactionBudget,
         ) => ResumeCondition::NewRun,
         _ => ResumeCondition::VerifiedPreconditionChange,
     }

@@ -84,6 +84,10 @@ pub enum Reason {
     UnknownTool,
     GlobalCircuitBreaker,
     CompactionLoopPersisted,
+    /// Compactions with no progress between them (issue 20).
+    CompactionThrash,
+    /// `max_compactions` spent.
+    CompactionBudget,
     ConsecutiveBlocks,
     OperationInFlight,
     PreconditionUnchanged,
@@ -116,6 +120,8 @@ impl Reason {
             Reason::UnknownTool => "unknown_tool",
             Reason::GlobalCircuitBreaker => "global_circuit_breaker",
             Reason::CompactionLoopPersisted => "compaction_loop_persisted",
+            Reason::CompactionThrash => "compaction_thrash",
+            Reason::CompactionBudget => "compaction_budget",
             Reason::ConsecutiveBlocks => "consecutive_blocks",
             Reason::OperationInFlight => "operation_in_flight",
             Reason::PreconditionUnchanged => "precondition_unchanged",
@@ -146,6 +152,7 @@ pub enum Detector {
     GlobalCircuitBreaker,
     ConsecutiveBlocks,
     PostCompaction,
+    CompactionThrash,
 }
 
 impl Detector {
@@ -160,6 +167,7 @@ impl Detector {
             Detector::GlobalCircuitBreaker => "global_circuit_breaker",
             Detector::ConsecutiveBlocks => "consecutive_blocks",
             Detector::PostCompaction => "post_compaction",
+            Detector::CompactionThrash => "compaction_thrash",
         }
     }
 }

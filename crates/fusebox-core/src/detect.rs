@@ -136,21 +136,36 @@ fn exact_repeat(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     if !policy.detectors.exact_repeat {
         return None;
     }
+    let window = &run.detection.window;
+    // A call whose last answer was RETRYABLE is being retried as the error contract asked
+    // (the retry gate enforces the wait): it gets the read limit, three attempts by
+    // default — OpenHands stops at the third identical action that errors.
+    let retrying = window
+        .iter()
+        .rev()
+        .find(|e| e.call == call.fp && e.result.is_some())
+        .is_some_and(|e| matches!(e.result, Some((_, ResultKind::Retryable))));
+    let effect_limit = match call.effect {
+        Effect::Read => policy.read_same_call_limit,
+        Effect::Write if retrying => policy.same_call_limit.max(policy.read_same_call_limit),
+        Effect::Write => policy.same_call_limit,
+    };
     let limit = policy
         .tool(call.tool)
         .and_then(|t| t.same_call_limit)
-        .unwrap_or(match call.effect {
-            Effect::Read => policy.read_same_call_limit,
-            Effect::Write => policy.same_call_limit,
-        });
-    let prior = run
-        .detection
-        .window
+        .unwrap_or(effect_limit);
+    let prior = window
         .iter()
         .filter(|e| e.call == call.fp && !is_poll(e.result))
         .count() as u32;
     let count = prior + 1;
-    let level = level(count, limit + 1, policy.warning_threshold, 3);
+    // The second identical write already repeats a change to the world; a second read
+    // may be a re-read of a screen that changed, which only its answer tells.
+    let evidence = match call.effect {
+        Effect::Write if !retrying => 2,
+        _ => 3,
+    };
+    let level = level(count, limit + 1, policy.warning_threshold, evidence);
     verdict(
         level,
         Reason::SameCallRepeat,
@@ -158,6 +173,26 @@ fn exact_repeat(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
         count,
         |blocked| message::same_call_repeat(&(call.label)(), prior, blocked),
     )
+}
+
+/// Post-compaction (guard contract §4.3, `post_compaction`): after a compaction, the call
+/// that would repeat a (tool, call, result) triple `repeat_limit` times with no progress
+/// is refused before it runs — the result is predicted from the last one, because a
+/// loop that survives a compaction re-sends a whole context with every call. Returns the
+/// count it would reach. Runs even when the other detectors are off.
+pub(crate) fn post_compaction(run: &RunState, call: &Call<'_>) -> Option<u32> {
+    let post = run.policy.post_compaction;
+    let watch = run.detection.compaction_watch.as_ref()?;
+    if !post.enabled || watch.remaining == 0 {
+        return None;
+    }
+    let seen = watch
+        .triples
+        .iter()
+        .filter(|(tool, fp, _, _)| *tool == call.tool_fp && *fp == call.fp)
+        .map(|(_, _, _, n)| *n)
+        .max()?;
+    (seen + 1 >= post.repeat_limit).then_some(seen + 1)
 }
 
 fn ping_pong(run: &RunState, call: &Call<'_>) -> Option<Verdict> {

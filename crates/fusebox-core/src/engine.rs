@@ -133,7 +133,7 @@ impl Engine {
             EventBody::RunStarted(started) => run_started(run, policies, event, started),
             EventBody::Progress(update) => observe::progress(run, event, update),
             EventBody::ModelTurn(turn) => observe::model_turn(run, event, turn),
-            EventBody::Compaction(_) => observe::compaction(run, event),
+            EventBody::Compaction(c) => observe::compaction(run, event, c),
             EventBody::Cancel(cancel) => observe::cancel(run, event, cancel),
             EventBody::Resume(resume) => observe::resume(run, event, resume),
             EventBody::RunFinished(finished) => observe::run_finished(run, event, finished),

@@ -19,7 +19,7 @@ use crate::engine::{Engine, Runs, Scratch};
 use crate::fixed_hash::FixedHasher;
 use crate::ledger::Ledger;
 use crate::policy::{Policy, PolicySet};
-use crate::run::{Counters, Detection, PendingCall, RunState, RunStatus};
+use crate::run::{CompactionLog, Counters, Detection, PendingCall, RunState, RunStatus};
 
 #[derive(Serialize)]
 struct EngineOut<'a> {
@@ -88,6 +88,7 @@ struct RunOut<'a> {
     pending: &'a BTreeMap<String, PendingCall>,
     completed_operations: &'a Vec<String>,
     fired_guards: &'a Vec<String>,
+    compactions: &'a CompactionLog,
     resume_tokens: &'a Vec<String>,
 }
 
@@ -109,6 +110,7 @@ impl<'a> RunOut<'a> {
             pending,
             completed_operations,
             fired_guards,
+            compactions,
             resume_tokens,
         } = run;
         RunOut {
@@ -127,6 +129,7 @@ impl<'a> RunOut<'a> {
             pending,
             completed_operations,
             fired_guards,
+            compactions,
             resume_tokens,
         }
     }
@@ -149,6 +152,7 @@ struct RunIn {
     pending: BTreeMap<String, PendingCall>,
     completed_operations: Vec<String>,
     fired_guards: Vec<String>,
+    compactions: CompactionLog,
     resume_tokens: Vec<String>,
 }
 
@@ -170,6 +174,7 @@ impl RunIn {
             pending: self.pending,
             completed_operations: self.completed_operations,
             fired_guards: self.fired_guards,
+            compactions: self.compactions,
             resume_tokens: self.resume_tokens,
         }
     }

@@ -3,7 +3,9 @@
 //! `call = sha256(tool, canonical(args))`, `result = sha256(kind, code, canonical(output)
 //! minus volatile keys)`. Canonical means: object keys sorted at every depth, string values
 //! trimmed, the tool's `ignore_args` dropped from the top level of the arguments, and
-//! volatile keys dropped at any depth of the output. The encoding is type-tagged and
+//! volatile keys dropped at any depth of the output, and in the output's strings the
+//! volatile tokens (ids, timestamps, durations: `volatile.rs`) masked. Arguments are never
+//! masked: a call for another session id is another call. The encoding is type-tagged and
 //! length-prefixed, so no two different canonical values hash the same bytes.
 //!
 //! Fingerprints are kept as the first 128 bits of the digest: the state stays small and
@@ -15,6 +17,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::event::{Args, Output, ResultKind};
+use crate::volatile::{write_masked, TextMask};
 
 pub type Fingerprint = u128;
 
@@ -45,7 +48,7 @@ pub fn call_fingerprint_in(
             buf.push(b'j');
             let drop_key =
                 |key: &str, depth: usize| depth == 0 && ignore_args.iter().any(|k| k == key);
-            write_canonical(buf, value, &drop_key, 0);
+            write_canonical(buf, value, &drop_key, None, 0);
         }
         Args::Hash(hash) => {
             buf.push(b'h');
@@ -55,14 +58,16 @@ pub fn call_fingerprint_in(
     digest(buf)
 }
 
-/// The identity of an answer: its kind, its code, and its output minus volatile keys.
+/// The identity of an answer: its kind, its code, and its output minus volatile keys,
+/// with the volatile tokens inside its strings masked (`text`).
 pub fn result_fingerprint(
     kind: ResultKind,
     code: Option<&str>,
     output: Option<&Output>,
     is_volatile: &dyn Fn(&str) -> bool,
+    text: &TextMask<'_>,
 ) -> Fingerprint {
-    result_fingerprint_in(&mut Vec::new(), kind, code, output, is_volatile)
+    result_fingerprint_in(&mut Vec::new(), kind, code, output, is_volatile, text)
 }
 
 /// [`result_fingerprint`] with a caller-owned scratch buffer.
@@ -72,6 +77,7 @@ pub fn result_fingerprint_in(
     code: Option<&str>,
     output: Option<&Output>,
     is_volatile: &dyn Fn(&str) -> bool,
+    text: &TextMask<'_>,
 ) -> Fingerprint {
     buf.clear();
     buf.extend_from_slice(b"result\0");
@@ -80,7 +86,7 @@ pub fn result_fingerprint_in(
     match output {
         Some(Output::Json(value)) => {
             buf.push(b'j');
-            write_canonical(buf, value, &|key, _depth| is_volatile(key), 0);
+            write_canonical(buf, value, &|key, _depth| is_volatile(key), Some(text), 0);
         }
         Some(Output::Hash(hash)) => {
             buf.push(b'h');
@@ -108,10 +114,21 @@ fn write_str(buf: &mut Vec<u8>, s: &str) {
     buf.extend_from_slice(s.as_bytes());
 }
 
+/// A string with its volatile tokens masked, length-prefixed like [`write_str`]: a
+/// string with nothing to mask writes the same bytes `write_str` would.
+fn write_masked_str(buf: &mut Vec<u8>, s: &str, text: &TextMask<'_>) {
+    let at = buf.len();
+    buf.extend_from_slice(&0u64.to_le_bytes());
+    write_masked(buf, s, text);
+    let len = (buf.len() - at - 8) as u64;
+    buf[at..at + 8].copy_from_slice(&len.to_le_bytes());
+}
+
 fn write_canonical(
     buf: &mut Vec<u8>,
     value: &Value,
     drop_key: &dyn Fn(&str, usize) -> bool,
+    text: Option<&TextMask<'_>>,
     depth: usize,
 ) {
     match value {
@@ -133,12 +150,15 @@ fn write_canonical(
         }
         Value::String(s) => {
             buf.push(b's');
-            write_str(buf, s.trim());
+            match text {
+                Some(text) => write_masked_str(buf, s.trim(), text),
+                None => write_str(buf, s.trim()),
+            }
         }
         Value::Array(items) => {
             buf.push(b'[');
             for item in items {
-                write_canonical(buf, item, drop_key, depth + 1);
+                write_canonical(buf, item, drop_key, text, depth + 1);
             }
             buf.push(b']');
         }
@@ -153,7 +173,7 @@ fn write_canonical(
             let mut write_entry = |key: &str, item: &Value| {
                 if !drop_key(key, depth) {
                     write_str(buf, key);
-                    write_canonical(buf, item, drop_key, depth + 1);
+                    write_canonical(buf, item, drop_key, text, depth + 1);
                 }
             };
             if sorted {

@@ -102,6 +102,15 @@ pub(crate) fn gate(
             effect,
             label: &label,
         };
+        if let Some(count) = detect::post_compaction(run, &view) {
+            run.counters.calls_refused += 1;
+            let closing = Closing::detector(
+                Reason::CompactionLoopPersisted,
+                Detector::PostCompaction,
+                count,
+            );
+            return close::close(run, event, call_id, closing);
+        }
         let (verdict, unknown_hit) = detect::detect(run, &view);
         if unknown_hit {
             run.detection.unknown_tool_hits += 1;

@@ -33,6 +33,7 @@ pub mod policy;
 pub mod run;
 pub mod sequencer;
 pub mod sharded;
+pub mod volatile;
 
 pub use decision::{
     Action, Decision, Detector, Reason, ResumeCondition, StopReport, TerminalState,

@@ -158,6 +158,10 @@ pub fn stop(report: &StopReport) -> String {
         Reason::CompactionLoopPersisted => {
             "the same loop went on after a context compaction".to_owned()
         }
+        Reason::CompactionThrash => {
+            "the context was compacted again and again with nothing done in between".to_owned()
+        }
+        Reason::CompactionBudget => "the compaction budget is spent".to_owned(),
         Reason::ModelRefusal => "the model refused".to_owned(),
         Reason::Cancelled => "an operator cancelled it".to_owned(),
         Reason::Completed | Reason::RunClosed => "the run has finished".to_owned(),
@@ -170,8 +174,15 @@ pub fn stop(report: &StopReport) -> String {
         }
         _ => "do not call more tools; report what you have to the user.",
     };
+    // Compaction stops say what was compacted how often: the operator's first question.
+    let detail = match (report.reason, &report.detail) {
+        (Reason::CompactionThrash | Reason::CompactionBudget, Some(detail)) => {
+            format!(" ({detail})")
+        }
+        _ => String::new(),
+    };
     format!(
-        "run stopped ({}): {why}; {next}",
+        "run stopped ({}): {why}{detail}; {next}",
         report.terminal_state.as_str()
     )
 }

@@ -12,8 +12,9 @@ use crate::ledger::Ledger;
 use crate::message;
 use crate::policy::{is_default_volatile, Policy};
 use crate::run::{
-    short, CompactionWatch, PendingCall, PreconditionGate, RetryGate, RunState, RunStatus,
+    short, CompactionWatch, Outcome, PendingCall, PreconditionGate, RetryGate, RunState, RunStatus,
 };
+use crate::volatile::{same_key, MaskSet, TextMask};
 
 /// Suggested wait between polls when neither the tool nor its policy says.
 pub const DEFAULT_POLL_WAIT_MS: u64 = 1000;
@@ -22,13 +23,35 @@ const BACKOFF_BASE_MS: u64 = 1000;
 const BACKOFF_MAX_MS: u64 = 60_000;
 /// Calls with a pending retry wait or precondition remembered per run (newest kept).
 const GATES_MAX: usize = 32;
+/// What the new answer of a never-seen call is worth inside a repeating pattern: it pays
+/// back this many no-progress outcomes, and is progress of the run only once the run's
+/// no-progress count since its last progress is no larger. A batch (every call new) and
+/// read-act-read (at most one repeat between new answers) stay progress; a loop with a
+/// one-off probe every few calls does not reset the detectors or the breaker.
+pub const ONE_OFF_CREDIT: u32 = 2;
+/// The model turn a context-window overflow ends with (guard contract §2).
+const CONTEXT_WINDOW_EXCEEDED: &str = "model_context_window_exceeded";
 
 fn is_volatile(key: &str, policy: &Policy, tool: &str) -> bool {
     is_default_volatile(key)
-        || policy.volatile_result_keys.iter().any(|k| k == key)
+        || policy.volatile_result_keys.iter().any(|k| same_key(key, k))
         || policy
             .tool(tool)
-            .is_some_and(|t| t.volatile_result_keys.iter().any(|k| k == key))
+            .is_some_and(|t| t.volatile_result_keys.iter().any(|k| same_key(key, k)))
+}
+
+/// The masking of volatile tokens inside a tool's output strings: the tool's own mask set
+/// when it has one, else the run's; the run's patterns plus the tool's.
+fn text_mask<'a>(policy: &'a Policy, tool: &str) -> TextMask<'a> {
+    let own = policy.tool(tool).and_then(|t| t.volatile_text.as_ref());
+    let masks = own
+        .and_then(|t| t.mask.as_deref())
+        .unwrap_or(&policy.volatile_text.mask);
+    TextMask {
+        masks: MaskSet::of(masks),
+        patterns: &policy.volatile_text.patterns,
+        extra_patterns: own.map_or(&[], |t| t.patterns.as_slice()),
+    }
 }
 
 /// Also returns the `op_key` of the call it answers, whose ledger entry it may change.
@@ -104,6 +127,7 @@ fn answer(
         result.code.as_deref(),
         result.output.as_ref(),
         &|key| is_volatile(key, &policy, &result.tool),
+        &text_mask(&policy, &result.tool),
     );
     let tool_fp = tool_fingerprint(&result.tool);
 
@@ -118,10 +142,16 @@ fn answer(
         }
     }
 
+    let mut one_off = false;
     let progress = !kind.is_error()
         && match result.progress {
             Some(version) => run.progress_version.is_none_or(|last| version > last),
-            None => novel(run, kind, effect, call_fp, result_fp),
+            None => {
+                let novel = novel(run, kind, effect, call_fp, result_fp);
+                let of_the_run = novel && progress_of_the_run(run, call_fp, pending.as_ref());
+                one_off = novel && !of_the_run;
+                of_the_run
+            }
         };
     remember(run, kind, effect, call_fp, result_fp);
     if let Some(entry) = pending.as_ref().and_then(|p| {
@@ -143,6 +173,10 @@ fn answer(
         run.unmet_precondition = None;
         run.detection
             .clear_on_progress(pending.as_ref().map(|p| p.serial));
+    } else if one_off {
+        // Neither progress nor a repeat: the loop around it keeps its counts.
+        let outcomes = &mut run.detection.no_progress_outcomes;
+        *outcomes = outcomes.saturating_sub(ONE_OFF_CREDIT);
     } else {
         // A PENDING that repeats is the poll detector's; it still feeds the breaker.
         if kind != ResultKind::Pending {
@@ -150,10 +184,11 @@ fn answer(
         }
         run.detection.no_progress_outcomes += 1;
     }
+    // The watch is for successes: errors and PENDING have their own detectors.
     let compaction_loop = pending
         .as_ref()
         .is_some_and(|p| p.watched)
-        .then(|| watch_after_compaction(run, tool_fp, call_fp, result_fp))
+        .then(|| watch_after_compaction(run, tool_fp, call_fp, result_fp, kind))
         .flatten();
 
     // What closes the run, most specific first.
@@ -254,6 +289,21 @@ fn novel(
     }
 }
 
+/// Whether a novel answer is progress of the run rather than the novelty of one call
+/// inside a repeating pattern: the same call answered otherwise before (the world moved),
+/// or few enough repeats since the last progress for a new call to outweigh them
+/// ([`ONE_OFF_CREDIT`]).
+fn progress_of_the_run(run: &RunState, call: Fingerprint, pending: Option<&PendingCall>) -> bool {
+    let serial = pending.map(|p| p.serial);
+    let answered_before = run.detection.window.iter().any(|e| {
+        e.call == call
+            && Some(e.serial) != serial
+            && e.outcome == Outcome::Executed
+            && e.result.is_some()
+    });
+    answered_before || run.detection.no_progress_outcomes <= ONE_OFF_CREDIT
+}
+
 fn remember(
     run: &mut RunState,
     kind: ResultKind,
@@ -269,34 +319,39 @@ fn remember(
     }
 }
 
-/// Counts one watched result; returns the count when one triple filled the whole watch.
+/// Counts one watched result; returns the count when one triple reached `repeat_limit`.
 fn watch_after_compaction(
     run: &mut RunState,
     tool: u64,
     call: Fingerprint,
     result: Fingerprint,
+    kind: ResultKind,
 ) -> Option<u32> {
-    let window_size = run.policy.post_compaction.window_size;
+    let repeat_limit = run.policy.post_compaction.repeat_limit;
     let watch = run.detection.compaction_watch.as_mut()?;
-    let count = match watch
-        .triples
-        .iter_mut()
-        .find(|(t, c, r, _)| (*t, *c, *r) == (tool, call, result))
-    {
-        Some((_, _, _, n)) => {
-            *n += 1;
-            *n
-        }
-        None => {
-            watch.triples.push((tool, call, result, 1));
-            1
+    watch.remaining = watch.remaining.saturating_sub(1);
+    let count = if kind != ResultKind::Success {
+        0
+    } else {
+        match watch
+            .triples
+            .iter_mut()
+            .find(|(t, c, r, _)| (*t, *c, *r) == (tool, call, result))
+        {
+            Some((_, _, _, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                watch.triples.push((tool, call, result, 1));
+                1
+            }
         }
     };
-    watch.remaining = watch.remaining.saturating_sub(1);
     if watch.remaining == 0 {
         run.detection.compaction_watch = None;
     }
-    (count >= window_size).then_some(count)
+    (count >= repeat_limit).then_some(count)
 }
 
 fn fatal(code: Option<&str>) -> Closing {
@@ -365,6 +420,12 @@ pub(crate) fn model_turn(run: &mut RunState, event: &Event, turn: &ModelTurn) ->
     }
     let policy = run.policy.clone();
     let counters = run.counters;
+    let overflow = turn.stop_reason == CONTEXT_WINDOW_EXCEEDED;
+    if overflow {
+        run.compactions.overflows += 1;
+        // A second overflow before any compaction is a refill of its own.
+        run.detection.overflow_open = true;
+    }
     let closing = if turn.stop_reason == "refusal" {
         Some(Closing::new(
             TerminalState::Failed,
@@ -379,6 +440,8 @@ pub(crate) fn model_turn(run: &mut RunState, event: &Event, turn: &ModelTurn) ->
         Some(Closing::guard(Reason::TokenBudget))
     } else if counters.cost_usd >= policy.max_cost_usd {
         Some(Closing::guard(Reason::CostBudget))
+    } else if overflow {
+        compaction_cycle(run)
     } else {
         None
     };
@@ -404,7 +467,9 @@ pub(crate) fn progress(run: &mut RunState, event: &Event, update: &ProgressUpdat
     time_check(run, event)
 }
 
-pub(crate) fn compaction(run: &mut RunState, event: &Event) -> Decision {
+pub(crate) fn compaction(run: &mut RunState, event: &Event, compaction: &Compaction) -> Decision {
+    run.compactions
+        .note_compaction(compaction.reason.as_deref());
     if let Some(decided) = latched(run, event, None) {
         return decided;
     }
@@ -415,7 +480,46 @@ pub(crate) fn compaction(run: &mut RunState, event: &Event) -> Decision {
             triples: Vec::new(),
         });
     }
-    time_check(run, event)
+    // The compaction that answers an overflow closes the cycle the overflow opened.
+    let closing = if std::mem::take(&mut run.detection.overflow_open) {
+        None
+    } else {
+        compaction_cycle(run)
+    };
+    match closing {
+        Some(closing) => close::close(run, event, None, closing),
+        None => time_check(run, event),
+    }
+}
+
+/// One more compaction cycle: what `max_compactions` and `compaction_thrash` count. The
+/// stop it may bring says what was compacted how often.
+fn compaction_cycle(run: &mut RunState) -> Option<Closing> {
+    run.compactions.cycles += 1;
+    run.detection.compaction_streak += 1;
+    let policy = &run.policy;
+    let streak = run.detection.compaction_streak;
+    if run.compactions.cycles > policy.max_compactions {
+        let mut closing = Closing::guard(Reason::CompactionBudget);
+        closing.detail = Some(format!(
+            "{} compaction cycles in the run, max_compactions {}: {}",
+            run.compactions.cycles,
+            policy.max_compactions,
+            run.compactions.summary()
+        ));
+        return Some(closing);
+    }
+    let thrash = policy.compaction_thrash;
+    if thrash.enabled && streak >= thrash.limit {
+        let mut closing =
+            Closing::detector(Reason::CompactionThrash, Detector::CompactionThrash, streak);
+        closing.detail = Some(format!(
+            "{streak} compaction cycles in a row with no progress; in the run: {}",
+            run.compactions.summary()
+        ));
+        return Some(closing);
+    }
+    None
 }
 
 pub(crate) fn tick(run: &mut RunState, event: &Event) -> Decision {

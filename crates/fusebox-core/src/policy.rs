@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::event::Effect;
+use crate::volatile::Mask;
 
 /// Runtime metadata that changes on every call without the world changing; dropped at
 /// any depth of a tool's output before its result is fingerprinted.
@@ -38,31 +39,10 @@ pub const DEFAULT_VOLATILE_RESULT_KEYS: [&str; 19] = [
     "sent_at",
 ];
 
-/// [`DEFAULT_VOLATILE_RESULT_KEYS`] as a `match` the compiler turns into a length switch:
-/// this runs for every key of every tool output.
+/// Whether `key` is one of [`DEFAULT_VOLATILE_RESULT_KEYS`] in any case and separator
+/// style (`durationMs`, `DurationMs`, `duration-ms` are `duration_ms`).
 pub fn is_default_volatile(key: &str) -> bool {
-    matches!(
-        key,
-        "duration"
-            | "duration_ms"
-            | "elapsed"
-            | "elapsed_ms"
-            | "took"
-            | "took_ms"
-            | "latency_ms"
-            | "pid"
-            | "session_id"
-            | "message_id"
-            | "file_id"
-            | "request_id"
-            | "trace_id"
-            | "span_id"
-            | "timestamp"
-            | "ts"
-            | "created_at"
-            | "updated_at"
-            | "sent_at"
-    )
+    crate::volatile::is_default_volatile_key(key)
 }
 
 /// The resolved policy of one run. Every field is set; see `config/fusebox.toml` for
@@ -77,6 +57,8 @@ pub struct Policy {
     pub max_model_turns: u64,
     pub max_tool_errors: u64,
     pub max_invalid_outputs: u64,
+    /// Compactions (and context-window overflows) in the run, progress or not.
+    pub max_compactions: u64,
     pub same_call_limit: u32,
     pub read_same_call_limit: u32,
     pub ping_pong_limit: u32,
@@ -89,10 +71,13 @@ pub struct Policy {
     pub unknown_tool_threshold: u32,
     pub global_circuit_breaker_threshold: u32,
     pub consecutive_block_limit: u32,
-    /// Added to [`DEFAULT_VOLATILE_RESULT_KEYS`], never replacing them.
+    /// Added to [`DEFAULT_VOLATILE_RESULT_KEYS`], never replacing them; matched across
+    /// case and separator styles like them.
     pub volatile_result_keys: Vec<String>,
+    pub volatile_text: VolatileText,
     pub detectors: Detectors,
     pub post_compaction: PostCompaction,
+    pub compaction_thrash: CompactionThrash,
     pub tools: BTreeMap<String, ToolPolicy>,
 }
 
@@ -111,7 +96,42 @@ pub struct Detectors {
 #[serde(deny_unknown_fields)]
 pub struct PostCompaction {
     pub enabled: bool,
+    /// Calls watched after a compaction.
     pub window_size: u32,
+    /// The same (tool, call, result) this many times among them stops the run; the
+    /// call that would make it so is refused at the gate.
+    pub repeat_limit: u32,
+}
+
+/// Compactions (or context-window overflows) with no progress between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionThrash {
+    pub enabled: bool,
+    /// This many compaction cycles in a row with no progress stop the run.
+    pub limit: u32,
+}
+
+/// Volatile tokens masked inside the strings of tool outputs, for the result
+/// fingerprint only (`volatile.rs` says what each mask matches).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolatileText {
+    /// The built-in masks that are on.
+    pub mask: Vec<Mask>,
+    /// Extra patterns: literal text, `#` for digits, `*` for an id-like run.
+    pub patterns: Vec<String>,
+}
+
+/// A tool's own masking: `mask` replaces the run's set (`[]` switches masking off for
+/// the tool), `patterns` are added to the run's.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolVolatileText {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask: Option<Vec<Mask>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub patterns: Vec<String>,
 }
 
 /// Per-tool settings; every field optional, falling back to the run's policy.
@@ -129,6 +149,8 @@ pub struct ToolPolicy {
     pub ignore_args: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub volatile_result_keys: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volatile_text: Option<ToolVolatileText>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub poll: Option<PollPolicy>,
 }
@@ -184,11 +206,14 @@ impl Preset {
             max_model_turns: 500,
             max_tool_errors: 50,
             max_invalid_outputs: 5,
-            // Writes repeat less legitimately than reads.
-            same_call_limit: 3,
-            read_same_call_limit: 5,
-            // A B A B A B: three round trips with nothing new.
-            ping_pong_limit: 6,
+            // A worker with progress compacts every few tens of minutes; 20 in an hour
+            // is a worker that does little else (config/fusebox.toml says more).
+            max_compactions: 20,
+            // The anchors (guard issue 20): an identical write refused at the 3rd call,
+            // an identical read at the 4th, an alternation at its 6th call.
+            same_call_limit: 2,
+            read_same_call_limit: 3,
+            ping_pong_limit: 5,
             churn_limit: 8,
             churn_min_repeats: 2,
             no_progress_limit: 10,
@@ -199,6 +224,10 @@ impl Preset {
             global_circuit_breaker_threshold: 20,
             consecutive_block_limit: 3,
             volatile_result_keys: Vec::new(),
+            volatile_text: VolatileText {
+                mask: Mask::ALL.to_vec(),
+                patterns: Vec::new(),
+            },
             detectors: Detectors {
                 exact_repeat: true,
                 ping_pong: true,
@@ -210,6 +239,13 @@ impl Preset {
             post_compaction: PostCompaction {
                 enabled: true,
                 window_size: 5,
+                // The one re-read of what compaction dropped runs; the second is the loop.
+                repeat_limit: 2,
+            },
+            // Claude Code gives up after 3 failed auto-compactions.
+            compaction_thrash: CompactionThrash {
+                enabled: true,
+                limit: 3,
             },
             tools: BTreeMap::new(),
         };
@@ -223,6 +259,7 @@ impl Preset {
                 max_model_turns: 40,
                 max_tool_errors: 10,
                 max_invalid_outputs: 2,
+                max_compactions: 5,
                 same_call_limit: 2,
                 read_same_call_limit: 3,
                 ping_pong_limit: 4,
@@ -237,6 +274,11 @@ impl Preset {
                 post_compaction: PostCompaction {
                     enabled: true,
                     window_size: 3,
+                    repeat_limit: 2,
+                },
+                compaction_thrash: CompactionThrash {
+                    enabled: true,
+                    limit: 2,
                 },
                 ..balanced
             },
@@ -248,6 +290,7 @@ impl Preset {
                 max_model_turns: 2000,
                 max_tool_errors: 200,
                 max_invalid_outputs: 10,
+                max_compactions: 100,
                 same_call_limit: 5,
                 read_same_call_limit: 8,
                 ping_pong_limit: 10,
@@ -262,6 +305,12 @@ impl Preset {
                 post_compaction: PostCompaction {
                     enabled: true,
                     window_size: 8,
+                    repeat_limit: 3,
+                },
+                // OpenHands' 10 consecutive condensations is the loosest anchor.
+                compaction_thrash: CompactionThrash {
+                    enabled: true,
+                    limit: 5,
                 },
                 ..balanced
             },
@@ -311,6 +360,10 @@ impl Policy {
             layer: layer.to_owned(),
             // serde names an unknown key but not the key of a wrongly typed value.
             message: mismatch.unwrap_or_else(|| e.to_string()),
+        })?;
+        policy.check_patterns().map_err(|message| PolicyError {
+            layer: layer.to_owned(),
+            message,
         })?;
         let warnings = policy.normalize();
         Ok((policy, warnings))
@@ -399,10 +452,23 @@ impl Policy {
             "critical_threshold < global_circuit_breaker_threshold is required",
         );
         raise(
-            "post_compaction.window_size",
-            &mut self.post_compaction.window_size,
+            "post_compaction.repeat_limit",
+            &mut self.post_compaction.repeat_limit,
             2,
             "one call is not a loop",
+        );
+        let repeat_limit = self.post_compaction.repeat_limit;
+        raise(
+            "post_compaction.window_size",
+            &mut self.post_compaction.window_size,
+            repeat_limit,
+            "the watch must hold repeat_limit calls",
+        );
+        raise(
+            "compaction_thrash.limit",
+            &mut self.compaction_thrash.limit,
+            2,
+            "one compaction is not thrash",
         );
         let mut window_limits = vec![
             self.same_call_limit,
@@ -441,11 +507,43 @@ impl Policy {
             needed.max(2),
             "every window-based limit must fit in the window",
         );
+        if self.max_compactions == 0 {
+            warnings.push(
+                "max_compactions raised from 0 to 1: a budget of 0 would stop every run that compacts"
+                    .to_owned(),
+            );
+            self.max_compactions = 1;
+        }
         warnings
     }
 
     pub fn tool(&self, name: &str) -> Option<&ToolPolicy> {
         self.tools.get(name)
+    }
+
+    /// Every `volatile_text.patterns` entry can match: not empty, no lone trailing `\`.
+    fn check_patterns(&self) -> Result<(), String> {
+        let tools = self.tools.iter().flat_map(|(name, tool)| {
+            tool.volatile_text.iter().flat_map(move |t| {
+                t.patterns
+                    .iter()
+                    .map(move |p| (format!("tools.{name}."), p))
+            })
+        });
+        let global = self
+            .volatile_text
+            .patterns
+            .iter()
+            .map(|p| (String::new(), p));
+        match global
+            .chain(tools)
+            .find(|(_, p)| !crate::volatile::pattern_is_valid(p))
+        {
+            Some((at, p)) => Err(format!(
+                "`{at}volatile_text.patterns` entry {p:?} cannot match (empty, or ends in a lone \\)"
+            )),
+            None => Ok(()),
+        }
     }
 }
 

@@ -22,6 +22,10 @@ use crate::policy::Policy;
 pub const NOVELTY_MEMORY: usize = 64;
 /// Fired guards and completed operations kept for the stop report (the newest).
 pub const REPORT_LIST_MAX: usize = 32;
+/// Distinct compaction reasons counted for the stop report; later ones count as `other`.
+pub const COMPACTION_REASONS_MAX: usize = 8;
+/// Longest compaction reason kept (a reason is a producer's word, not prose).
+const COMPACTION_REASON_LEN: usize = 40;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunState {
@@ -42,6 +46,8 @@ pub struct RunState {
     pub pending: BTreeMap<String, PendingCall>,
     pub completed_operations: Vec<String>,
     pub fired_guards: Vec<String>,
+    /// What was compacted how often, for `max_compactions` and the stop report.
+    pub compactions: CompactionLog,
     /// Approval ids and credential scopes already used to resume this run: each counts
     /// as a changed precondition once.
     pub resume_tokens: Vec<String>,
@@ -93,6 +99,77 @@ pub struct Detection {
     pub retry_gates: Vec<RetryGate>,
     pub precondition_gates: Vec<PreconditionGate>,
     pub compaction_watch: Option<CompactionWatch>,
+    /// Compaction cycles (a compaction, or a context-window overflow not followed by
+    /// one) since the last progress: `compaction_thrash`.
+    pub compaction_streak: u32,
+    /// The last cycle began with an overflow whose compaction has not come yet: that
+    /// compaction closes the same cycle.
+    pub overflow_open: bool,
+}
+
+/// The run's compactions, whatever happened between them. Budgets are not detection: an
+/// accepted resume keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CompactionLog {
+    /// Compaction cycles: what `max_compactions` counts.
+    pub cycles: u64,
+    pub compactions: u64,
+    /// Model turns that ended `model_context_window_exceeded`.
+    pub overflows: u64,
+    /// `compaction.reason` → how often, the first [`COMPACTION_REASONS_MAX`] distinct.
+    pub reasons: Vec<(String, u32)>,
+}
+
+impl CompactionLog {
+    pub(crate) fn note_compaction(&mut self, reason: Option<&str>) {
+        self.compactions += 1;
+        let mut reason = reason.unwrap_or("unspecified").trim();
+        if reason.len() > COMPACTION_REASON_LEN {
+            let mut end = COMPACTION_REASON_LEN;
+            while !reason.is_char_boundary(end) {
+                end -= 1;
+            }
+            reason = &reason[..end];
+        }
+        let slot = match self.reasons.iter().position(|(r, _)| r == reason) {
+            Some(i) => i,
+            None if self.reasons.len() < COMPACTION_REASONS_MAX => {
+                self.reasons.push((reason.to_owned(), 0));
+                self.reasons.len() - 1
+            }
+            None => match self.reasons.iter().position(|(r, _)| r == "other") {
+                Some(i) => i,
+                None => {
+                    // The last slot becomes `other`, keeping its count.
+                    let last = self.reasons.len() - 1;
+                    self.reasons[last].0 = "other".to_owned();
+                    last
+                }
+            },
+        };
+        self.reasons[slot].1 += 1;
+    }
+
+    /// `auto ×3, manual ×1; 2 context-window overflows`.
+    pub fn summary(&self) -> String {
+        let reasons = self
+            .reasons
+            .iter()
+            .map(|(r, n)| format!("{r} ×{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut out = format!("{} compactions", self.compactions);
+        if !reasons.is_empty() {
+            out.push_str(&format!(" ({reasons})"));
+        }
+        if self.overflows > 0 {
+            out.push_str(&format!(
+                ", {} model turns ended model_context_window_exceeded",
+                self.overflows
+            ));
+        }
+        out
+    }
 }
 
 /// One call in the detection window.
@@ -139,7 +216,7 @@ pub struct PreconditionGate {
 }
 
 /// After a compaction, the next `remaining` results are watched for one identical
-/// (tool, call, result) triple repeating.
+/// (tool, call, result) triple repeating; progress ends the watch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompactionWatch {
     pub remaining: u32,
@@ -193,6 +270,7 @@ impl RunState {
             pending: BTreeMap::new(),
             completed_operations: Vec::new(),
             fired_guards: Vec::new(),
+            compactions: CompactionLog::default(),
             resume_tokens: Vec::new(),
         }
     }
@@ -262,6 +340,10 @@ impl Detection {
         self.no_progress_streak = 0;
         self.no_progress_outcomes = 0;
         self.precondition_gates.clear();
+        self.compaction_streak = 0;
+        self.overflow_open = false;
+        // The run recovered from its compaction: later repeats are plain repeats.
+        self.compaction_watch = None;
     }
 
     /// An accepted resume: every detector starts again; budgets are not detection.

@@ -13,7 +13,7 @@
 //! ok {"hits":[]} progress=4 terminal for=c9
 //! pending {…} | retry {…} after=500 code=rate_limited | precond code=x | fatal code=y
 //! turn {"stop_reason":"end_turn","usage":{…}}
-//! progress 5 | compaction | cancel | resume {"approval_id":"a1"} | finish | tick
+//! progress 5 | compaction [{"reason":"auto"}] | cancel | resume {"approval_id":"a1"} | finish | tick
 //! wait 5000                            advance the event clock, no event
 //! raw {"type":"…", …}                  any event; envelope fields filled in if absent
 //! … -> block same_call_repeat          the expected action and (optionally) reason
@@ -201,7 +201,12 @@ fn parse_case(text: &str) -> (Preset, Vec<Step>) {
                 );
                 "progress"
             }
-            "compaction" => "compaction",
+            "compaction" => {
+                if let Some(Value::Object(map)) = value {
+                    fields.extend(map);
+                }
+                "compaction"
+            }
             "cancel" => {
                 fields.insert("by".into(), json!("operator"));
                 fields.insert("reason".into(), json!("test"));

@@ -20,9 +20,10 @@ use crate::record;
 use crate::state::{LedgerTimes, LogState};
 
 /// 3: runs refer to a table of policies. 4: the sequencer keeps each id's position;
-/// no separate dedup index. A snapshot with another tag is skipped (an older one, or a
+/// no separate dedup index. 5: runs keep their compaction log and streak, and policies
+/// their compaction and volatile-text settings. A snapshot with another tag is skipped (an older one, or a
 /// full replay, does the job).
-const MAGIC: &[u8; 8] = b"FBSNAP4\n";
+const MAGIC: &[u8; 8] = b"FBSNAP5\n";
 const HEADER: usize = MAGIC.len() + 32;
 
 #[derive(Serialize)]
@@ -129,10 +130,10 @@ mod tests {
 
         // A snapshot an older build wrote is named as such, not as damage.
         let mut older = bytes.clone();
-        older[..MAGIC.len()].copy_from_slice(b"FBSNAP3\n");
+        older[..MAGIC.len()].copy_from_slice(b"FBSNAP4\n");
         assert_eq!(
             decode(&older).unwrap_err(),
-            "a snapshot of another format (FBSNAP3), which this build does not read"
+            "a snapshot of another format (FBSNAP4), which this build does not read"
         );
     }
 }
