@@ -137,6 +137,39 @@ impl Reason {
             Reason::Fatal => "fatal",
         }
     }
+
+    /// Every reason, for the vocabularies that must list them all (metrics labels).
+    pub const ALL: [Reason; 29] = [
+        Reason::StepBudget,
+        Reason::TimeBudget,
+        Reason::TokenBudget,
+        Reason::CostBudget,
+        Reason::TurnBudget,
+        Reason::ToolErrorLimit,
+        Reason::SameCallRepeat,
+        Reason::PingPong,
+        Reason::ArgChurn,
+        Reason::NoProgress,
+        Reason::PollNoProgress,
+        Reason::UnknownTool,
+        Reason::GlobalCircuitBreaker,
+        Reason::CompactionLoopPersisted,
+        Reason::CompactionThrash,
+        Reason::CompactionBudget,
+        Reason::ConsecutiveBlocks,
+        Reason::OperationInFlight,
+        Reason::PreconditionUnchanged,
+        Reason::RetryTooSoon,
+        Reason::InvalidModelOutput,
+        Reason::ModelRefusal,
+        Reason::Cancelled,
+        Reason::RunClosed,
+        Reason::Completed,
+        Reason::PermissionDenied,
+        Reason::PolicyBlocked,
+        Reason::NeedsHuman,
+        Reason::Fatal,
+    ];
 }
 
 /// The loop detectors of guard contract §4.3 (the `detector` field of a decision).
