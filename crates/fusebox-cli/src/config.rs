@@ -44,3 +44,44 @@ pub fn load(path: Option<&Path>, preset: Option<Preset>) -> Result<GuardConfig, 
         max_event_bytes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo(rel: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(rel)
+    }
+
+    /// Each file that documents built-in values, layered over a preset whose values all
+    /// differ, must give exactly the built-in policy: a default changed in the code but
+    /// not in its documentation (or the other way round) fails here.
+    #[test]
+    fn the_shipped_files_document_the_built_in_values() {
+        let cases = [
+            ("config/fusebox.toml", Preset::Strict, Preset::Balanced),
+            (
+                "config/presets/strict.toml",
+                Preset::Balanced,
+                Preset::Strict,
+            ),
+            (
+                "config/presets/lenient.toml",
+                Preset::Balanced,
+                Preset::Lenient,
+            ),
+        ];
+        for (file, over, want) in cases {
+            let config = load(Some(&repo(file)), Some(over)).unwrap();
+            assert_eq!(
+                **config.policies.base(),
+                want.policy(),
+                "{file} layered over {} is not {}",
+                over.name(),
+                want.name()
+            );
+        }
+    }
+}

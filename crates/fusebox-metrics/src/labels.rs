@@ -54,6 +54,8 @@ pub const REASONS: &[&str] = &[
     "unknown_tool",
     "global_circuit_breaker",
     "compaction_loop_persisted",
+    "compaction_thrash",
+    "compaction_budget",
     "consecutive_blocks",
     "operation_in_flight",
     "precondition_unchanged",

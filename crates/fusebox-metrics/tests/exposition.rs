@@ -204,3 +204,21 @@ fn configured_api_ops_start_with_zeroed_error_series() {
         "{text}"
     );
 }
+
+/// Every reason code the engine can give is a label value of its own: a new detector's
+/// code (`compaction_thrash`, `compaction_budget`) must not be counted as `other`.
+#[test]
+fn every_engine_reason_is_a_reason_label_value() {
+    for reason in fusebox_core::Reason::ALL {
+        assert!(
+            fusebox_metrics::labels::REASONS.contains(&reason.as_str()),
+            "reason {} is missing from labels::REASONS",
+            reason.as_str()
+        );
+    }
+    assert_eq!(
+        fusebox_metrics::labels::REASONS.len(),
+        fusebox_core::Reason::ALL.len() + 1,
+        "labels::REASONS lists a code the engine does not give (besides \"none\")"
+    );
+}
