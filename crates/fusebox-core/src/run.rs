@@ -162,11 +162,12 @@ impl CompactionLog {
         if !reasons.is_empty() {
             out.push_str(&format!(" ({reasons})"));
         }
-        if self.overflows > 0 {
-            out.push_str(&format!(
-                ", {} model turns ended model_context_window_exceeded",
-                self.overflows
-            ));
+        match self.overflows {
+            0 => {}
+            1 => out.push_str(", 1 model turn ended model_context_window_exceeded"),
+            n => out.push_str(&format!(
+                ", {n} model turns ended model_context_window_exceeded"
+            )),
         }
         out
     }

@@ -18,9 +18,9 @@ fn is_separator(b: u8) -> bool {
 /// `key` with separators dropped and ASCII letters lower-cased into `buf`: `durationMs`,
 /// `DurationMs`, `duration-ms` and `duration_ms` all become `durationms`. `None` when it
 /// does not fit (then it is no built-in key).
-fn normalize_into<'a>(key: &str, buf: &'a mut [u8; KEY_BUF]) -> Option<&'a [u8]> {
+fn normalize_into<'a>(key: &[u8], buf: &'a mut [u8; KEY_BUF]) -> Option<&'a [u8]> {
     let mut n = 0;
-    for &b in key.as_bytes() {
+    for &b in key {
         if is_separator(b) {
             continue;
         }
@@ -36,6 +36,10 @@ fn normalize_into<'a>(key: &str, buf: &'a mut [u8; KEY_BUF]) -> Option<&'a [u8]>
 /// The built-in volatile keys (`DEFAULT_VOLATILE_RESULT_KEYS`) in any case and separator
 /// style. A `match` on the normalised bytes: the compiler turns it into a length switch.
 pub fn is_default_volatile_key(key: &str) -> bool {
+    is_default_volatile_bytes(key.as_bytes())
+}
+
+fn is_default_volatile_bytes(key: &[u8]) -> bool {
     let mut buf = [0u8; KEY_BUF];
     let Some(norm) = normalize_into(key, &mut buf) else {
         return false;
@@ -176,7 +180,8 @@ pub fn write_masked(buf: &mut Vec<u8>, s: &str, mask: &TextMask<'_>) -> bool {
     let mut after_key = false;
     while i < bytes.len() {
         let boundary = i == 0 || !bytes[i - 1].is_ascii_alphanumeric();
-        let found = if boundary {
+        let b = bytes[i];
+        let found = if boundary && (b.is_ascii_alphanumeric() || !no_patterns) {
             let pattern = mask
                 .patterns
                 .iter()
@@ -198,19 +203,19 @@ pub fn write_masked(buf: &mut Vec<u8>, s: &str, mask: &TextMask<'_>) -> bool {
             copied = end;
             continue;
         }
-        let b = bytes[i];
         if !b.is_ascii_alphanumeric() {
             after_key &= is_key_gap(b);
             i += 1;
             continue;
         }
         let token_end = run_end(bytes, i, |c| c.is_ascii_alphanumeric());
-        let word_end = run_end(bytes, i, |c| {
-            c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-')
-        });
         after_key = false;
-        if mask.masks.has(Mask::Keyed) && boundary {
-            if is_text_key(&bytes[i..word_end]) {
+        // Keys are words that start with a letter (`pid`, `request_id`, `session`).
+        if mask.masks.has(Mask::Keyed) && boundary && b.is_ascii_alphabetic() {
+            let word_end = run_end(bytes, token_end, |c| {
+                c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-')
+            });
+            if word_end > token_end && is_text_key(&bytes[i..word_end]) {
                 after_key = true;
                 i = word_end;
                 continue;
@@ -235,10 +240,7 @@ fn is_key_gap(b: u8) -> bool {
 /// A word in text that names a volatile value: a built-in volatile key (`pid`,
 /// `request_id` written as one token) or `session`.
 fn is_text_key(word: &[u8]) -> bool {
-    let Ok(word) = std::str::from_utf8(word) else {
-        return false;
-    };
-    word.eq_ignore_ascii_case("session") || is_default_volatile_key(word)
+    word.eq_ignore_ascii_case(b"session") || is_default_volatile_bytes(word)
 }
 
 /// The built-in token starting at `start` (a token boundary), if one is on and matches,

@@ -41,7 +41,7 @@ fn a_thrash_stop_counts_compactions_by_reason_and_overflows() {
     assert_eq!(
         detail,
         "3 compaction cycles in a row with no progress; in the run: 3 compactions \
-         (auto ×2, manual ×1), 1 model turns ended model_context_window_exceeded"
+         (auto ×2, manual ×1), 1 model turn ended model_context_window_exceeded"
     );
     let message = stop.message.as_deref().unwrap();
     assert!(message.contains(detail), "{message}");

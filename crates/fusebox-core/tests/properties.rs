@@ -3,8 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fusebox_core::event::Args;
-use fusebox_core::fingerprint::call_fingerprint;
+use fusebox_core::event::{Args, Output, ResultKind};
+use fusebox_core::fingerprint::{call_fingerprint, result_fingerprint};
+use fusebox_core::volatile::{write_masked, Mask, MaskSet, TextMask};
 use fusebox_core::{parse_event, Action, Decision, Engine, Event, EventBody};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -244,6 +245,35 @@ proptest! {
         let a = call_fingerprint("tool", &Args::Json(Value::Object(forward)), &[]);
         let b = call_fingerprint("tool", &Args::Json(Value::Object(scrambled)), &[]);
         prop_assert_eq!(a, b);
+    }
+}
+
+proptest! {
+    /// The text scanner sees any string, from any tool: it never panics, copies text with
+    /// nothing to mask byte for byte, and a volatile token's value never changes the
+    /// fingerprint while the words around it do.
+    #[test]
+    fn masking_is_total_and_only_masks_volatile_tokens(
+        text in "\\PC{0,40}",
+        words in "[a-z ]{1,12}",
+        pid in 100u32..99_999,
+        other_pid in 100u32..99_999,
+        secs in 0u32..999,
+    ) {
+        let mask = TextMask { masks: MaskSet::of(&Mask::ALL), patterns: &[], extra_patterns: &[] };
+        let mut buf = Vec::new();
+        let masked = write_masked(&mut buf, &text, &mask);
+        if !masked {
+            prop_assert_eq!(&buf[..], text.as_bytes());
+        }
+        let fp = |s: String| {
+            result_fingerprint(ResultKind::Pending, None, Some(&Output::Json(json!({"out": s}))), &|_| false, &mask)
+        };
+        let a = fp(format!("{words} (pid {pid}, {secs}.5s)"));
+        let b = fp(format!("{words} (pid {other_pid}, {}.25s)", secs + 1));
+        prop_assert_eq!(a, b);
+        let c = fp(format!("{words}x (pid {pid}, {secs}.5s)"));
+        prop_assert_ne!(a, c);
     }
 }
 
