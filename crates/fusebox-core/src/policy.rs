@@ -57,7 +57,10 @@ pub struct Policy {
     pub max_model_turns: u64,
     pub max_tool_errors: u64,
     pub max_invalid_outputs: u64,
-    /// Compactions (and context-window overflows) in the run, progress or not.
+    /// Compactions (and context-window overflows) in the run, progress or not. (Issue-20
+    /// settings have defaults here too: a log written before them holds policy records
+    /// without them.)
+    #[serde(default = "default_max_compactions")]
     pub max_compactions: u64,
     pub same_call_limit: u32,
     pub read_same_call_limit: u32,
@@ -74,9 +77,11 @@ pub struct Policy {
     /// Added to [`DEFAULT_VOLATILE_RESULT_KEYS`], never replacing them; matched across
     /// case and separator styles like them.
     pub volatile_result_keys: Vec<String>,
+    #[serde(default = "default_volatile_text")]
     pub volatile_text: VolatileText,
     pub detectors: Detectors,
     pub post_compaction: PostCompaction,
+    #[serde(default = "default_compaction_thrash")]
     pub compaction_thrash: CompactionThrash,
     pub tools: BTreeMap<String, ToolPolicy>,
 }
@@ -100,7 +105,24 @@ pub struct PostCompaction {
     pub window_size: u32,
     /// The same (tool, call, result) this many times among them stops the run; the
     /// call that would make it so is refused at the gate.
+    #[serde(default = "default_repeat_limit")]
     pub repeat_limit: u32,
+}
+
+fn default_max_compactions() -> u64 {
+    Policy::default().max_compactions
+}
+
+fn default_volatile_text() -> VolatileText {
+    Policy::default().volatile_text
+}
+
+fn default_compaction_thrash() -> CompactionThrash {
+    Policy::default().compaction_thrash
+}
+
+fn default_repeat_limit() -> u32 {
+    Policy::default().post_compaction.repeat_limit
 }
 
 /// Compactions (or context-window overflows) with no progress between them.
