@@ -30,9 +30,18 @@ def stack() -> Iterator[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="fusebox-py-"))
     nats_port, metrics_port = _free_port(), _free_port()
     nats = subprocess.Popen(
-        ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(nats_port), "-sd", str(work / "js")],
+        [
+            "nats-server",
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(nats_port),
+            "-sd",
+            str(work / "js"),
+        ],
         stdout=subprocess.DEVNULL,
-        stderr=open(work / "nats.log", "w"),
+        stderr=subprocess.DEVNULL,
     )
     for _ in range(100):
         try:
@@ -44,17 +53,23 @@ def stack() -> Iterator[dict[str, Any]]:
     daemon = subprocess.Popen(
         [
             str(ROOT / "target/debug/fuseboxd"),
-            "--config", str(ROOT / "config/fusebox.toml"),
-            "--nats-url", url,
-            "--data-dir", str(work / "data"),
-            "--metrics-listen", f"127.0.0.1:{metrics_port}",
+            "--config",
+            str(ROOT / "config/fusebox.toml"),
+            "--nats-url",
+            url,
+            "--data-dir",
+            str(work / "data"),
+            "--metrics-listen",
+            f"127.0.0.1:{metrics_port}",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=open(work / "fuseboxd.log", "w"),
+        stderr=subprocess.DEVNULL,
     )
     for _ in range(200):
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=0.2)
+            urllib.request.urlopen(
+                f"http://127.0.0.1:{metrics_port}/readyz", timeout=0.2
+            )
             break
         except OSError:
             time.sleep(0.05)

@@ -31,8 +31,8 @@ class GateTimeout(GuardUnavailable):
 
 
 class NoResponders(GuardUnavailable):
-    def __init__(self, subject: str) -> None:
-        super().__init__(f"no fuseboxd is listening on {subject} (is the daemon running?)")
+    def __init__(self, subject: str, why: str = "is the daemon running?") -> None:
+        super().__init__(f"no fuseboxd is listening on {subject} ({why})")
         self.subject = subject
 
 

@@ -11,12 +11,12 @@ import logging
 from collections.abc import Callable
 
 import nats.errors
-import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from . import subjects
+from .errors import BadAnswer, FuseboxError, GateTimeout, NoResponders, TransportError
 from .types import Action, Decision
 
 log = logging.getLogger("fusebox_guard")
@@ -34,6 +34,8 @@ class StopWatch:
         self._stop: Decision | None = None
         self._event = asyncio.Event()
         self._listeners: list[Callable[[Decision], None]] = []
+        #: Why the stop kept from before the watch could not be looked up (None: it was).
+        self.lookup_error: FuseboxError | None = None
 
     @classmethod
     async def open(cls, nc: NATS, tenant: str, run: str, timeout_s: float) -> StopWatch:
@@ -42,9 +44,16 @@ class StopWatch:
         # seen on the subscription, so there is no gap.
         watch._sub = await nc.subscribe(watch.subject, cb=watch._on_message)
         await nc.flush(timeout=max(1, round(timeout_s)))
-        kept = await kept_stop(nc, tenant, run, timeout_s)
-        if kept is not None:
-            watch.latch(kept)
+        try:
+            kept = await kept_stop(nc, tenant, run, timeout_s)
+        except FuseboxError as err:
+            # The gate stays the authority (it answers `stop` for every call of a stopped
+            # run); the kept stop is the fast path. Say so, and watch live.
+            watch.lookup_error = err
+            log.warning("fusebox: kept stop of %s/%s unknown: %s", tenant, run, err)
+        else:
+            if kept is not None:
+                watch.latch(kept)
         return watch
 
     @property
@@ -102,13 +111,29 @@ def parse_stop(data: bytes) -> Decision | None:
 
 
 async def kept_stop(nc: NATS, tenant: str, run: str, timeout_s: float) -> Decision | None:
-    """The stop `FUSEBOX_STOPS` keeps for the run, if any (last message per subject)."""
-    js = nc.jetstream(timeout=timeout_s)
+    """The stop `FUSEBOX_STOPS` keeps for the run, or None when there is none.
+
+    A JetStream direct get of the last message on the run's own stop subject
+    (/work/notes/killswitch-wire.md): the one JetStream request a tenant user may make,
+    answered by JetStream itself, so it works while fuseboxd is down. 404 = nothing kept;
+    no responders (no stream, or direct get off) and timeouts raise, told apart.
+    """
+    subject = subjects.stop_direct_get(tenant, run)
     try:
-        msg = await js.get_last_msg(subjects.STOPS_STREAM, subjects.stop(tenant, run))
-    except nats.js.errors.NotFoundError:
+        msg = await nc.request(subject, b"", timeout=timeout_s)
+    except nats.errors.NoRespondersError:
+        why = "no FUSEBOX_STOPS stream with direct get: has a current fuseboxd ever run?"
+        raise NoResponders(subject, why) from None
+    except nats.errors.TimeoutError:
+        raise GateTimeout(subject, timeout_s) from None
+    except nats.errors.Error as err:
+        raise TransportError(subject, str(err) or type(err).__name__) from err
+    status = (msg.headers or {}).get("Status")
+    if status == "404":
         return None
-    except (nats.errors.Error, asyncio.TimeoutError) as err:
-        log.warning("fusebox: cannot look up the kept stop of %s/%s: %s", tenant, run, err)
-        return None
-    return parse_stop(msg.data or b"")
+    if status is not None:
+        raise BadAnswer(subject, f"status {status} {(msg.headers or {}).get('Description', '')}")
+    decision = parse_stop(msg.data)
+    if decision is None:
+        raise BadAnswer(subject, "the kept message is not a stop decision")
+    return decision

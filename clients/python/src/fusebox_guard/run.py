@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from .types import Action, Decision, Effect, GateOnError, ResultKind, ResultMode
 
 if TYPE_CHECKING:
     from .client import Fusebox
+
+log = logging.getLogger("fusebox_guard")
 
 #: Marks "no output given" (None is a valid JSON output).
 _UNSET: Any = object()
@@ -71,6 +74,8 @@ class Run:
         self._watch: StopWatch | None = None
         self._stop: Decision | None = None
         self._started = False
+        #: Why `run_started` is not delivered yet (it is re-sent with the next event).
+        self.start_error: GuardUnavailable | None = None
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -90,7 +95,15 @@ class Run:
             started["tools"] = list(self.tools)
         if self.policy is not None:
             started["policy"] = self.policy
-        await self._observe("run_started", started)
+        try:
+            await self._observe("run_started", started)
+        except GuardUnavailable as err:
+            # Queued: re-sent before the run's first gate, which decides (gate_on_error)
+            # what the agent may do meanwhile.
+            self.start_error = err
+            log.warning(
+                "fusebox: run_started of %s/%s not delivered yet: %s", self.tenant, self.id, err
+            )
 
     async def close(self) -> None:
         """Stops watching the kill switch (the run itself stays as it is)."""

@@ -19,3 +19,8 @@ def stop(tenant: str, run: str) -> str:
 
 def decisions(tenant: str, run: str) -> str:
     return f"fusebox.decisions.{tenant}.{run}"
+
+
+def stop_direct_get(tenant: str, run: str) -> str:
+    """JetStream direct get of the last stop kept for the run (tenant-permitted)."""
+    return f"$JS.API.DIRECT.GET.{STOPS_STREAM}.{stop(tenant, run)}"

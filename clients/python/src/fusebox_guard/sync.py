@@ -43,9 +43,7 @@ async def await_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]
 class _LoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._main, name="fusebox-guard-loop", daemon=True
-        )
+        self._thread = threading.Thread(target=self._main, name="fusebox-guard-loop", daemon=True)
         self._thread.start()
 
     def _main(self) -> None:
