@@ -32,7 +32,7 @@ from support.guard import (
     search_output,
     send_email_output,
 )
-from support.scenarios import next_calls, op_key
+from support.scenarios import next_calls, op_key_for
 
 set_tracing_disabled(True)
 pytestmark = pytest.mark.asyncio
@@ -116,7 +116,7 @@ async def guarded(
 ) -> tuple[Any, OpenAIAgentsGuard]:
     fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT, **kw)
     run = await fb.start_run(fresh_run(f"oai-{scenario}"), agent="researcher")
-    return fb, OpenAIAgentsGuard(run, op_key=op_key)
+    return fb, OpenAIAgentsGuard(run, op_key=op_key_for(run.id))
 
 
 async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(

@@ -3,6 +3,7 @@ drives every framework's fake model, so the adapters are judged on the same runs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .guard import PAGES
@@ -31,8 +32,13 @@ def next_calls(scenario: str, turn: int) -> list[Call] | None:
     raise ValueError(scenario)
 
 
-def op_key(tool: str, args: Any) -> str | None:
-    """The business identity of the side effect: one notification per incident."""
-    if tool == "send_email" and isinstance(args, dict):
-        return f"{args.get('incident')}:email"
-    return None
+def op_key_for(run: str) -> Callable[[str, Any], str | None]:
+    """The business identity of the side effect: one notification per incident. The
+    ledger outlives a run, so each test's incident is its own."""
+
+    def op_key(tool: str, args: Any) -> str | None:
+        if tool == "send_email" and isinstance(args, dict):
+            return f"{run}:{args.get('incident')}:email"
+        return None
+
+    return op_key

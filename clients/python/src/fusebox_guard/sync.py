@@ -30,6 +30,12 @@ def run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
             "a blocking fusebox call on the event loop that owns the connection would "
             "deadlock: use the async API (await run.tool_call(...)) there"
         )
+    if not loop.is_running():
+        coro.close()
+        raise RuntimeError(
+            "the run's event loop is not running, so a blocking call cannot reach it: "
+            "sync code uses SyncFusebox (its own loop thread)"
+        )
     return concurrent.futures.Future.result(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
