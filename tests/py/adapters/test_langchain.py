@@ -48,7 +48,7 @@ class ScriptedChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "scripted"
 
-    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedChatModel:  # type: ignore[override]
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedChatModel:
         return self
 
     def _generate(
@@ -68,7 +68,7 @@ class ScriptedChatModel(BaseChatModel):
             "input_token_details": {"cache_read": 100},
         }
         if calls is None:
-            message = AIMessage(content="done", usage_metadata=usage)  # type: ignore[arg-type]
+            message = AIMessage(content="done", usage_metadata=usage)
         else:
             message = AIMessage(
                 content="",
@@ -81,7 +81,7 @@ class ScriptedChatModel(BaseChatModel):
                     }
                     for k, (name, args) in enumerate(calls)
                 ],
-                usage_metadata=usage,  # type: ignore[arg-type]
+                usage_metadata=usage,
             )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -209,7 +209,7 @@ def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
 @pytest.mark.parametrize("mode", MODES)
 def test_ping_pong_is_stopped(stack: Any, mode: str) -> None:
     log = ToolLog()
-    state, guard = drive(stack["nats_url"], "ping_pong", mode, log)
+    state, _ = drive(stack["nats_url"], "ping_pong", mode, log)
     assert stop_report(state) is not None
     assert len(log.calls) < 20
     assert_history_valid(state["messages"])
@@ -255,7 +255,7 @@ def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
         return on_tool
 
     log = ToolLog()
-    state, guard = drive(
+    state, _ = drive(
         stack["nats_url"], "pagination", mode, log, on_tool=cancel_on_third
     )
     assert log.count("list_issues") == 3
@@ -288,7 +288,7 @@ def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
     stack: Any, mode: str
 ) -> None:
     log = ToolLog()
-    state, guard = drive(stack["nats_url"], "parallel_runaway", mode, log)
+    state, _ = drive(stack["nats_url"], "parallel_runaway", mode, log)
     assert log.count("search") == RUNAWAY_EXECUTIONS
     assert stop_report(state) is not None
     answers = [m for m in state["messages"] if isinstance(m, ToolMessage)]
