@@ -67,9 +67,7 @@ def stack() -> Iterator[dict[str, Any]]:
     )
     for _ in range(200):
         try:
-            urllib.request.urlopen(
-                f"http://127.0.0.1:{metrics_port}/readyz", timeout=0.2
-            )
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=0.2)
             break
         except OSError:
             time.sleep(0.05)

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fusebox_guard import Fusebox, GateOnError, SyncFusebox
-from fusebox_guard.adapters.langchain import FuseboxMiddleware, stop_report
 from langchain.agents import create_agent
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
@@ -20,6 +18,9 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from pydantic import Field
+
+from fusebox_guard import Fusebox, GateOnError, SyncFusebox
+from fusebox_guard.adapters.langchain import FuseboxMiddleware, stop_report
 from support.guard import (
     PAGES,
     RUNAWAY_EXECUTIONS,
@@ -86,9 +87,7 @@ class ScriptedChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-def make_tools(
-    log: ToolLog, on_tool: Callable[[int], None] | None = None
-) -> list[BaseTool]:
+def make_tools(log: ToolLog, on_tool: Callable[[int], None] | None = None) -> list[BaseTool]:
     def ran(name: str, arg: Any) -> None:
         log.calls.append((name, arg))
         if on_tool is not None:
@@ -123,9 +122,7 @@ def make_tools(
 
 def assert_history_valid(messages: list[BaseMessage]) -> None:
     """Every tool call id of every AI message is answered by a ToolMessage."""
-    asked = {
-        c["id"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls
-    }
+    asked = {c["id"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls}
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     assert asked <= answered, f"unanswered call ids: {asked - answered}"
 
@@ -228,15 +225,11 @@ def test_pagination_of_twelve_pages_finishes_untouched(stack: Any, mode: str) ->
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_side_effect_with_one_op_key_runs_once_across_a_retry(
-    stack: Any, mode: str
-) -> None:
+def test_side_effect_with_one_op_key_runs_once_across_a_retry(stack: Any, mode: str) -> None:
     log = ToolLog()
     state, _ = drive(stack["nats_url"], "retry_side_effect", mode, log)
     assert log.count("send_email") == 1
-    answers = {
-        m.tool_call_id: m for m in state["messages"] if isinstance(m, ToolMessage)
-    }
+    answers = {m.tool_call_id: m for m in state["messages"] if isinstance(m, ToolMessage)}
     # The retry was answered with the stored result, under its own call id.
     assert '"sent": true' in str(answers["call_1_0"].content)
     assert answers["call_1_0"].status == "success"
@@ -255,9 +248,7 @@ def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
         return on_tool
 
     log = ToolLog()
-    state, _ = drive(
-        stack["nats_url"], "pagination", mode, log, on_tool=cancel_on_third
-    )
+    state, _ = drive(stack["nats_url"], "pagination", mode, log, on_tool=cancel_on_third)
     assert log.count("list_issues") == 3
     report = stop_report(state)
     assert report is not None and report.state_name == "CANCELLED"
@@ -269,9 +260,7 @@ def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
 def test_daemon_down(mode: str, policy: GateOnError) -> None:
     log = ToolLog()
     with bare_nats() as url:
-        state, _ = drive(
-            url, "one_search", mode, log, gate_on_error=policy, timeout_s=0.5
-        )
+        state, _ = drive(url, "one_search", mode, log, gate_on_error=policy, timeout_s=0.5)
     answers = [m for m in state["messages"] if isinstance(m, ToolMessage)]
     if policy is GateOnError.DENY:
         assert log.count("search") == 0

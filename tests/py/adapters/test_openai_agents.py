@@ -17,6 +17,7 @@ from agents.testing import (
     function_call,
 )
 from agents.usage import Usage as AgentsUsage
+
 from fusebox_guard import Fusebox, GateOnError, RunStopped
 from fusebox_guard.adapters.openai_agents import OpenAIAgentsGuard
 from support.guard import (
@@ -35,7 +36,6 @@ from support.guard import (
 from support.scenarios import next_calls, op_key_for
 
 set_tracing_disabled(True)
-pytestmark = pytest.mark.asyncio
 
 
 def scripted(scenario: str) -> ScriptedModel:
@@ -94,15 +94,9 @@ def assert_history_valid(model: ScriptedModel) -> None:
     """Every function call the model saw in its input has an output for its call id."""
     for call in model.calls:
         items = call.input if isinstance(call.input, list) else []
-        asked = {
-            i["call_id"]
-            for i in map(_as_dict, items)
-            if i.get("type") == "function_call"
-        }
+        asked = {i["call_id"] for i in map(_as_dict, items) if i.get("type") == "function_call"}
         answered = {
-            i["call_id"]
-            for i in map(_as_dict, items)
-            if i.get("type") == "function_call_output"
+            i["call_id"] for i in map(_as_dict, items) if i.get("type") == "function_call_output"
         }
         assert asked <= answered, f"unanswered call ids: {asked - answered}"
 
@@ -111,14 +105,13 @@ def _as_dict(item: Any) -> dict[str, Any]:
     return item if isinstance(item, dict) else item.model_dump()
 
 
-async def guarded(
-    stack: dict[str, Any], scenario: str, **kw: Any
-) -> tuple[Any, OpenAIAgentsGuard]:
+async def guarded(stack: dict[str, Any], scenario: str, **kw: Any) -> tuple[Any, OpenAIAgentsGuard]:
     fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT, **kw)
     run = await fb.start_run(fresh_run(f"oai-{scenario}"), agent="researcher")
     return fb, OpenAIAgentsGuard(run, op_key=op_key_for(run.id))
 
 
+@pytest.mark.asyncio
 async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     stack: Any,
 ) -> None:
@@ -126,9 +119,7 @@ async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     model, log = scripted("runaway"), ToolLog()
     agent = guard.protect(make_agent(model, log))
     with pytest.raises(RunStopped) as stopped:
-        await guard.run_agent(
-            agent, "weather in tokyo?", max_turns=100, run_config=RunConfig()
-        )
+        await guard.run_agent(agent, "weather in tokyo?", max_turns=100, run_config=RunConfig())
     assert log.count("search") == RUNAWAY_EXECUTIONS
     assert stopped.value.report is not None
     assert stopped.value.report.state_name == "STOPPED_LOOP_GUARD"
@@ -137,6 +128,7 @@ async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     await fb.close()
 
 
+@pytest.mark.asyncio
 async def test_ping_pong_is_stopped(stack: Any) -> None:
     fb, guard = await guarded(stack, "ping_pong")
     model, log = scripted("ping_pong"), ToolLog()
@@ -149,6 +141,7 @@ async def test_ping_pong_is_stopped(stack: Any) -> None:
     await fb.close()
 
 
+@pytest.mark.asyncio
 async def test_pagination_of_twelve_pages_finishes_untouched(stack: Any) -> None:
     fb, guard = await guarded(stack, "pagination")
     model, log = scripted("pagination"), ToolLog()
@@ -161,6 +154,7 @@ async def test_pagination_of_twelve_pages_finishes_untouched(stack: Any) -> None
     await fb.close()
 
 
+@pytest.mark.asyncio
 async def test_side_effect_with_one_op_key_runs_once_across_a_retry(stack: Any) -> None:
     fb, guard = await guarded(stack, "retry_side_effect")
     model, log = scripted("retry_side_effect"), ToolLog()
@@ -171,15 +165,14 @@ async def test_side_effect_with_one_op_key_runs_once_across_a_retry(stack: Any) 
     # The retry was answered with the stored result, under the retry's own call id.
     last_input = [_as_dict(i) for i in model.calls[-1].input]
     outputs = {
-        i["call_id"]: i["output"]
-        for i in last_input
-        if i.get("type") == "function_call_output"
+        i["call_id"]: i["output"] for i in last_input if i.get("type") == "function_call_output"
     }
     assert '"sent": true' in str(outputs["call_1_0"]).lower().replace("'", '"')
     assert_history_valid(model)
     await fb.close()
 
 
+@pytest.mark.asyncio
 async def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
     stack: Any,
 ) -> None:
@@ -215,12 +208,11 @@ async def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step
     await fb.close()
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("policy", [GateOnError.DENY, GateOnError.ALLOW])
 async def test_daemon_down(policy: GateOnError) -> None:
     with bare_nats() as url:
-        fb = await Fusebox.connect(
-            url, tenant=TENANT, gate_on_error=policy, timeout_s=0.5
-        )
+        fb = await Fusebox.connect(url, tenant=TENANT, gate_on_error=policy, timeout_s=0.5)
         run = await fb.start_run(fresh_run("oai-down"), agent="researcher")
         guard = OpenAIAgentsGuard(run)
         model, log = scripted("one_search"), ToolLog()
@@ -242,6 +234,7 @@ async def test_daemon_down(policy: GateOnError) -> None:
         await fb.close()
 
 
+@pytest.mark.asyncio
 async def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
     stack: Any,
 ) -> None:

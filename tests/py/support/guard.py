@@ -36,12 +36,23 @@ def free_port() -> int:
 
 
 @contextmanager
-def bare_nats() -> Iterator[str]:
-    """A nats-server with JetStream and no fuseboxd: every gate has no responders."""
+def bare_nats(*args: str) -> Iterator[str]:
+    """A nats-server with JetStream and no fuseboxd: every gate has no responders.
+    `args` are more nats-server flags (auth, TLS, `-c FILE`)."""
     work = Path(tempfile.mkdtemp(prefix="fusebox-bare-"))
     port = free_port()
     proc = subprocess.Popen(
-        ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(work)],
+        [
+            "nats-server",
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-sd",
+            str(work),
+            *args,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -62,9 +73,7 @@ def bare_nats() -> Iterator[str]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def fusebox_cancel(
-    stack: dict[str, Any], run: str, reason: str = "operator says stop"
-) -> str:
+def fusebox_cancel(stack: dict[str, Any], run: str, reason: str = "operator says stop") -> str:
     """`fusebox cancel TENANT/RUN` as an operator would type it, in another process."""
     out = subprocess.run(
         [
