@@ -503,3 +503,39 @@ async def test_a_blocking_call_on_the_owning_loop_is_refused_not_deadlocked(
     with pytest.raises(RuntimeError, match="deadlock"):
         blocking.tool_call("search", {})
     await fb.close()
+
+
+async def _direct_get_on(url: str) -> None:
+    """FUSEBOX_STOPS with `allow_direct` (killswitch-wire.md §5: fuseboxd turns it on; a
+    daemon built before that change does not, so the test makes sure)."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    info = await js.stream_info("FUSEBOX_STOPS")
+    if not info.config.allow_direct:
+        info.config.allow_direct = True
+        await js.update_stream(info.config)
+    await nc.close()
+
+
+@pytest.mark.asyncio
+async def test_a_watcher_learns_a_stop_kept_from_before_it_subscribed(
+    stack: dict[str, Any],
+) -> None:
+    await _direct_get_on(stack["nats_url"])
+    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    run_id = fresh_run("kept")
+    first = await fb.start_run(run_id, agent="researcher")
+    await asyncio.to_thread(fusebox_cancel, stack, run_id, "stopped before the worker came")
+    assert await first.wait_stopped(10) is not None
+    await first.close()
+    # A second worker of the same run, started after the stop: it knows before any call.
+    watch = await fb.watch_stop(run_id)
+    assert watch.lookup_error is None
+    assert watch.stop is not None and watch.stop.report is not None
+    assert watch.stop.report.state_name == "CANCELLED"
+    await watch.close()
+    # And a run never stopped has nothing kept.
+    fresh = await fb.watch_stop(fresh_run("kept-none"))
+    assert fresh.lookup_error is None and fresh.stop is None
+    await fresh.close()
+    await fb.close()
