@@ -86,12 +86,20 @@ echo "ready"
 TAIL=$!
 PIDS+=($TAIL)
 
-say "two agents: one loops on the same search, one pages through a listing"
+# The Python agent: a real OpenAI Agents SDK agent (scripted model, no LLM) behind
+# fusebox_guard, from the repo's venv (scripts/setup.sh installs clients/python into it).
+PY=.venv/bin/python
+[ -x "$PY" ] || { echo "no $PY: scripts/setup.sh makes the venv with clients/python" >&2; exit 1; }
+
+say "three agents: a Rust one and a Python (OpenAI Agents SDK) one loop on the same search, a Rust one pages through a listing"
 "$BIN/examples/demo_agent" --nats "$NATS_URL" --mode loop --run research-42 --instance "us-east-1/$INSTANCE" &
 LOOP=$!
+"$PY" clients/python/examples/openai_agents_runaway.py --nats "$NATS_URL" --run research-py-9 2>"$WORK/python-agent.log" &
+PYLOOP=$!
 "$BIN/examples/demo_agent" --nats "$NATS_URL" --mode paginate --run triage-7 &
 PAGE=$!
 wait "$LOOP" "$PAGE"
+wait "$PYLOOP" || { cat "$WORK/python-agent.log" >&2; echo "the Python agent was not stopped" >&2; exit 1; }
 
 say "what the guard counted (/metrics)"
 curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" \
@@ -117,5 +125,5 @@ say "moto's view after the watchdog acted"
 curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^fusebox_watchdog_terminations_total' | grep -v ' 0$' || true
 # --------------------------------------------------------------------------------------
 
-say "done: the looping run was stopped on its kill switch; the paging run completed;"
+say "done: the looping runs (Rust and Python) were stopped; the paging run completed;"
 echo "      the instance the stopped run left behind was terminated by the watchdog"
