@@ -44,6 +44,7 @@ from support.guard import (
     fresh_run,
     fusebox_cancel,
 )
+from support.nats_jwt import operator_setup
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -101,6 +102,19 @@ async def test_nkey_seed_file(tmp_path: Path) -> None:
         await fb.close()
         with pytest.raises(ConnectError):
             await Fusebox.connect(url, tenant=TENANT)
+
+
+@pytest.mark.asyncio
+async def test_creds_file(tmp_path: Path) -> None:
+    config, agent, stranger = operator_setup(tmp_path)
+    # Operator mode without a system account: no JetStream (not needed to connect).
+    with bare_nats("-c", str(config), jetstream=False) as url:
+        fb = await Fusebox.connect(url, tenant=TENANT, creds_file=str(agent))
+        assert fb.nats.is_connected
+        await fb.close()
+        with pytest.raises(ConnectError) as err:
+            await Fusebox.connect(url, tenant=TENANT, creds_file=str(stranger))
+        assert "authorization" in str(err.value).lower()
 
 
 def _openssl(*args: str) -> None:

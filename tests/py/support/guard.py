@@ -36,23 +36,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def bare_nats(*args: str) -> Iterator[str]:
-    """A nats-server with JetStream and no fuseboxd: every gate has no responders.
-    `args` are more nats-server flags (auth, TLS, `-c FILE`)."""
+def bare_nats(*args: str, jetstream: bool = True) -> Iterator[str]:
+    """A nats-server (with JetStream unless told otherwise) and no fuseboxd: every gate
+    has no responders. `args` are more nats-server flags (auth, TLS, `-c FILE`)."""
     work = Path(tempfile.mkdtemp(prefix="fusebox-bare-"))
     port = free_port()
+    js = ["-js", "-sd", str(work)] if jetstream else []
     proc = subprocess.Popen(
-        [
-            "nats-server",
-            "-js",
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-sd",
-            str(work),
-            *args,
-        ],
+        ["nats-server", *js, "-a", "127.0.0.1", "-p", str(port), *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
