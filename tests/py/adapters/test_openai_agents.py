@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +39,7 @@ from support.guard import (
 from support.scenarios import next_calls, op_key_for
 
 set_tracing_disabled(True)
+MCP_SERVER = Path(__file__).resolve().parents[1] / "support/mcp_search_server.py"
 
 
 def scripted(scenario: str) -> ScriptedModel:
@@ -248,4 +252,27 @@ async def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
     assert guard.run.stopped is not None
     gate = await guard.run.tool_call("search", {"query": "weather tokyo"})
     assert gate.stopped and not gate.may_run
+    await fb.close()
+
+
+@pytest.mark.asyncio
+async def test_mcp_tools_of_the_agent_are_gated_too(stack: Any, tmp_path: Any) -> None:
+    from agents.mcp import MCPServerStdio
+
+    tool_log = tmp_path / "mcp-calls.log"
+    tool_log.write_text("")
+    script = MCP_SERVER
+    fb, guard = await guarded(stack, "runaway")
+    model = scripted("runaway")
+    params = {
+        "command": sys.executable,
+        "args": [str(script)],
+        "env": {**os.environ, "FUSEBOX_TEST_TOOL_LOG": str(tool_log)},
+    }
+    async with MCPServerStdio(params=params, name="search-server") as server:  # type: ignore[arg-type]
+        agent = guard.protect(Agent(name="researcher", model=model, mcp_servers=[server]))
+        with pytest.raises(RunStopped):
+            await guard.run_agent(agent, "weather in tokyo?", max_turns=100)
+    assert len(tool_log.read_text().splitlines()) == RUNAWAY_EXECUTIONS
+    assert_history_valid(model)
     await fb.close()
