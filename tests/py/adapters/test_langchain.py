@@ -31,6 +31,7 @@ from support.guard import (
     fusebox_cancel,
     list_issues_output,
     open_page_output,
+    run_status,
     search_output,
     send_email_output,
 )
@@ -44,6 +45,9 @@ class ScriptedChatModel(BaseChatModel):
 
     scenario: str
     seen: list[list[BaseMessage]] = Field(default_factory=list)
+    #: Count turns itself instead of reading them off the history (which a compaction
+    #: shortens: a model that forgets what it did is another test).
+    remembers: bool = False
 
     @property
     def _llm_type(self) -> str:
@@ -60,7 +64,11 @@ class ScriptedChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         self.seen.append(list(messages))
-        turn = sum(isinstance(m, AIMessage) for m in messages)
+        turn = (
+            len(self.seen) - 1
+            if self.remembers
+            else sum(isinstance(m, AIMessage) for m in messages)
+        )
         calls = next_calls(self.scenario, turn)
         usage = {
             "input_tokens": 150,
@@ -222,6 +230,11 @@ def test_pagination_of_twelve_pages_finishes_untouched(stack: Any, mode: str) ->
     tool_messages = [m for m in state["messages"] if isinstance(m, ToolMessage)]
     assert all("fusebox" not in str(m.content) for m in tool_messages)
     assert_history_valid(state["messages"])
+    # usage_metadata reached the daemon: 150 input (100 of them cache reads) + 25 output.
+    counters = run_status(stack, guard.run.id)["counters"]
+    assert counters["model_turns"] == PAGES + 1
+    assert counters["tokens"] == (PAGES + 1) * 175
+    assert counters["steps"] == PAGES and counters["calls_refused"] == 0
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -282,4 +295,55 @@ def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
     assert stop_report(state) is not None
     answers = [m for m in state["messages"] if isinstance(m, ToolMessage)]
     assert any("stopped this run" in str(m.content) for m in answers)
+    assert_history_valid(state["messages"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_summarization_is_reported_as_compaction(
+    stack: Any, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    from fusebox_guard.adapters.langchain import GuardedSummarization
+    from fusebox_guard.run import Run
+
+    reported: list[str | None] = []
+    original = Run.compaction
+
+    async def spy(self: Run, reason: str | None = None) -> Any:
+        reported.append(reason)
+        return await original(self, reason)
+
+    monkeypatch.setattr(Run, "compaction", spy)
+    run_id = fresh_run(f"lc-{mode}-summary")
+    log = ToolLog()
+    model = ScriptedChatModel(scenario="pagination", remembers=True)
+    summarizer = GenericFakeChatModel(messages=iter([AIMessage("pages so far: fine")] * 50))
+    prompt = {"messages": [HumanMessage("go")]}
+
+    def agent(guard: FuseboxMiddleware) -> Any:
+        summary = GuardedSummarization(
+            guard, summarizer, trigger=("messages", 10), keep=("messages", 4)
+        )
+        return create_agent(model, make_tools(log), middleware=[summary, guard])
+
+    if mode == "sync":
+        with SyncFusebox.connect(stack["nats_url"], tenant=TENANT) as fb:
+            guard = FuseboxMiddleware(fb.start_run(run_id))
+            state = agent(guard).invoke(prompt, {"recursion_limit": 500})
+    else:
+
+        async def main() -> dict[str, Any]:
+            async with await Fusebox.connect(stack["nats_url"], tenant=TENANT) as afb:
+                guard = FuseboxMiddleware(await afb.start_run(run_id))
+                result: dict[str, Any] = await agent(guard).ainvoke(
+                    prompt, {"recursion_limit": 500}
+                )
+                return result
+
+        state = asyncio.run(main())
+    assert reported and set(reported) == {"summarization"}
+    # Compacted, and still a legitimate run: all 12 pages, nothing refused.
+    assert [a for t, a in log.calls if t == "list_issues"] == list(range(1, PAGES + 1))
+    assert stop_report(state) is None
     assert_history_valid(state["messages"])

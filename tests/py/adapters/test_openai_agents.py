@@ -33,6 +33,7 @@ from support.guard import (
     fusebox_cancel,
     list_issues_output,
     open_page_output,
+    run_status,
     search_output,
     send_email_output,
 )
@@ -155,6 +156,11 @@ async def test_pagination_of_twelve_pages_finishes_untouched(stack: Any) -> None
     assert [a for t, a in log.calls if t == "list_issues"] == list(range(1, PAGES + 1))
     assert guard.run.stopped is None
     assert_history_valid(model)
+    # Each model response's usage reached the daemon as a model_turn (120 in + 30 out).
+    counters = (await asyncio.to_thread(run_status, stack, guard.run.id))["counters"]
+    assert counters["model_turns"] == PAGES + 1
+    assert counters["tokens"] == (PAGES + 1) * 150
+    assert counters["steps"] == PAGES and counters["calls_refused"] == 0
     await fb.close()
 
 

@@ -4,6 +4,7 @@ scenarios every adapter is run through."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -117,3 +118,23 @@ def send_email_output(to: str) -> dict[str, Any]:
 
 
 PAGES = 12
+
+
+def run_status(stack: dict[str, Any], run: str) -> dict[str, Any]:
+    """`fusebox run TENANT/RUN --json`: the daemon's counters for the run."""
+    out = subprocess.run(
+        [
+            f"{stack['bin_dir']}/fusebox",
+            "run",
+            f"{TENANT}/{run}",
+            "--nats-url",
+            stack["nats_url"],
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    status: dict[str, Any] = json.loads(out.stdout.splitlines()[0])
+    return status
