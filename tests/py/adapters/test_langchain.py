@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
@@ -325,7 +326,8 @@ def test_summarization_is_reported_as_compaction(
         summary = GuardedSummarization(
             guard, summarizer, trigger=("messages", 10), keep=("messages", 4)
         )
-        return create_agent(model, make_tools(log), middleware=[summary, guard])
+        middleware: list[AgentMiddleware[Any, Any, Any]] = [summary, guard]
+        return create_agent(model, make_tools(log), middleware=middleware)
 
     if mode == "sync":
         with SyncFusebox.connect(stack["nats_url"], tenant=TENANT) as fb:
