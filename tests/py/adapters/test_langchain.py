@@ -209,6 +209,10 @@ def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     assert report is not None and report.state_name == "STOPPED_LOOP_GUARD"
     if graph == "create_agent":
         assert stop_report(state) == report
+    read = [str(m.content) for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert "[fusebox warning]" in read[RUNAWAY_EXECUTIONS - 1]
+    assert read[RUNAWAY_EXECUTIONS].startswith("fusebox blocked search")
+    assert "fusebox stopped this run" in read[-1]
     assert_history_valid(state["messages"])
 
 
