@@ -15,14 +15,13 @@ import asyncio
 import time
 from typing import Any
 
+from fusebox_guard import Fusebox, SyncFusebox
+from fusebox_guard.adapters.langchain import FuseboxMiddleware, stop_report
 from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
-
-from fusebox_guard import Fusebox, SyncFusebox
-from fusebox_guard.adapters.langchain import FuseboxMiddleware, stop_report
 
 PAGES = 12
 

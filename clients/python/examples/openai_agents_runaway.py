@@ -17,7 +17,6 @@ from typing import Any
 from agents import Agent, function_tool, set_tracing_disabled
 from agents.testing import ModelCall, ModelStep, ScriptedModel, function_call
 from agents.usage import Usage
-
 from fusebox_guard import Fusebox, RunStopped
 from fusebox_guard.adapters.openai_agents import OpenAIAgentsGuard
 

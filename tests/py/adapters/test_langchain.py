@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fusebox_guard import Fusebox, GateOnError, SyncFusebox
+from fusebox_guard.adapters.langchain import FuseboxMiddleware, stop_report
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -19,9 +21,6 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from pydantic import Field
-
-from fusebox_guard import Fusebox, GateOnError, SyncFusebox
-from fusebox_guard.adapters.langchain import FuseboxMiddleware, stop_report
 from support.guard import (
     PAGES,
     RUNAWAY_EXECUTIONS,
@@ -37,6 +36,7 @@ from support.guard import (
     send_email_output,
 )
 from support.scenarios import next_calls, op_key_for
+from support.stack import Stack
 
 MODES = ["sync", "async"]
 
@@ -200,10 +200,10 @@ def drive(
 @pytest.mark.parametrize("graph", ["create_agent", "tool_node"])
 @pytest.mark.parametrize("mode", MODES)
 def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
-    stack: Any, mode: str, graph: str
+    stack: Stack, mode: str, graph: str
 ) -> None:
     log = ToolLog()
-    state, guard = drive(stack["nats_url"], "runaway", mode, log, graph=graph)
+    state, guard = drive(stack.nats_url, "runaway", mode, log, graph=graph)
     assert log.count("search") == RUNAWAY_EXECUTIONS
     report = guard.run.stopped
     assert report is not None and report.state_name == "STOPPED_LOOP_GUARD"
@@ -217,18 +217,18 @@ def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_ping_pong_is_stopped(stack: Any, mode: str) -> None:
+def test_ping_pong_is_stopped(stack: Stack, mode: str) -> None:
     log = ToolLog()
-    state, _ = drive(stack["nats_url"], "ping_pong", mode, log)
+    state, _ = drive(stack.nats_url, "ping_pong", mode, log)
     assert stop_report(state) is not None
     assert len(log.calls) < 20
     assert_history_valid(state["messages"])
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_pagination_of_twelve_pages_finishes_untouched(stack: Any, mode: str) -> None:
+def test_pagination_of_twelve_pages_finishes_untouched(stack: Stack, mode: str) -> None:
     log = ToolLog()
-    state, guard = drive(stack["nats_url"], "pagination", mode, log)
+    state, guard = drive(stack.nats_url, "pagination", mode, log)
     assert [a for t, a in log.calls if t == "list_issues"] == list(range(1, PAGES + 1))
     assert guard.run.stopped is None and stop_report(state) is None
     assert state["messages"][-1].content == "done"
@@ -243,9 +243,9 @@ def test_pagination_of_twelve_pages_finishes_untouched(stack: Any, mode: str) ->
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_side_effect_with_one_op_key_runs_once_across_a_retry(stack: Any, mode: str) -> None:
+def test_side_effect_with_one_op_key_runs_once_across_a_retry(stack: Stack, mode: str) -> None:
     log = ToolLog()
-    state, _ = drive(stack["nats_url"], "retry_side_effect", mode, log)
+    state, _ = drive(stack.nats_url, "retry_side_effect", mode, log)
     assert log.count("send_email") == 1
     answers = {m.tool_call_id: m for m in state["messages"] if isinstance(m, ToolMessage)}
     # The retry was answered with the stored result, under its own call id.
@@ -256,7 +256,7 @@ def test_side_effect_with_one_op_key_runs_once_across_a_retry(stack: Any, mode: 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
-    stack: Any, mode: str
+    stack: Stack, mode: str
 ) -> None:
     def cancel_on_third(run_id: str) -> Callable[[int], None]:
         def on_tool(executions: int) -> None:
@@ -266,7 +266,7 @@ def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
         return on_tool
 
     log = ToolLog()
-    state, _ = drive(stack["nats_url"], "pagination", mode, log, on_tool=cancel_on_third)
+    state, _ = drive(stack.nats_url, "pagination", mode, log, on_tool=cancel_on_third)
     assert log.count("list_issues") == 3
     report = stop_report(state)
     assert report is not None and report.state_name == "CANCELLED"
@@ -292,10 +292,10 @@ def test_daemon_down(mode: str, policy: GateOnError) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
-    stack: Any, mode: str
+    stack: Stack, mode: str
 ) -> None:
     log = ToolLog()
-    state, _ = drive(stack["nats_url"], "parallel_runaway", mode, log)
+    state, _ = drive(stack.nats_url, "parallel_runaway", mode, log)
     assert log.count("search") == RUNAWAY_EXECUTIONS
     assert stop_report(state) is not None
     answers = [m for m in state["messages"] if isinstance(m, ToolMessage)]
@@ -305,12 +305,11 @@ def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
 
 @pytest.mark.parametrize("mode", MODES)
 def test_summarization_is_reported_as_compaction(
-    stack: Any, mode: str, monkeypatch: pytest.MonkeyPatch
+    stack: Stack, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-
     from fusebox_guard.adapters.langchain import GuardedSummarization
     from fusebox_guard.run import Run
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 
     reported: list[str | None] = []
     original = Run.compaction
@@ -334,13 +333,13 @@ def test_summarization_is_reported_as_compaction(
         return create_agent(model, make_tools(log), middleware=middleware)
 
     if mode == "sync":
-        with SyncFusebox.connect(stack["nats_url"], tenant=TENANT) as fb:
+        with SyncFusebox.connect(stack.nats_url, tenant=TENANT) as fb:
             guard = FuseboxMiddleware(fb.start_run(run_id))
             state = agent(guard).invoke(prompt, {"recursion_limit": 500})
     else:
 
         async def main() -> dict[str, Any]:
-            async with await Fusebox.connect(stack["nats_url"], tenant=TENANT) as afb:
+            async with await Fusebox.connect(stack.nats_url, tenant=TENANT) as afb:
                 guard = FuseboxMiddleware(await afb.start_run(run_id))
                 result: dict[str, Any] = await agent(guard).ainvoke(
                     prompt, {"recursion_limit": 500}

@@ -20,7 +20,6 @@ from agents.testing import (
     function_call,
 )
 from agents.usage import Usage as AgentsUsage
-
 from fusebox_guard import Fusebox, GateOnError, RunStopped
 from fusebox_guard.adapters.openai_agents import OpenAIAgentsGuard
 from support.guard import (
@@ -38,6 +37,7 @@ from support.guard import (
     send_email_output,
 )
 from support.scenarios import next_calls, op_key_for
+from support.stack import Stack
 
 set_tracing_disabled(True)
 MCP_SERVER = Path(__file__).resolve().parents[1] / "support/mcp_search_server.py"
@@ -110,15 +110,15 @@ def _as_dict(item: Any) -> dict[str, Any]:
     return item if isinstance(item, dict) else item.model_dump()
 
 
-async def guarded(stack: dict[str, Any], scenario: str, **kw: Any) -> tuple[Any, OpenAIAgentsGuard]:
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT, **kw)
+async def guarded(stack: Stack, scenario: str, **kw: Any) -> tuple[Any, OpenAIAgentsGuard]:
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT, **kw)
     run = await fb.start_run(fresh_run(f"oai-{scenario}"), agent="researcher")
     return fb, OpenAIAgentsGuard(run, op_key=op_key_for(run.id))
 
 
 @pytest.mark.asyncio
 async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
-    stack: Any,
+    stack: Stack,
 ) -> None:
     fb, guard = await guarded(stack, "runaway")
     model, log = scripted("runaway"), ToolLog()
@@ -142,7 +142,7 @@ async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
 
 
 @pytest.mark.asyncio
-async def test_ping_pong_is_stopped(stack: Any) -> None:
+async def test_ping_pong_is_stopped(stack: Stack) -> None:
     fb, guard = await guarded(stack, "ping_pong")
     model, log = scripted("ping_pong"), ToolLog()
     agent = guard.protect(make_agent(model, log))
@@ -155,7 +155,7 @@ async def test_ping_pong_is_stopped(stack: Any) -> None:
 
 
 @pytest.mark.asyncio
-async def test_pagination_of_twelve_pages_finishes_untouched(stack: Any) -> None:
+async def test_pagination_of_twelve_pages_finishes_untouched(stack: Stack) -> None:
     fb, guard = await guarded(stack, "pagination")
     model, log = scripted("pagination"), ToolLog()
     agent = guard.protect(make_agent(model, log))
@@ -173,7 +173,7 @@ async def test_pagination_of_twelve_pages_finishes_untouched(stack: Any) -> None
 
 
 @pytest.mark.asyncio
-async def test_side_effect_with_one_op_key_runs_once_across_a_retry(stack: Any) -> None:
+async def test_side_effect_with_one_op_key_runs_once_across_a_retry(stack: Stack) -> None:
     fb, guard = await guarded(stack, "retry_side_effect")
     model, log = scripted("retry_side_effect"), ToolLog()
     agent = guard.protect(make_agent(model, log))
@@ -192,7 +192,7 @@ async def test_side_effect_with_one_op_key_runs_once_across_a_retry(stack: Any) 
 
 @pytest.mark.asyncio
 async def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
-    stack: Any,
+    stack: Stack,
 ) -> None:
     fb, guard = await guarded(stack, "pagination")
     model, log = scripted("pagination"), ToolLog()
@@ -254,7 +254,7 @@ async def test_daemon_down(policy: GateOnError) -> None:
 
 @pytest.mark.asyncio
 async def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
-    stack: Any,
+    stack: Stack,
 ) -> None:
     fb, guard = await guarded(stack, "parallel_runaway")
     model, log = scripted("parallel_runaway"), ToolLog()
@@ -270,7 +270,7 @@ async def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
 
 
 @pytest.mark.asyncio
-async def test_mcp_tools_of_the_agent_are_gated_too(stack: Any, tmp_path: Any) -> None:
+async def test_mcp_tools_of_the_agent_are_gated_too(stack: Stack, tmp_path: Any) -> None:
     from agents.mcp import MCPServerStdio
 
     tool_log = tmp_path / "mcp-calls.log"

@@ -19,8 +19,6 @@ from typing import Any
 import nats
 import nkeys  # type: ignore[import-untyped]
 import pytest
-from nats.aio.msg import Msg
-
 from fusebox_guard import (
     Action,
     ConnectError,
@@ -36,6 +34,7 @@ from fusebox_guard import (
     Usage,
 )
 from fusebox_guard.client import decode_decision
+from nats.aio.msg import Msg
 from support.guard import (
     RUNAWAY_EXECUTIONS,
     TENANT,
@@ -45,6 +44,7 @@ from support.guard import (
     fusebox_cancel,
 )
 from support.nats_jwt import operator_setup
+from support.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -292,9 +292,9 @@ async def test_a_tenant_user_gates_through_its_own_inbox_prefix(
 
 @pytest.mark.asyncio
 async def test_every_event_type_of_the_contract_is_accepted(
-    stack: dict[str, Any],
+    stack: Stack,
 ) -> None:
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
     run = await fb.start_run(
         fresh_run("types"),
         agent="researcher",
@@ -343,9 +343,9 @@ async def test_every_event_type_of_the_contract_is_accepted(
 
 @pytest.mark.asyncio
 async def test_a_retried_request_is_answered_from_the_daemons_dedup(
-    stack: dict[str, Any],
+    stack: Stack,
 ) -> None:
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
     run_id = fresh_run("dedup")
     event = {
         "v": 1,
@@ -375,7 +375,7 @@ async def test_a_retried_request_is_answered_from_the_daemons_dedup(
 
 @pytest.mark.asyncio
 async def test_no_responders_timeout_and_refusal_are_told_apart(
-    stack: dict[str, Any],
+    stack: Stack,
 ) -> None:
     with bare_nats() as url:
         fb = await Fusebox.connect(url, tenant=TENANT, timeout_s=0.3)
@@ -395,7 +395,7 @@ async def test_no_responders_timeout_and_refusal_are_told_apart(
         assert isinstance(gate.error, GateTimeout) and gate.may_run  # allow, by choice
         await silent.close()
         await fb.close()
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
     run_id = fresh_run("kinds")
     wrong_tenant = {
         "v": 1,
@@ -462,8 +462,8 @@ async def test_an_event_that_failed_is_resent_before_the_next_one() -> None:
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("mode", [ResultMode.INLINE, ResultMode.PASSIVE])
-async def test_runaway_stops_in_either_result_mode(stack: dict[str, Any], mode: ResultMode) -> None:
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT, results=mode)
+async def test_runaway_stops_in_either_result_mode(stack: Stack, mode: ResultMode) -> None:
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT, results=mode)
     run = await fb.start_run(fresh_run(f"mode-{mode.value}"), agent="researcher")
     executed = 0
     for _ in range(30):
@@ -482,8 +482,8 @@ async def test_runaway_stops_in_either_result_mode(stack: dict[str, Any], mode: 
 
 
 @pytest.mark.asyncio
-async def test_fusebox_cancel_reaches_the_watcher(stack: dict[str, Any]) -> None:
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+async def test_fusebox_cancel_reaches_the_watcher(stack: Stack) -> None:
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
     run = await fb.start_run(fresh_run("cancel"), agent="researcher")
     assert run.stopped is None
     await asyncio.to_thread(fusebox_cancel, stack, run.id, "budget review")
@@ -495,8 +495,8 @@ async def test_fusebox_cancel_reaches_the_watcher(stack: dict[str, Any]) -> None
     await fb.close()
 
 
-def test_sync_facade_runs_on_its_own_loop_thread(stack: dict[str, Any]) -> None:
-    with SyncFusebox.connect(stack["nats_url"], tenant=TENANT) as fb:
+def test_sync_facade_runs_on_its_own_loop_thread(stack: Stack) -> None:
+    with SyncFusebox.connect(stack.nats_url, tenant=TENANT) as fb:
         run = fb.start_run(fresh_run("sync"), agent="researcher")
         gate = run.tool_call("search", {"query": "x"})
         assert gate.may_run
@@ -508,11 +508,11 @@ def test_sync_facade_runs_on_its_own_loop_thread(stack: dict[str, Any]) -> None:
 
 @pytest.mark.asyncio
 async def test_a_blocking_call_on_the_owning_loop_is_refused_not_deadlocked(
-    stack: dict[str, Any],
+    stack: Stack,
 ) -> None:
     from fusebox_guard.sync import SyncRun
 
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
     blocking = SyncRun(fb.run(fresh_run("deadlock")))
     with pytest.raises(RuntimeError, match="deadlock"):
         blocking.tool_call("search", {})
@@ -533,10 +533,10 @@ async def _direct_get_on(url: str) -> None:
 
 @pytest.mark.asyncio
 async def test_a_watcher_learns_a_stop_kept_from_before_it_subscribed(
-    stack: dict[str, Any],
+    stack: Stack,
 ) -> None:
-    await _direct_get_on(stack["nats_url"])
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    await _direct_get_on(stack.nats_url)
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
     run_id = fresh_run("kept")
     first = await fb.start_run(run_id, agent="researcher")
     await asyncio.to_thread(fusebox_cancel, stack, run_id, "stopped before the worker came")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support.stack import Stack
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "clients/python/examples"
 
@@ -21,9 +21,9 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "clients/python/examples"
         ("gate_by_hand.py", [], "stopped: STOPPED_LOOP_GUARD"),
     ],
 )
-def test_example(stack: dict[str, Any], script: str, flags: list[str], expected: str) -> None:
+def test_example(stack: Stack, script: str, flags: list[str], expected: str) -> None:
     out = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), "--nats", stack["nats_url"], *flags],
+        [sys.executable, str(EXAMPLES / script), "--nats", stack.nats_url, *flags],
         capture_output=True,
         text=True,
         timeout=120,

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .stack import Stack
+
 TENANT = "pytest"
 
 #: Default policy (config/fusebox.toml): a read call repeated with the same result runs
@@ -65,15 +67,15 @@ def bare_nats(*args: str, jetstream: bool = True) -> Iterator[str]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def fusebox_cancel(stack: dict[str, Any], run: str, reason: str = "operator says stop") -> str:
+def fusebox_cancel(stack: Stack, run: str, reason: str = "operator says stop") -> str:
     """`fusebox cancel TENANT/RUN` as an operator would type it, in another process."""
     out = subprocess.run(
         [
-            f"{stack['bin_dir']}/fusebox",
+            f"{stack.bin_dir}/fusebox",
             "cancel",
             f"{TENANT}/{run}",
             "--nats-url",
-            stack["nats_url"],
+            stack.nats_url,
             "--reason",
             reason,
         ],
@@ -120,15 +122,15 @@ def send_email_output(to: str) -> dict[str, Any]:
 PAGES = 12
 
 
-def run_status(stack: dict[str, Any], run: str) -> dict[str, Any]:
+def run_status(stack: Stack, run: str) -> dict[str, Any]:
     """`fusebox run TENANT/RUN --json`: the daemon's counters for the run."""
     out = subprocess.run(
         [
-            f"{stack['bin_dir']}/fusebox",
+            f"{stack.bin_dir}/fusebox",
             "run",
             f"{TENANT}/{run}",
             "--nats-url",
-            stack["nats_url"],
+            stack.nats_url,
             "--json",
         ],
         capture_output=True,
