@@ -42,6 +42,7 @@ from support.guard import (
     free_port,
     fresh_run,
     fusebox_cancel,
+    run_status,
 )
 from support.nats_jwt import operator_setup
 from support.stack import Stack
@@ -552,4 +553,22 @@ async def test_a_watcher_learns_a_stop_kept_from_before_it_subscribed(
     fresh = await fb.watch_stop(fresh_run("kept-none"))
     assert fresh.lookup_error is None and fresh.stop is None
     await fresh.close()
+    await fb.close()
+
+
+async def test_an_event_the_daemon_refuses_leaves_no_gap_in_seq(stack: Stack) -> None:
+    """The test stack's daemon takes events of at most 8 KiB (tests/harness write_config):
+    a larger one is refused — never run, even under `allow` — and its `seq` goes to the
+    next event, so the run is not held waiting for it."""
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT, gate_on_error=GateOnError.ALLOW)
+    run = await fb.start_run(fresh_run("refused"), agent="researcher")
+    big = await run.tool_call("write_file", {"content": "x" * 20_000})
+    assert isinstance(big.error, Refused) and not big.may_run
+    assert "did not run" in (big.model_text or "")
+    after = await run.tool_call("search", {"query": "x"})
+    assert after.may_run and after.decision is not None, after
+    assert after.decision.seq == 2  # run_started = 1, the refused event gave its seq back
+    status = await asyncio.to_thread(run_status, stack, run.id)
+    assert status["summary"]["last_seq"] == 2
+    await run.close()
     await fb.close()
