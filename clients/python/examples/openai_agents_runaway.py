@@ -41,7 +41,7 @@ def stuck_model(run: str) -> ScriptedModel:
         if outputs:
             text = str(outputs[-1]["output"]).replace("\n", " ")
             if "fusebox" in text:
-                say(run, f"model reads: {text[:150]}")
+                say(run, f"model reads: {text if len(text) < 140 else text[:137] + '...'}")
         return [function_call("search", {"query": "weather tokyo"}, call_id=f"call_{turn}")]
 
     model = ScriptedModel([ModelStep.respond(respond) for _ in range(200)])
