@@ -38,9 +38,11 @@ async def main() -> None:
     parser.add_argument("--nats", default="nats://127.0.0.1:4222")
     parser.add_argument("--tenant", default="bench")
     parser.add_argument("--calls", type=int, default=4000)
-    parser.add_argument("--rounds", type=int, default=10)
+    # Calls per run: below the default max_steps (500), so every call is a plain execute.
+    parser.add_argument("--per-run", type=int, default=400)
     args = parser.parse_args()
-    per_round = args.calls // args.rounds
+    per_round = args.per_run
+    rounds = max(1, args.calls // per_round)
     fb = await Fusebox.connect(args.nats, tenant=args.tenant)
     raw_nc = await nats.connect(args.nats, inbox_prefix=f"_INBOX.{args.tenant}")
     raw: list[float] = []
@@ -86,7 +88,7 @@ async def main() -> None:
     await client_round()
     raw.clear()
     client.clear()
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         await raw_round()
         await client_round()
         for _ in range(50):
