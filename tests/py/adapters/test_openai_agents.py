@@ -129,7 +129,8 @@ async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     assert stopped.value.report is not None
     assert stopped.value.report.state_name == "STOPPED_LOOP_GUARD"
     assert guard.run.stopped is not None
-    # What the model read: the warning with the 5th result, then the blocks' messages.
+    # What the model read: the warning with the last executed result, then the blocks'
+    # messages.
     read = [
         str(i["output"])
         for i in map(_as_dict, model.calls[-1].input)

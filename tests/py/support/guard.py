@@ -22,10 +22,10 @@ from .stack import Stack
 TENANT = "pytest"
 
 #: Default policy (config/fusebox.toml): a read call repeated with the same result runs
-#: `read_same_call_limit` = 5 times (the 5th with a warning), the next ones are blocked,
+#: `read_same_call_limit` = 3 times (the 3rd with a warning), the next ones are blocked,
 #: and `consecutive_block_limit` = 3 blocks in a row stop the run. The Rust demo agent's
-#: loop is stopped after the same 5 executions.
-RUNAWAY_EXECUTIONS = 5
+#: loop is stopped after the same 3 executions.
+RUNAWAY_EXECUTIONS = 3
 
 
 def fresh_run(prefix: str) -> str:
