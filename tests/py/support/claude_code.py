@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fake_anthropic import FakeAnthropic
+from support.fake_anthropic import FakeAnthropic
 
 __all__ = ["ClaudeRun", "claude_binary", "run_claude"]
 

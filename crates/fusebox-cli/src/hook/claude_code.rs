@@ -9,7 +9,7 @@
 //! dedup with the original decision instead of counting the call twice.
 
 use fusebox_core::event::{
-    Args, Compaction, Output, ResultKind, RunFinished, ToolCall, ToolResult,
+    Args, Compaction, Output, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
 };
 use fusebox_core::{Action, Decision, Event, EventBody};
 use serde::Deserialize;
@@ -24,6 +24,7 @@ const INLINE_LIMIT: usize = 32 * 1024;
 /// The hook events fusebox acts on. Anything else is answered with no opinion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HookEvent {
+    SessionStart,
     PreToolUse,
     PostToolUse,
     PostToolUseFailure,
@@ -38,6 +39,7 @@ pub enum HookEvent {
 impl HookEvent {
     fn parse(name: &str) -> HookEvent {
         match name {
+            "SessionStart" => HookEvent::SessionStart,
             "PreToolUse" => HookEvent::PreToolUse,
             "PostToolUse" => HookEvent::PostToolUse,
             "PostToolUseFailure" => HookEvent::PostToolUseFailure,
@@ -102,6 +104,7 @@ impl Payload {
 pub fn event_for(
     payload: &Payload,
     tenant: &str,
+    agent: &str,
     transcript_len: Option<u64>,
     ts_ms: u64,
 ) -> Result<Option<Event>, String> {
@@ -116,6 +119,16 @@ pub fn event_for(
         body,
     };
     let event = match payload.event() {
+        // The run's agent name selects `[agents.<name>.policy]`. A resumed session starts
+        // again under the same id, which the daemon answers from its dedup.
+        HookEvent::SessionStart => envelope(
+            "cc-session-start".to_owned(),
+            EventBody::RunStarted(RunStarted {
+                agent: Some(agent.to_owned()),
+                tools: None,
+                policy: None,
+            }),
+        ),
         HookEvent::PreToolUse => {
             let (id, tool) = payload.tool_use()?;
             let input = payload.tool_input.clone().unwrap_or(Value::Null);
@@ -349,6 +362,7 @@ fn message_of(decision: &Decision) -> String {
 
 fn name(event: HookEvent) -> &'static str {
     match event {
+        HookEvent::SessionStart => "SessionStart",
         HookEvent::PreToolUse => "PreToolUse",
         HookEvent::PostToolUse => "PostToolUse",
         HookEvent::PostToolUseFailure => "PostToolUseFailure",
@@ -399,7 +413,12 @@ mod tests {
             br#"{"session_id":"s","hook_event_name":"PreCompact","trigger":"auto"}"#,
         )
         .unwrap();
-        let id = |len| event_for(&payload, "t", Some(len), 1).unwrap().unwrap().id;
+        let id = |len| {
+            event_for(&payload, "t", "a", Some(len), 1)
+                .unwrap()
+                .unwrap()
+                .id
+        };
         assert_eq!(id(10), id(10));
         assert_ne!(id(10), id(20));
     }

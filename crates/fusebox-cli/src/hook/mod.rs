@@ -28,8 +28,8 @@ pub struct HookArgs {
 
 #[derive(Subcommand)]
 enum Agent {
-    /// Claude Code's hook protocol (PreToolUse, PostToolUse, PostToolUseFailure,
-    /// PreCompact, SessionEnd); OpenHands speaks the same one.
+    /// Claude Code's hook protocol (SessionStart, PreToolUse, PostToolUse,
+    /// PostToolUseFailure, PreCompact, SessionEnd).
     ///
     /// Setup: `fusebox hook claude-code --print-settings` prints the block for
     /// ~/.claude/settings.json (or a project's .claude/settings.json); merge its "hooks"
@@ -47,6 +47,10 @@ struct ClaudeCodeArgs {
     /// The tenant the sessions' runs belong to.
     #[arg(long, env = "FUSEBOX_TENANT", default_value = DEFAULT_TENANT)]
     tenant: String,
+    /// The agent name of the sessions' runs: `[agents.<name>.policy]` in fusebox.toml
+    /// applies to them.
+    #[arg(long, env = "FUSEBOX_AGENT", default_value = DEFAULT_AGENT)]
+    agent: String,
     /// How long to wait for fuseboxd (connect + answer) before --on-error applies. Keep it
     /// below the hook's own timeout in settings.json, which --print-settings sets.
     #[arg(long, env = "FUSEBOX_HOOK_TIMEOUT", default_value = "3s", value_parser = crate::parse_duration)]
@@ -60,6 +64,7 @@ struct ClaudeCodeArgs {
 }
 
 const DEFAULT_TENANT: &str = "default";
+const DEFAULT_AGENT: &str = "claude-code";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -86,6 +91,9 @@ impl ClaudeCodeArgs {
         flags.extend(self.connection.flags());
         if self.tenant != DEFAULT_TENANT {
             flags.extend(["--tenant".to_owned(), self.tenant.clone()]);
+        }
+        if self.agent != DEFAULT_AGENT {
+            flags.extend(["--agent".to_owned(), self.agent.clone()]);
         }
         if self.timeout != DEFAULT_TIMEOUT {
             flags.extend([
@@ -121,7 +129,13 @@ fn claude_code_hook(args: &ClaudeCodeArgs) -> ExitCode {
         .as_deref()
         .and_then(|path| std::fs::metadata(path).ok())
         .map(|meta| meta.len());
-    let event = match claude_code::event_for(&payload, &args.tenant, transcript_len, now_ms()) {
+    let event = match claude_code::event_for(
+        &payload,
+        &args.tenant,
+        &args.agent,
+        transcript_len,
+        now_ms(),
+    ) {
         Ok(Some(event)) => event,
         Ok(None) => return print_answer(&serde_json::json!({})),
         Err(why) => {

@@ -5,7 +5,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 /// The hook events fusebox listens to, and whether they take a tool matcher.
-const EVENTS: [(&str, bool); 5] = [
+const EVENTS: [(&str, bool); 6] = [
+    ("SessionStart", false),
     ("PreToolUse", true),
     ("PostToolUse", true),
     ("PostToolUseFailure", true),
