@@ -200,3 +200,37 @@ def test_guard_down(stack: dict[str, Any], ws: Workspace, on_error: str) -> None
         assert ws.executions() == 2
         assert [r.content.split("\n")[0] for r in results] == ["one", "two"]
     assert result["result"] == "gave up"
+
+
+def test_a_session_resumed_after_its_end_goes_on_in_a_new_run(
+    stack: dict[str, Any], ws: Workspace
+) -> None:
+    settings = hook_settings(stack, stack["nats_url"])
+    with FakeAnthropic([ws.bash("echo first"), text("first part done")]) as api:
+        first = ws.claude(api, settings).result()
+    session = first["session_id"]
+    with FakeAnthropic([ws.bash("echo second"), text("second part done")]) as api:
+        second = ws.claude(api, settings, extra_args=["--resume", session]).result()
+
+    assert second["session_id"] == session  # Claude Code keeps the id
+    assert ws.executions() == 2
+    assert second["permission_denials"] == []
+    assert run_status(stack, session)["summary"]["steps"] == 1
+    assert run_status(stack, f"{session}-2")["summary"]["steps"] == 1
+
+
+def test_a_session_the_guard_stopped_stays_stopped_when_resumed(
+    stack: dict[str, Any], ws: Workspace
+) -> None:
+    settings = hook_settings(stack, stack["nats_url"])
+    with FakeAnthropic(forever=ws.bash("echo same")) as api:
+        first = ws.claude(api, settings).result()
+    assert first["terminal_reason"] == "hook_stopped"
+    executed = ws.executions()
+    with FakeAnthropic([ws.bash("echo again"), text("gave up")]) as api:
+        second = ws.claude(api, settings, extra_args=["--resume", first["session_id"]])
+
+    assert ws.executions() == executed
+    result = second.result()
+    assert result["terminal_reason"] == "hook_stopped", result
+    assert len(result["permission_denials"]) == 1, result

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -126,6 +127,9 @@ class FakeAnthropic:
         self._lock = threading.Lock()
         self._next_turn = 0
         self._ids = itertools.count(1)
+        # Ids unique across servers too, as the real API's are: a resumed session (a
+        # second server) must not repeat the first one's tool-use ids.
+        self._instance = secrets.token_hex(4)
         self.requests: list[SeenRequest] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -271,7 +275,7 @@ class FakeAnthropic:
                 blocks: Turn = (
                     fake._take_turn(body) if _is_agent_turn(body) else text("ok")
                 )
-                message_id = f"msg_fake_{next(fake._ids):05d}"
+                message_id = f"msg_{fake._instance}_{next(fake._ids):05d}"
                 if body.get("stream"):
                     self._stream(message_id, blocks)
                 else:

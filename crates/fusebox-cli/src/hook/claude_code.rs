@@ -74,6 +74,8 @@ pub struct Payload {
     pub trigger: Option<String>,
     #[serde(default)]
     pub reason: Option<String>,
+    #[serde(default)]
+    pub source: Option<String>,
 }
 
 impl Payload {
@@ -83,6 +85,11 @@ impl Payload {
 
     pub fn event(&self) -> HookEvent {
         HookEvent::parse(&self.hook_event_name)
+    }
+
+    /// A session continued (`--resume`, `--continue`) in a new process.
+    pub fn resumes(&self) -> bool {
+        self.event() == HookEvent::SessionStart && self.source.as_deref() == Some("resume")
     }
 
     fn tool_use(&self) -> Result<(&str, &str), String> {
@@ -104,23 +111,23 @@ impl Payload {
 pub fn event_for(
     payload: &Payload,
     tenant: &str,
+    run: &str,
     agent: &str,
     transcript_len: Option<u64>,
     ts_ms: u64,
 ) -> Result<Option<Event>, String> {
-    let run = run_id(&payload.session_id);
     let envelope = |id: String, body: EventBody| Event {
         v: 1,
         id,
         tenant: tenant.to_owned(),
-        run: run.clone(),
+        run: run.to_owned(),
         seq: None,
         ts_ms,
         body,
     };
     let event = match payload.event() {
-        // The run's agent name selects `[agents.<name>.policy]`. A resumed session starts
-        // again under the same id, which the daemon answers from its dedup.
+        // The run's agent name selects `[agents.<name>.policy]`. A session resumed while
+        // its run is open starts again under the same id, answered from the dedup.
         HookEvent::SessionStart => envelope(
             "cc-session-start".to_owned(),
             EventBody::RunStarted(RunStarted {
@@ -414,7 +421,7 @@ mod tests {
         )
         .unwrap();
         let id = |len| {
-            event_for(&payload, "t", "a", Some(len), 1)
+            event_for(&payload, "t", "r", "a", Some(len), 1)
                 .unwrap()
                 .unwrap()
                 .id

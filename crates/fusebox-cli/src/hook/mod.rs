@@ -8,9 +8,11 @@
 //! by the daemon.
 
 mod claude_code;
+mod session_runs;
 mod settings;
 
 use std::io::{self, Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +21,7 @@ use fusebox_client::{ClientOptions, Gate, GateOnError};
 
 use crate::connection::Connection;
 use claude_code::{Outcome, Payload};
+use session_runs::SessionRuns;
 
 #[derive(clap::Args)]
 pub struct HookArgs {
@@ -58,6 +61,10 @@ struct ClaudeCodeArgs {
     /// What a tool call does when fuseboxd cannot be asked: deny it, or let it run unguarded.
     #[arg(long, env = "FUSEBOX_ON_ERROR", value_enum, default_value_t = OnError::Deny)]
     on_error: OnError,
+    /// Where a session continued after its end (`claude --resume`) records its current
+    /// run [default: $XDG_STATE_HOME/fusebox/claude-code, else ~/.local/state/…].
+    #[arg(long, env = "FUSEBOX_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// Print the settings.json block that installs this hook, and exit.
     #[arg(long)]
     print_settings: bool,
@@ -104,6 +111,9 @@ impl ClaudeCodeArgs {
         if self.on_error == OnError::Allow {
             flags.extend(["--on-error".to_owned(), "allow".to_owned()]);
         }
+        if let Some(dir) = &self.state_dir {
+            flags.extend(["--state-dir".to_owned(), dir.display().to_string()]);
+        }
         flags
     }
 }
@@ -129,13 +139,17 @@ fn claude_code_hook(args: &ClaudeCodeArgs) -> ExitCode {
         .as_deref()
         .and_then(|path| std::fs::metadata(path).ok())
         .map(|meta| meta.len());
-    let event = match claude_code::event_for(
+    let runs = SessionRuns::new(args.state_dir.clone());
+    let run = runs.current(&args.tenant, &payload.session_id);
+    let event = claude_code::event_for(
         &payload,
         &args.tenant,
+        &run,
         &args.agent,
         transcript_len,
         now_ms(),
-    ) {
+    );
+    let mut event = match event {
         Ok(Some(event)) => event,
         Ok(None) => return print_answer(&serde_json::json!({})),
         Err(why) => {
@@ -143,7 +157,10 @@ fn claude_code_hook(args: &ClaudeCodeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let gate = ask(args, &event);
+    let resumed = payload
+        .resumes()
+        .then_some((&runs, payload.session_id.as_str()));
+    let gate = ask(args, &mut event, resumed);
     let allowed = args.on_error == OnError::Allow;
     let outcome = match &gate {
         Gate::Decided(decision) => Outcome::Decided(decision),
@@ -162,8 +179,13 @@ fn claude_code_hook(args: &ClaudeCodeArgs) -> ExitCode {
     print_answer(&claude_code::answer(payload.event(), &outcome))
 }
 
-/// Connect and ask, the two together within `--timeout`.
-fn ask(args: &ClaudeCodeArgs, event: &fusebox_core::Event) -> Gate {
+/// Connect and ask, the two together within `--timeout`. For a resumed session, first
+/// whether its run was closed by its end; then the session goes on in its next run.
+fn ask(
+    args: &ClaudeCodeArgs,
+    event: &mut fusebox_core::Event,
+    resumed: Option<(&SessionRuns, &str)>,
+) -> Gate {
     let unanswered = |error| Gate::Unanswered {
         error,
         allowed: args.on_error == OnError::Allow,
@@ -184,10 +206,23 @@ fn ask(args: &ClaudeCodeArgs, event: &fusebox_core::Event) -> Gate {
     };
     runtime.block_on(async {
         let asked = async {
-            match args.connection.connect(&args.tenant, options).await {
-                Ok(client) => client.gate(event).await,
-                Err(error) => unanswered(error),
+            let client = match args.connection.connect(&args.tenant, options).await {
+                Ok(client) => client,
+                Err(error) => return unanswered(error),
+            };
+            if let Some((runs, session)) = resumed {
+                let status = client.run_status(&event.tenant, &event.run).await;
+                let ended = status.is_ok_and(|s| {
+                    !s.summary.open && s.summary.terminal_state.as_deref() == Some("COMPLETED")
+                });
+                if ended {
+                    match runs.advance(&event.tenant, session) {
+                        Ok(next) => event.run = next,
+                        Err(e) => eprintln!("fusebox: cannot record the session's next run: {e}"),
+                    }
+                }
             }
+            client.gate(event).await
         };
         tokio::time::timeout(args.timeout, asked)
             .await
