@@ -12,13 +12,20 @@ from typing import Any
 import pytest
 from claude_agent_sdk import (
     ClaudeAgentOptions,
+    ClaudeSDKClient,
     ResultMessage,
     create_sdk_mcp_server,
     tool,
 )
 from fusebox_guard import Fusebox, GateOnError, RunStopped, TerminalState
 from fusebox_guard.adapters.claude_agent_sdk import ClaudeAgentGuard
-from support.fake_anthropic import FakeAnthropic, Turn, text, tool_uses
+from support.fake_anthropic import (
+    FakeAnthropic,
+    Turn,
+    is_after_compaction,
+    text,
+    tool_uses,
+)
 from support.guard import (
     PAGES,
     RUNAWAY_EXECUTIONS,
@@ -250,3 +257,39 @@ async def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
         )
     assert log.count("search") <= RUNAWAY_EXECUTIONS + 2
     assert unanswered_tool_uses(api) == []
+
+
+async def test_a_loop_that_goes_on_after_a_compaction_is_stopped(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    run = await fb.start_run(fresh_run("cas-compact"), agent="claude-agent")
+    guard = ClaudeAgentGuard(run)
+    log = ToolLog()
+    search = (PREFIX + "search", {"query": "weather tokyo"})
+    page = (PREFIX + "open_page", {"url": "https://jma.go.jp"})
+
+    def respond(body: dict[str, Any]) -> Turn:
+        # A page read before the compaction; after it, the same search for ever.
+        if is_after_compaction(body):
+            return tool_uses(search)
+        done = any(m["role"] == "assistant" for m in body["messages"])
+        return text("found it") if done else tool_uses(page)
+
+    with FakeAnthropic(respond=respond) as api:
+        opts = guard.protect(options(api, tmp_path, make_server(log)))
+        async with ClaudeSDKClient(opts) as client:
+            guard.attach(client)
+            for prompt in ("weather in tokyo?", "/compact", "and again?"):
+                await client.query(prompt)
+                async for message in client.receive_response():
+                    await guard.observe(message)
+                if guard.run.stopped is not None:
+                    break
+            await guard.detach()
+
+    report = guard.run.stopped
+    assert report is not None
+    assert report.reason == "compaction_loop_persisted", report
+    assert log.count("open_page") == 1
+    assert log.count("search") == 5

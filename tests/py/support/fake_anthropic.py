@@ -38,6 +38,8 @@ __all__ = [
     "SeenRequest",
     "ToolResult",
     "Turn",
+    "is_after_compaction",
+    "is_compaction_request",
     "text",
     "tool_use",
     "tool_uses",
@@ -293,6 +295,27 @@ class FakeAnthropic:
                 self.close_connection = True
 
         return Handler
+
+
+#: What the stand-in answers a compaction request with.
+COMPACTION_SUMMARY = "<analysis>scripted</analysis>\n<summary>The scripted conversation so far.</summary>"
+
+
+def is_compaction_request(body: Any) -> bool:
+    """Claude Code asking for a summary of the conversation (`/compact`, or auto): the
+    last user message tells the model not to call tools. It offers tools all the same,
+    so it must not be taken for an agent turn."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not messages or messages[-1].get("role") != "user":
+        return False
+    return "Do NOT call any tools" in json.dumps(messages[-1].get("content"))
+
+
+def is_after_compaction(body: Any) -> bool:
+    """The agent's history restarts from a compaction summary."""
+    return "continued from a previous conversation" in json.dumps(
+        body.get("messages", [])
+    )
 
 
 def _is_agent_turn(body: Any) -> bool:
