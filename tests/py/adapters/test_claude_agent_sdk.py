@@ -71,9 +71,7 @@ def make_server(log: ToolLog, on_tool: Any = None) -> Any:
     async def send_email(args: dict[str, Any]) -> dict[str, Any]:
         return ran("send_email", args, send_email_output(args["to"]))
 
-    return create_sdk_mcp_server(
-        SERVER, tools=[search, open_page, list_issues, send_email]
-    )
+    return create_sdk_mcp_server(SERVER, tools=[search, open_page, list_issues, send_email])
 
 
 def scripted(scenario: str) -> FakeAnthropic:
@@ -132,9 +130,7 @@ async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
 ) -> None:
     guard, api, log = await guarded(stack, "runaway", tmp_path)
     with api, pytest.raises(RunStopped) as stopped:
-        await guard.run_agent(
-            "weather in tokyo?", options(api, tmp_path, make_server(log))
-        )
+        await guard.run_agent("weather in tokyo?", options(api, tmp_path, make_server(log)))
     assert log.count("search") == RUNAWAY_EXECUTIONS
     assert stopped.value.report is not None
     assert stopped.value.report.terminal_state == TerminalState.STOPPED_LOOP_GUARD
@@ -146,9 +142,7 @@ async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
 async def test_ping_pong_is_stopped(stack: dict[str, Any], tmp_path: Path) -> None:
     guard, api, log = await guarded(stack, "ping_pong", tmp_path)
     with api, pytest.raises(RunStopped) as stopped:
-        await guard.run_agent(
-            "weather in tokyo?", options(api, tmp_path, make_server(log))
-        )
+        await guard.run_agent("weather in tokyo?", options(api, tmp_path, make_server(log)))
     assert stopped.value.report is not None
     assert "ping_pong" in " ".join(stopped.value.report.fired_guards)
     assert log.count("search") + log.count("open_page") < 12
@@ -159,9 +153,7 @@ async def test_pagination_of_twelve_pages_finishes_untouched(
 ) -> None:
     guard, api, log = await guarded(stack, "pagination", tmp_path)
     with api:
-        result = await guard.run_agent(
-            "list all issues", options(api, tmp_path, make_server(log))
-        )
+        result = await guard.run_agent("list all issues", options(api, tmp_path, make_server(log)))
     assert log.count("list_issues") == PAGES
     assert isinstance(result, ResultMessage) and result.result == "done"
     assert guard.run.stopped is None
@@ -206,19 +198,13 @@ async def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step
     assert stopped.value.report.terminal_state == TerminalState.CANCELLED
 
 
-async def test_usage_reaches_the_token_budget(
-    stack: dict[str, Any], tmp_path: Path
-) -> None:
+async def test_usage_reaches_the_token_budget(stack: dict[str, Any], tmp_path: Path) -> None:
     # 150 tokens a turn (the stand-in's usage): the fourth turn crosses 500. Usage comes
     # with the streamed messages, beside the hooks: the call of the crossing turn may run
     # before its usage arrives; the one after it never does.
-    guard, api, log = await guarded(
-        stack, "pagination", tmp_path, policy={"max_tokens": 500}
-    )
+    guard, api, log = await guarded(stack, "pagination", tmp_path, policy={"max_tokens": 500})
     with api, pytest.raises(RunStopped) as stopped:
-        await guard.run_agent(
-            "list all issues", options(api, tmp_path, make_server(log))
-        )
+        await guard.run_agent("list all issues", options(api, tmp_path, make_server(log)))
     assert stopped.value.report is not None
     assert stopped.value.report.reason == "token_budget"
     assert log.count("list_issues") in (3, 4)
@@ -228,9 +214,7 @@ async def test_usage_reaches_the_token_budget(
 async def test_daemon_down(tmp_path: Path, policy: GateOnError) -> None:
     log = ToolLog()
     with bare_nats() as url:
-        fb = await Fusebox.connect(
-            url, tenant=TENANT, gate_on_error=policy, timeout_s=0.5
-        )
+        fb = await Fusebox.connect(url, tenant=TENANT, gate_on_error=policy, timeout_s=0.5)
         run = await fb.start_run(fresh_run("cas-down"), agent="claude-agent")
         guard = ClaudeAgentGuard(run)
         with scripted("one_search") as api:
@@ -252,9 +236,7 @@ async def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
 ) -> None:
     guard, api, log = await guarded(stack, "parallel_runaway", tmp_path)
     with api, pytest.raises(RunStopped):
-        await guard.run_agent(
-            "weather in tokyo?", options(api, tmp_path, make_server(log))
-        )
+        await guard.run_agent("weather in tokyo?", options(api, tmp_path, make_server(log)))
     assert log.count("search") <= RUNAWAY_EXECUTIONS + 2
     assert unanswered_tool_uses(api) == []
 

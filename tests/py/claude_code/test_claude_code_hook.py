@@ -78,9 +78,7 @@ class Workspace:
     def executions(self) -> int:
         return len(self.ledger.read_text().splitlines()) if self.ledger.exists() else 0
 
-    def claude(
-        self, api: FakeAnthropic, settings: dict[str, Any], **kwargs: Any
-    ) -> ClaudeRun:
+    def claude(self, api: FakeAnthropic, settings: dict[str, Any], **kwargs: Any) -> ClaudeRun:
         return run_claude(
             api,
             "do the task",
@@ -128,9 +126,7 @@ def test_runaway_bash_loop_is_stopped_and_the_session_ends(
     assert status["summary"]["agent"] == "claude-code", status
 
 
-def test_legitimate_sequence_runs_untouched(
-    stack: dict[str, Any], ws: Workspace
-) -> None:
+def test_legitimate_sequence_runs_untouched(stack: dict[str, Any], ws: Workspace) -> None:
     settings = hook_settings(stack, stack["nats_url"])
     pages = [ws.bash(f"echo page {n}") for n in range(1, 13)]
     with FakeAnthropic([*pages, text("read all twelve pages")]) as api:
@@ -138,13 +134,9 @@ def test_legitimate_sequence_runs_untouched(
         results = api.tool_results()
 
     assert ws.executions() == 12
-    assert (
-        result["subtype"] == "success" and result["result"] == "read all twelve pages"
-    )
+    assert result["subtype"] == "success" and result["result"] == "read all twelve pages"
     assert result["permission_denials"] == []
-    assert [r.content.split("\n")[0] for r in results] == [
-        f"page {n}" for n in range(1, 13)
-    ]
+    assert [r.content.split("\n")[0] for r in results] == [f"page {n}" for n in range(1, 13)]
     assert not any("fusebox" in r.content for r in results)
     status = run_status(stack, result["session_id"])
     assert status["summary"]["steps"] == 12, status
@@ -192,9 +184,7 @@ def test_guard_down(stack: dict[str, Any], ws: Workspace, on_error: str) -> None
     if on_error == "deny":
         assert ws.executions() == 0
         assert len(results) == 2
-        assert all("the guard could not be asked" in r.content for r in results), (
-            results
-        )
+        assert all("the guard could not be asked" in r.content for r in results), results
         assert all("no fuseboxd is listening" in r.content for r in results), results
     else:
         assert ws.executions() == 2

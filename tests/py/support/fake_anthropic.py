@@ -100,9 +100,7 @@ def _flatten(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(
-            str(part.get("text", "")) for part in content if isinstance(part, dict)
-        )
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     return ""
 
 
@@ -274,9 +272,7 @@ class FakeAnthropic:
                 if path != "/v1/messages" or not isinstance(body, dict):
                     self._json(200, _minimal_answer(self.path))
                     return
-                blocks: Turn = (
-                    fake._take_turn(body) if _is_agent_turn(body) else text("ok")
-                )
+                blocks: Turn = fake._take_turn(body) if _is_agent_turn(body) else text("ok")
                 message_id = f"msg_{fake._instance}_{next(fake._ids):05d}"
                 if body.get("stream"):
                     self._stream(message_id, blocks)
@@ -298,7 +294,9 @@ class FakeAnthropic:
 
 
 #: What the stand-in answers a compaction request with.
-COMPACTION_SUMMARY = "<analysis>scripted</analysis>\n<summary>The scripted conversation so far.</summary>"
+COMPACTION_SUMMARY = (
+    "<analysis>scripted</analysis>\n<summary>The scripted conversation so far.</summary>"
+)
 
 
 def is_compaction_request(body: Any) -> bool:
@@ -313,9 +311,7 @@ def is_compaction_request(body: Any) -> bool:
 
 def is_after_compaction(body: Any) -> bool:
     """The agent's history restarts from a compaction summary."""
-    return "continued from a previous conversation" in json.dumps(
-        body.get("messages", [])
-    )
+    return "continued from a previous conversation" in json.dumps(body.get("messages", []))
 
 
 def _is_agent_turn(body: Any) -> bool:
