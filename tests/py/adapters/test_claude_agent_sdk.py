@@ -19,6 +19,7 @@ from claude_agent_sdk import (
 )
 from fusebox_guard import Fusebox, GateOnError, RunStopped, TerminalState
 from fusebox_guard.adapters.claude_agent_sdk import ClaudeAgentGuard
+from support.claude_code import fusebox
 from support.fake_anthropic import (
     FakeAnthropic,
     Turn,
@@ -33,13 +34,13 @@ from support.guard import (
     ToolLog,
     bare_nats,
     fresh_run,
-    fusebox_cancel,
     list_issues_output,
     open_page_output,
     search_output,
     send_email_output,
 )
 from support.scenarios import next_calls, op_key_for
+from support.stack import Stack
 
 pytestmark = pytest.mark.asyncio
 
@@ -118,15 +119,15 @@ def unanswered_tool_uses(api: FakeAnthropic) -> list[str]:
 
 
 async def guarded(
-    stack: dict[str, Any], scenario: str, tmp_path: Path, **kw: Any
+    stack: Stack, scenario: str, tmp_path: Path, **kw: Any
 ) -> tuple[ClaudeAgentGuard, FakeAnthropic, ToolLog]:
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
     run = await fb.start_run(fresh_run(f"cas-{scenario}"), agent="claude-agent", **kw)
     return ClaudeAgentGuard(run), scripted(scenario), ToolLog()
 
 
 async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
-    stack: dict[str, Any], tmp_path: Path
+    stack: Stack, tmp_path: Path
 ) -> None:
     guard, api, log = await guarded(stack, "runaway", tmp_path)
     with api, pytest.raises(RunStopped) as stopped:
@@ -139,7 +140,7 @@ async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     assert refused and all("fusebox" in r.content for r in refused), refused
 
 
-async def test_ping_pong_is_stopped(stack: dict[str, Any], tmp_path: Path) -> None:
+async def test_ping_pong_is_stopped(stack: Stack, tmp_path: Path) -> None:
     guard, api, log = await guarded(stack, "ping_pong", tmp_path)
     with api, pytest.raises(RunStopped) as stopped:
         await guard.run_agent("weather in tokyo?", options(api, tmp_path, make_server(log)))
@@ -148,9 +149,7 @@ async def test_ping_pong_is_stopped(stack: dict[str, Any], tmp_path: Path) -> No
     assert log.count("search") + log.count("open_page") < 12
 
 
-async def test_pagination_of_twelve_pages_finishes_untouched(
-    stack: dict[str, Any], tmp_path: Path
-) -> None:
+async def test_pagination_of_twelve_pages_finishes_untouched(stack: Stack, tmp_path: Path) -> None:
     guard, api, log = await guarded(stack, "pagination", tmp_path)
     with api:
         result = await guard.run_agent("list all issues", options(api, tmp_path, make_server(log)))
@@ -161,9 +160,9 @@ async def test_pagination_of_twelve_pages_finishes_untouched(
 
 
 async def test_side_effect_with_one_op_key_runs_once_across_a_retry(
-    stack: dict[str, Any], tmp_path: Path
+    stack: Stack, tmp_path: Path
 ) -> None:
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
     run_id = fresh_run("cas-email")
     run = await fb.start_run(run_id, agent="claude-agent")
     op_key = op_key_for(run_id)
@@ -181,13 +180,13 @@ async def test_side_effect_with_one_op_key_runs_once_across_a_retry(
 
 
 async def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
-    stack: dict[str, Any], tmp_path: Path
+    stack: Stack, tmp_path: Path
 ) -> None:
     guard, api, log = await guarded(stack, "pagination", tmp_path)
 
     def cancel_at_third(log: ToolLog) -> None:
         if log.count("list_issues") == 3:
-            fusebox_cancel(stack, guard.run.id, "operator: wrong project")
+            fusebox(stack, "cancel", f"{TENANT}/{guard.run.id}", "--reason", "wrong project")
 
     with api, pytest.raises(RunStopped) as stopped:
         await guard.run_agent(
@@ -198,7 +197,7 @@ async def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step
     assert stopped.value.report.terminal_state == TerminalState.CANCELLED
 
 
-async def test_usage_reaches_the_token_budget(stack: dict[str, Any], tmp_path: Path) -> None:
+async def test_usage_reaches_the_token_budget(stack: Stack, tmp_path: Path) -> None:
     # 150 tokens a turn (the stand-in's usage): the fourth turn crosses 500. Usage comes
     # with the streamed messages, beside the hooks: the call of the crossing turn may run
     # before its usage arrives; the one after it never does.
@@ -232,7 +231,7 @@ async def test_daemon_down(tmp_path: Path, policy: GateOnError) -> None:
 
 
 async def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
-    stack: dict[str, Any], tmp_path: Path
+    stack: Stack, tmp_path: Path
 ) -> None:
     guard, api, log = await guarded(stack, "parallel_runaway", tmp_path)
     with api, pytest.raises(RunStopped):
@@ -242,9 +241,9 @@ async def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
 
 
 async def test_a_loop_that_goes_on_after_a_compaction_is_stopped(
-    stack: dict[str, Any], tmp_path: Path
+    stack: Stack, tmp_path: Path
 ) -> None:
-    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
     run = await fb.start_run(fresh_run("cas-compact"), agent="claude-agent")
     guard = ClaudeAgentGuard(run)
     log = ToolLog()

@@ -14,16 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.claude_code import ClaudeRun, run_claude
+from support.claude_code import ClaudeRun, fusebox, run_claude
 from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
-from support.guard import RUNAWAY_EXECUTIONS, TENANT, bare_nats, fusebox_cancel
+from support.guard import RUNAWAY_EXECUTIONS, TENANT, bare_nats
+from support.stack import Stack
 
 
-def hook_settings(stack: dict[str, Any], nats_url: str, *flags: str) -> dict[str, Any]:
+def hook_settings(stack: Stack, nats_url: str, *flags: str) -> dict[str, Any]:
     """The README's setup step: the block `--print-settings` prints."""
     printed = subprocess.run(
         [
-            f"{stack['bin_dir']}/fusebox",
+            str(stack.bin("fusebox")),
             "hook",
             "claude-code",
             "--print-settings",
@@ -42,22 +43,8 @@ def hook_settings(stack: dict[str, Any], nats_url: str, *flags: str) -> dict[str
     return settings
 
 
-def run_status(stack: dict[str, Any], run: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            f"{stack['bin_dir']}/fusebox",
-            "run",
-            f"{TENANT}/{run}",
-            "--nats-url",
-            stack["nats_url"],
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
-    status: dict[str, Any] = json.loads(out.stdout)
+def run_status(stack: Stack, run: str) -> dict[str, Any]:
+    status: dict[str, Any] = json.loads(fusebox(stack, "run", f"{TENANT}/{run}", "--json"))
     return status
 
 
@@ -98,10 +85,8 @@ def refused(api: FakeAnthropic) -> list[str]:
     return [r.content for r in api.tool_results() if "fusebox:" in r.content]
 
 
-def test_runaway_bash_loop_is_stopped_and_the_session_ends(
-    stack: dict[str, Any], ws: Workspace
-) -> None:
-    settings = hook_settings(stack, stack["nats_url"])
+def test_runaway_bash_loop_is_stopped_and_the_session_ends(stack: Stack, ws: Workspace) -> None:
+    settings = hook_settings(stack, stack.nats_url)
     with FakeAnthropic(forever=ws.bash("cat status.txt || echo running")) as api:
         run = ws.claude(api, settings)
         result = run.result()
@@ -126,8 +111,8 @@ def test_runaway_bash_loop_is_stopped_and_the_session_ends(
     assert status["summary"]["agent"] == "claude-code", status
 
 
-def test_legitimate_sequence_runs_untouched(stack: dict[str, Any], ws: Workspace) -> None:
-    settings = hook_settings(stack, stack["nats_url"])
+def test_legitimate_sequence_runs_untouched(stack: Stack, ws: Workspace) -> None:
+    settings = hook_settings(stack, stack.nats_url)
     pages = [ws.bash(f"echo page {n}") for n in range(1, 13)]
     with FakeAnthropic([*pages, text("read all twelve pages")]) as api:
         result = ws.claude(api, settings).result()
@@ -145,14 +130,14 @@ def test_legitimate_sequence_runs_untouched(stack: dict[str, Any], ws: Workspace
 
 
 def test_operator_cancel_refuses_the_next_call_and_ends_the_session(
-    stack: dict[str, Any], ws: Workspace
+    stack: Stack, ws: Workspace
 ) -> None:
-    settings = hook_settings(stack, stack["nats_url"])
+    settings = hook_settings(stack, stack.nats_url)
 
     def respond(body: dict[str, Any]) -> Turn:
         turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
         if turn == 2:  # two commands ran: an operator cancels from another process
-            fusebox_cancel(stack, session_id(ws), "operator: wrong branch")
+            fusebox(stack, "cancel", f"{TENANT}/{session_id(ws)}", "--reason", "wrong branch")
         return ws.bash(f"echo step {turn}")
 
     with FakeAnthropic(respond=respond) as api:
@@ -173,7 +158,7 @@ def session_id(ws: Workspace) -> str:
 
 
 @pytest.mark.parametrize("on_error", ["deny", "allow"])
-def test_guard_down(stack: dict[str, Any], ws: Workspace, on_error: str) -> None:
+def test_guard_down(stack: Stack, ws: Workspace, on_error: str) -> None:
     with bare_nats() as url:
         settings = hook_settings(stack, url, "--on-error", on_error)
         script = [ws.bash("echo one"), ws.bash("echo two"), text("gave up")]
@@ -192,10 +177,8 @@ def test_guard_down(stack: dict[str, Any], ws: Workspace, on_error: str) -> None
     assert result["result"] == "gave up"
 
 
-def test_a_session_resumed_after_its_end_goes_on_in_a_new_run(
-    stack: dict[str, Any], ws: Workspace
-) -> None:
-    settings = hook_settings(stack, stack["nats_url"])
+def test_a_session_resumed_after_its_end_goes_on_in_a_new_run(stack: Stack, ws: Workspace) -> None:
+    settings = hook_settings(stack, stack.nats_url)
     with FakeAnthropic([ws.bash("echo first"), text("first part done")]) as api:
         first = ws.claude(api, settings).result()
     session = first["session_id"]
@@ -210,9 +193,9 @@ def test_a_session_resumed_after_its_end_goes_on_in_a_new_run(
 
 
 def test_a_session_the_guard_stopped_stays_stopped_when_resumed(
-    stack: dict[str, Any], ws: Workspace
+    stack: Stack, ws: Workspace
 ) -> None:
-    settings = hook_settings(stack, stack["nats_url"])
+    settings = hook_settings(stack, stack.nats_url)
     with FakeAnthropic(forever=ws.bash("echo same")) as api:
         first = ws.claude(api, settings).result()
     assert first["terminal_reason"] == "hook_stopped"

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from support.fake_anthropic import FakeAnthropic
+from support.stack import Stack
 
-__all__ = ["ClaudeRun", "claude_binary", "run_claude"]
+__all__ = ["ClaudeRun", "claude_binary", "fusebox", "run_claude"]
 
 
 def claude_binary() -> Path:
@@ -92,3 +93,18 @@ def run_claude(
         stdin=subprocess.DEVNULL,
     )
     return ClaudeRun(done.returncode, done.stdout, done.stderr)
+
+
+def fusebox(stack: Stack, *args: str) -> str:
+    """`fusebox ARGS… --nats-url <the stack's>`, as an operator types it in another
+    process; its stdout."""
+    done = subprocess.run(
+        [str(stack.bin("fusebox")), *args, "--nats-url", stack.nats_url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"fusebox {' '.join(args)}: exit {done.returncode}: {done.stderr}")
+    return done.stdout
