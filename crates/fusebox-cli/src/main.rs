@@ -6,6 +6,7 @@ mod log_commands;
 mod operate;
 mod replay;
 mod watchdog_forward;
+mod whatif;
 
 use std::fs::File;
 use std::io::{self, BufWriter};
@@ -232,6 +233,17 @@ enum Command {
         #[command(subcommand)]
         command: BenchSub,
     },
+    /// What a candidate policy would have done to recorded runs, run by run.
+    ///
+    /// Replays a data dir (live or stopped: it is copied, never opened in place), a
+    /// `fusebox log export` or trace files under the baseline and the candidate, and
+    /// reports runs newly stopped (completed ones first), no longer stopped, stops that
+    /// move, reason changes, warnings and blocks. Exit status: 0, 1 when a run that
+    /// completed would be stopped, 2 on bad input.
+    ///
+    /// Example: fusebox whatif --preset strict --baseline config/fusebox.toml export.jsonl
+    #[command(verbatim_doc_comment)]
+    Whatif(whatif::Args),
     /// The cloud cost watchdog (runs the fusebox-watchdog binary): list, sweep.
     #[command(disable_help_flag = true)]
     Watchdog {
@@ -338,6 +350,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Watchdog { args } => watchdog_forward::run(&args),
+        Command::Whatif(args) => whatif::main(args),
     };
     result.unwrap_or_else(|message| {
         eprintln!("fusebox: {message}");
