@@ -5,6 +5,7 @@ mod generate;
 mod log_commands;
 mod operate;
 mod replay;
+mod tune;
 mod watchdog_forward;
 mod whatif;
 
@@ -244,6 +245,13 @@ enum Command {
     /// Example: fusebox whatif --preset strict --baseline config/fusebox.toml export.jsonl
     #[command(verbatim_doc_comment)]
     Whatif(whatif::Args),
+    /// Calibrate thresholds on recorded runs: per key the strictest value that stops
+    /// none of the runs that completed (or at most -k of them), as a fusebox.toml
+    /// fragment with a comment per key, then the whatif report of that proposal.
+    ///
+    /// Example: fusebox tune --baseline config/fusebox.toml export.jsonl > proposal.toml
+    #[command(verbatim_doc_comment)]
+    Tune(tune::Args),
     /// The cloud cost watchdog (runs the fusebox-watchdog binary): list, sweep.
     #[command(disable_help_flag = true)]
     Watchdog {
@@ -351,6 +359,7 @@ fn main() -> ExitCode {
         }
         Command::Watchdog { args } => watchdog_forward::run(&args),
         Command::Whatif(args) => whatif::main(args),
+        Command::Tune(args) => tune::main(args),
     };
     result.unwrap_or_else(|message| {
         eprintln!("fusebox: {message}");

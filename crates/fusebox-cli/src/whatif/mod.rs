@@ -129,13 +129,24 @@ pub fn build_report(
 }
 
 pub fn print(report: &Report, json: bool, limit: usize) -> Result<(), String> {
-    if json {
-        let text = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
-        println!("{text}");
+    let text = if json {
+        let mut text = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
+        text.push('\n');
+        text
     } else {
-        print!("{}", table::render(report, limit));
+        table::render(report, limit)
+    };
+    emit(&text)
+}
+
+/// Writes to stdout; a reader that went away (`| head`) is not an error.
+pub fn emit(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 pub fn exit_status(report: &Report, tally: &ReadTally) -> u8 {

@@ -88,15 +88,27 @@ fn section(out: &mut String, kind: ChangeKind, rows: &[&RunChange], limit: usize
                 c.reason.unwrap_or("-").to_owned(),
                 row.would_cut.as_ref().map(cut).unwrap_or_default(),
             ],
+            // The baseline's stop is recorded fact; what is uncertain is the candidate's
+            // path to it, so the divergence goes in the last column instead of a mark.
             ChangeKind::NoLongerStopped => [
                 run,
                 agent,
-                format!("{mark}{}", at(b)),
+                at(b),
                 b.reason.unwrap_or("-").to_owned(),
-                row.recorded_after_original_stop
-                    .as_ref()
-                    .map(|t| format!("{} events, {} calls attempted", t.events, t.calls_attempted))
-                    .unwrap_or_default(),
+                format!(
+                    "{} events, {} calls attempted{}",
+                    row.recorded_after_original_stop.map_or(0, |t| t.events),
+                    row.recorded_after_original_stop
+                        .map_or(0, |t| t.calls_attempted),
+                    row.diverged_at
+                        .as_ref()
+                        .map(|d| format!(
+                            "; diverged earlier, at call {} ({} -> {})",
+                            d.at_call, d.baseline, d.candidate
+                        ))
+                        .filter(|_| !row.exact)
+                        .unwrap_or_default()
+                ),
             ],
             ChangeKind::StopsLater | ChangeKind::ReasonChanged => [
                 run,
