@@ -347,3 +347,60 @@ fn no_candidate_or_two_sources_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not both"));
 }
+
+#[test]
+fn a_data_dir_being_written_is_read_as_a_consistent_prefix() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let text = std::fs::read_to_string(fleet()).expect("fleet");
+    let mut guard =
+        Guard::open(data.path(), PolicySet::default(), GuardOptions::default()).expect("opens");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut copies = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Each copy of the fleet under other run ids: the same six outcomes again.
+                let events: Vec<_> = text
+                    .lines()
+                    .map(|l| {
+                        let l = l
+                            .replace("\"run\":\"", &format!("\"run\":\"w{copies}-"))
+                            .replace("\"id\":\"", &format!("\"id\":\"w{copies}-"));
+                        parse_event(l.as_bytes()).expect("valid")
+                    })
+                    .collect();
+                guard.submit_batch(events).expect("durable");
+                copies += 1;
+            }
+            copies
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let policy = dir().join("max-steps-10.toml");
+    for _ in 0..3 {
+        let out = fusebox(&[
+            "whatif",
+            "--json",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--data-dir",
+            data.path().to_str().unwrap(),
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report = json_of(&out);
+        // Whole batches only, each the fleet again: batch-1 of every copy, and nothing else.
+        let runs = report["totals"]["runs"].as_u64().unwrap();
+        let stopped = report["totals"]["completed_runs_stopped"].as_u64().unwrap();
+        assert!(runs > 0 && runs.is_multiple_of(6), "{runs} runs");
+        assert_eq!(stopped, runs / 6);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let copies = writer.join().expect("writer");
+    assert!(copies > 0);
+}
