@@ -66,7 +66,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         comparison.feed(item);
     }
     let report = whatif::build_report(
-        comparison,
+        comparison.candidate,
         &source_text,
         baseline_text,
         "the proposal above".to_owned(),

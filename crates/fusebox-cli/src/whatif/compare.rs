@@ -276,50 +276,148 @@ pub enum Baseline {
     AsRecorded,
 }
 
-/// Both engines and the traces, fed one record at a time.
-pub struct Comparison {
-    baseline: Engine,
-    candidate: Engine,
+/// The baseline's half of a comparison: its engine, deciding each record.
+pub struct BaselineHalf {
+    engine: Engine,
     follow_recorded_policies: bool,
-    pub traces: Traces,
-    pub events: u64,
 }
 
-impl Comparison {
-    pub fn new(baseline: Baseline, candidate: PolicySet) -> Self {
+impl BaselineHalf {
+    pub fn new(baseline: Baseline) -> Self {
         let (engine, follow) = match baseline {
             Baseline::Fixed(policies) => (Engine::new(policies), false),
             Baseline::AsRecorded => (Engine::default(), true),
         };
-        Comparison {
-            baseline: engine,
-            candidate: Engine::new(candidate),
+        BaselineHalf {
+            engine,
             follow_recorded_policies: follow,
+        }
+    }
+
+    /// The baseline's decision for an event; `None` for an operation.
+    pub fn decide(&mut self, item: &Item) -> Option<Compact> {
+        match item {
+            Item::Event(event) => Some(Compact::of(&self.engine.apply(event))),
+            Item::Op(LogOp::SetPolicies { .. }) if !self.follow_recorded_policies => None,
+            Item::Op(op) => {
+                apply_op(&mut self.engine, op);
+                None
+            }
+        }
+    }
+}
+
+/// The candidate's half: its engine and the traces, given the baseline's decisions.
+pub struct CandidateHalf {
+    engine: Engine,
+    pub traces: Traces,
+    pub events: u64,
+}
+
+impl CandidateHalf {
+    pub fn new(candidate: PolicySet) -> Self {
+        CandidateHalf {
+            engine: Engine::new(candidate),
             traces: Traces::default(),
             events: 0,
         }
     }
 
-    pub fn feed(&mut self, item: &Item) {
-        match item {
-            Item::Event(event) => {
+    pub fn take(&mut self, item: &Item, baseline: Option<Compact>) {
+        match (item, baseline) {
+            (Item::Event(event), Some(baseline)) => {
                 self.events += 1;
-                let baseline = Compact::of(&self.baseline.apply(event));
-                let candidate = Compact::of(&self.candidate.apply(event));
+                let candidate = Compact::of(&self.engine.apply(event));
                 self.traces.observe(event, baseline, candidate);
             }
-            Item::Op(op) => {
-                if let LogOp::SetPolicies { policies } = op {
-                    // The candidate replaces the policies the log recorded.
-                    if self.follow_recorded_policies {
-                        self.baseline.set_policies(policies.clone());
-                    }
-                } else {
-                    apply_op(&mut self.baseline, op);
-                    apply_op(&mut self.candidate, op);
+            // The candidate replaces the policies the log recorded.
+            (Item::Op(LogOp::SetPolicies { .. }), _) => {}
+            (Item::Op(op), _) => apply_op(&mut self.engine, op),
+            (Item::Event(_), None) => unreachable!("the baseline decides every event"),
+        }
+    }
+}
+
+/// Both halves on one thread, fed one record at a time.
+pub struct Comparison {
+    baseline: BaselineHalf,
+    pub candidate: CandidateHalf,
+}
+
+impl Comparison {
+    pub fn new(baseline: Baseline, candidate: PolicySet) -> Self {
+        Comparison {
+            baseline: BaselineHalf::new(baseline),
+            candidate: CandidateHalf::new(candidate),
+        }
+    }
+
+    pub fn feed(&mut self, item: &Item) {
+        let decided = self.baseline.decide(item);
+        self.candidate.take(item, decided);
+    }
+}
+
+/// Records with the baseline's decisions, handed to the candidate's thread in batches.
+type Batch = Vec<(Item, Option<Compact>)>;
+
+const BATCH: usize = 1024;
+
+/// The halves on two threads: the caller's applies the baseline, a second one the
+/// candidate, so a comparison costs little more wall time than one replay when there
+/// is a core for each.
+pub struct Pipeline {
+    baseline: BaselineHalf,
+    batch: Batch,
+    sender: Option<std::sync::mpsc::SyncSender<Batch>>,
+    candidate: Option<std::thread::JoinHandle<CandidateHalf>>,
+}
+
+impl Pipeline {
+    pub fn new(baseline: Baseline, candidate: PolicySet) -> Self {
+        let (sender, batches) = std::sync::mpsc::sync_channel::<Batch>(8);
+        let handle = std::thread::spawn(move || {
+            let mut half = CandidateHalf::new(candidate);
+            for batch in batches {
+                for (item, decided) in &batch {
+                    half.take(item, *decided);
                 }
             }
+            half
+        });
+        Pipeline {
+            baseline: BaselineHalf::new(baseline),
+            batch: Vec::with_capacity(BATCH),
+            sender: Some(sender),
+            candidate: Some(handle),
         }
+    }
+
+    pub fn feed(&mut self, item: Item) {
+        let decided = self.baseline.decide(&item);
+        self.batch.push((item, decided));
+        if self.batch.len() == BATCH {
+            self.send();
+        }
+    }
+
+    fn send(&mut self) {
+        let full = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
+        if let Some(sender) = &self.sender {
+            // A closed channel means the candidate thread died; `finish` reports it.
+            let _ = sender.send(full);
+        }
+    }
+
+    /// Waits for the candidate's thread and returns its half.
+    pub fn finish(mut self) -> Result<CandidateHalf, String> {
+        self.send();
+        self.sender = None;
+        self.candidate
+            .take()
+            .expect("finished once")
+            .join()
+            .map_err(|_| "the candidate's thread panicked".to_owned())
     }
 }
 

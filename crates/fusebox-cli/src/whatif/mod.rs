@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use fusebox_core::{PolicySet, Preset};
 
 use crate::config;
-use compare::{Baseline, Comparison};
+use compare::{Baseline, CandidateHalf, Pipeline};
 use report::{ChangeKind, Report};
 use source::{ReadTally, Source};
 
@@ -74,10 +74,10 @@ pub fn compare_source(
     max_event_bytes: usize,
     baseline: Baseline,
     candidate: PolicySet,
-) -> Result<(Comparison, ReadTally), String> {
-    let mut comparison = Comparison::new(baseline, candidate);
-    let tally = source::read(source, max_event_bytes, &mut |item| comparison.feed(&item))?;
-    Ok((comparison, tally))
+) -> Result<(CandidateHalf, ReadTally), String> {
+    let mut pipeline = Pipeline::new(baseline, candidate);
+    let tally = source::read(source, max_event_bytes, &mut |item| pipeline.feed(item))?;
+    Ok((pipeline.finish()?, tally))
 }
 
 /// Runs the command: prints the report; returns the exit status (0: no completed run
@@ -113,7 +113,7 @@ pub fn describe_read(source: &Source, tally: &ReadTally) -> String {
 }
 
 pub fn build_report(
-    comparison: Comparison,
+    comparison: CandidateHalf,
     source: &str,
     baseline: String,
     candidate: String,
