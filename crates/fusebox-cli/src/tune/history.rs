@@ -4,9 +4,11 @@
 //! neither.
 
 use std::collections::HashMap;
+use std::io::IsTerminal;
 
 use fusebox_core::{Engine, EventBody, PolicySet, TerminalState};
 use fusebox_log::LogOp;
+use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::whatif::compare::{apply_op, Baseline, Compact};
 use crate::whatif::source::Item;
@@ -39,7 +41,12 @@ pub struct History {
     /// The policies in force at the end of the recording under the baseline: where a
     /// calibration starts.
     pub policies: PolicySet,
+    /// A spinner on stderr for long calibrations: one tick per replay.
+    progress: Option<ProgressBar>,
 }
+
+/// Records from which a calibration's replays are worth a spinner.
+const SPINNER_FROM: usize = 100_000;
 
 const NO_RUN: u32 = u32::MAX;
 
@@ -53,6 +60,7 @@ impl History {
         let mut runs: Vec<RunInfo> = Vec::new();
         let mut calls: Vec<u64> = Vec::new();
         let mut closed_once: Vec<bool> = Vec::new();
+        let items_len = items.len();
         let mut run_of = Vec::with_capacity(items.len());
         let mut decided = Vec::with_capacity(items.len());
         for item in &items {
@@ -114,6 +122,27 @@ impl History {
             baseline: decided,
             runs,
             policies: engine.policies().clone(),
+            progress: (items_len >= SPINNER_FROM && std::io::stderr().is_terminal()).then(|| {
+                let bar = ProgressBar::new_spinner();
+                bar.set_style(
+                    ProgressStyle::with_template("{spinner} {pos} replays, {elapsed} {msg}")
+                        .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                );
+                bar
+            }),
+        }
+    }
+
+    /// Says on the spinner what is being calibrated.
+    pub fn note(&self, what: &str) {
+        if let Some(bar) = &self.progress {
+            bar.set_message(what.to_owned());
+        }
+    }
+
+    pub fn done(&self) {
+        if let Some(bar) = &self.progress {
+            bar.finish_and_clear();
         }
     }
 
@@ -133,6 +162,9 @@ impl History {
     /// sooner it stops the runaways. With `give_up_after`, stops counting once more
     /// runs than that are interfered with (the answer is then "too many").
     pub fn evaluate(&self, candidate: &PolicySet, give_up_after: Option<usize>) -> Evaluation {
+        if let Some(bar) = &self.progress {
+            bar.inc(1);
+        }
         let mut engine = Engine::new(candidate.clone());
         let mut calls = vec![0u64; self.runs.len()];
         let mut settled = vec![false; self.runs.len()];

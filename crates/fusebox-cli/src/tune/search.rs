@@ -60,6 +60,7 @@ pub fn descend(history: &History, start: &Policy, scope: &Scope<'_>) -> Policy {
     for _ in 0..PASSES {
         let mut changed = false;
         for key in &keys {
+            history.note(&key.path);
             let current = key.get(&policy);
             let floor = key.get(&key.set(&policy, 0));
             if floor >= current || passes(&key.set(&policy, floor)) {
@@ -214,6 +215,7 @@ pub fn calibrate(history: &History, k: usize, min_runs: usize) -> Result<Calibra
         agents.insert(agent.clone(), diff(&base, &tuned));
         agent_proposals.insert(agent.clone(), list);
     }
+    history.done();
     Ok(Calibration {
         base,
         base_proposals,
