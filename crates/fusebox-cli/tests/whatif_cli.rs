@@ -329,6 +329,22 @@ fn a_live_daemons_data_dir_is_read_from_a_copy_and_left_untouched() {
         .as_str()
         .unwrap()
         .contains("as recorded"));
+    // Every recorded decision was checked against the baseline's replay, and matched.
+    assert_eq!(from_dir["recorded_decisions"]["checked"], 134);
+    assert_eq!(from_dir["recorded_decisions"]["differing"], 0);
+
+    // A baseline other than what the daemon ran is said to disagree with the recording.
+    let out = fusebox(&[
+        "whatif",
+        "--baseline-preset",
+        "strict",
+        "--policy",
+        policy.to_str().unwrap(),
+        "--data-dir",
+        data.path().to_str().unwrap(),
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("recorded decisions differ"), "{table}");
 }
 
 #[test]

@@ -38,7 +38,7 @@ pub fn main(args: Args) -> Result<ExitCode, String> {
         Baseline::AsRecorded => None,
     };
     let mut items = Vec::new();
-    let tally = source::read(&source, max_event_bytes, &mut |item| items.push(item))?;
+    let tally = source::read(&source, max_event_bytes, &mut |item, _| items.push(item))?;
     let source_text = whatif::describe_read(&source, &tally);
     let history = History::new(items, baseline);
     let completed = history.completed().count();

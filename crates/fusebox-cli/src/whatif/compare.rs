@@ -280,6 +280,18 @@ pub enum Baseline {
 pub struct BaselineHalf {
     engine: Engine,
     follow_recorded_policies: bool,
+    pub disagreements: Disagreements,
+}
+
+/// Events where this build's replay of the baseline decides otherwise than the daemon
+/// recorded (a log written by another version of the engine, or with other policies
+/// than the baseline named).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Disagreements {
+    pub checked: u64,
+    pub differing: u64,
+    /// The first: tenant/run, event id, recorded action, replayed action.
+    pub first: Option<(String, String, &'static str, &'static str)>,
 }
 
 impl BaselineHalf {
@@ -291,13 +303,33 @@ impl BaselineHalf {
         BaselineHalf {
             engine,
             follow_recorded_policies: follow,
+            disagreements: Disagreements::default(),
         }
     }
 
-    /// The baseline's decision for an event; `None` for an operation.
-    pub fn decide(&mut self, item: &Item) -> Option<Compact> {
+    /// The baseline's decision for an event (checked against the recorded one, if
+    /// any); `None` for an operation.
+    pub fn decide(&mut self, item: &Item, recorded: Option<Compact>) -> Option<Compact> {
         match item {
-            Item::Event(event) => Some(Compact::of(&self.engine.apply(event))),
+            Item::Event(event) => {
+                let decided = Compact::of(&self.engine.apply(event));
+                if let Some(recorded) = recorded {
+                    let d = &mut self.disagreements;
+                    d.checked += 1;
+                    if recorded != decided {
+                        d.differing += 1;
+                        d.first.get_or_insert_with(|| {
+                            (
+                                format!("{}/{}", event.tenant, event.run),
+                                event.id.clone(),
+                                recorded.action.as_str(),
+                                decided.action.as_str(),
+                            )
+                        });
+                    }
+                }
+                Some(decided)
+            }
             Item::Op(LogOp::SetPolicies { .. }) if !self.follow_recorded_policies => None,
             Item::Op(op) => {
                 apply_op(&mut self.engine, op);
@@ -353,7 +385,7 @@ impl Comparison {
     }
 
     pub fn feed(&mut self, item: &Item) {
-        let decided = self.baseline.decide(item);
+        let decided = self.baseline.decide(item, None);
         self.candidate.take(item, decided);
     }
 }
@@ -393,8 +425,8 @@ impl Pipeline {
         }
     }
 
-    pub fn feed(&mut self, item: Item) {
-        let decided = self.baseline.decide(&item);
+    pub fn feed(&mut self, item: Item, recorded: Option<Compact>) {
+        let decided = self.baseline.decide(&item, recorded);
         self.batch.push((item, decided));
         if self.batch.len() == BATCH {
             self.send();
@@ -409,15 +441,18 @@ impl Pipeline {
         }
     }
 
-    /// Waits for the candidate's thread and returns its half.
-    pub fn finish(mut self) -> Result<CandidateHalf, String> {
+    /// Waits for the candidate's thread and returns its half, and what the baseline
+    /// found about the recording.
+    pub fn finish(mut self) -> Result<(CandidateHalf, Disagreements), String> {
         self.send();
         self.sender = None;
-        self.candidate
+        let candidate = self
+            .candidate
             .take()
             .expect("finished once")
             .join()
-            .map_err(|_| "the candidate's thread panicked".to_owned())
+            .map_err(|_| "the candidate's thread panicked".to_owned())?;
+        Ok((candidate, std::mem::take(&mut self.baseline.disagreements)))
     }
 }
 

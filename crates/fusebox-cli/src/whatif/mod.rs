@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use fusebox_core::{PolicySet, Preset};
 
 use crate::config;
-use compare::{Baseline, CandidateHalf, Pipeline};
+use compare::{Baseline, CandidateHalf, Disagreements, Pipeline};
 use report::{ChangeKind, Report};
 use source::{ReadTally, Source};
 
@@ -74,10 +74,13 @@ pub fn compare_source(
     max_event_bytes: usize,
     baseline: Baseline,
     candidate: PolicySet,
-) -> Result<(CandidateHalf, ReadTally), String> {
+) -> Result<(CandidateHalf, Disagreements, ReadTally), String> {
     let mut pipeline = Pipeline::new(baseline, candidate);
-    let tally = source::read(source, max_event_bytes, &mut |item| pipeline.feed(item))?;
-    Ok((pipeline.finish()?, tally))
+    let tally = source::read(source, max_event_bytes, &mut |item, recorded| {
+        pipeline.feed(item, recorded)
+    })?;
+    let (candidate, disagreements) = pipeline.finish()?;
+    Ok((candidate, disagreements, tally))
 }
 
 /// Runs the command: prints the report; returns the exit status (0: no completed run
@@ -85,18 +88,19 @@ pub fn compare_source(
 pub fn run(options: &Options) -> Result<u8, String> {
     let candidate = options.candidate.load()?;
     let (baseline, baseline_text) = baseline_for(&options.source, &options.baseline)?;
-    let (comparison, tally) = compare_source(
+    let (comparison, disagreements, tally) = compare_source(
         &options.source,
         candidate.max_event_bytes,
         baseline,
         candidate.policies,
     )?;
-    let report = build_report(
+    let mut report = build_report(
         comparison,
         &describe_read(&options.source, &tally),
         baseline_text,
         options.candidate.describe(),
     );
+    report.recorded_decisions = disagreements;
     print(&report, options.json, options.limit)?;
     Ok(exit_status(&report, &tally))
 }

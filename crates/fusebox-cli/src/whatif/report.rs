@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::whatif::compare::{Close, RunTrace, Side, Tail};
+use crate::whatif::compare::{Close, Disagreements, RunTrace, Side, Tail};
 
 /// What changed for one run, in report order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -173,6 +173,9 @@ pub struct Report {
     pub totals: Totals,
     pub by_agent: BTreeMap<String, Totals>,
     pub by_reason: BTreeMap<&'static str, ReasonTotals>,
+    /// For a data directory: the recorded decisions checked against this build's
+    /// replay of the baseline.
+    pub recorded_decisions: Disagreements,
     /// Runs that changed, in [`ChangeKind`] order, then by tenant and run.
     pub changes: Vec<RunChange>,
 }
@@ -354,6 +357,7 @@ pub fn build(
         totals,
         by_agent,
         by_reason,
+        recorded_decisions: Disagreements::default(),
         changes,
     }
 }

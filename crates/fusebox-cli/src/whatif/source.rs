@@ -16,11 +16,12 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use fusebox_core::{Admission, Event, Sequencer};
-use fusebox_log::log::{last_position, records};
+use fusebox_log::log::{decode_frame, frames, last_position, records};
 use fusebox_log::{inspect, LogOp, Record, SledLog};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::replay::{read_and_parse, Parsed};
+use crate::whatif::compare::Compact;
 
 /// One applied record.
 pub enum Item {
@@ -56,11 +57,15 @@ pub struct ReadTally {
     pub position: Option<u64>,
 }
 
+/// Where a record goes: with, for a data directory's events, the decision the daemon
+/// recorded for it.
+pub type Sink<'a> = dyn FnMut(Item, Option<Compact>) + 'a;
+
 /// Reads every record of `source` in applied order into `sink`.
 pub fn read(
     source: &Source,
     max_event_bytes: usize,
-    sink: &mut dyn FnMut(Item),
+    sink: &mut Sink<'_>,
 ) -> Result<ReadTally, String> {
     match source {
         Source::Files(files) => read_files(files, max_event_bytes, sink).map_err(|e| e.to_string()),
@@ -73,7 +78,7 @@ pub fn read(
 fn read_files(
     files: &[String],
     max_event_bytes: usize,
-    sink: &mut dyn FnMut(Item),
+    sink: &mut Sink<'_>,
 ) -> io::Result<ReadTally> {
     let mut tally = ReadTally::default();
     let mut sequencer = Sequencer::default();
@@ -87,7 +92,7 @@ fn read_files(
             match parsed.and_then(|event| sequencer.admit(event)) {
                 Ok(Admission::Ready(events)) => {
                     for event in events {
-                        sink(Item::Event(Box::new(event)));
+                        sink(Item::Event(Box::new(event)), None);
                     }
                 }
                 Ok(Admission::Held { .. }) => {}
@@ -114,7 +119,7 @@ fn read_files(
             held.len()
         );
         for event in held {
-            sink(Item::Event(Box::new(event)));
+            sink(Item::Event(Box::new(event)), None);
         }
     }
     Ok(tally)
@@ -123,7 +128,7 @@ fn read_files(
 /// How many times a copy of a live directory is taken before giving up.
 const COPY_ATTEMPTS: usize = 3;
 
-fn read_data_dir(dir: &Path, sink: &mut dyn FnMut(Item)) -> Result<ReadTally, String> {
+fn read_data_dir(dir: &Path, sink: &mut Sink<'_>) -> Result<ReadTally, String> {
     if !dir.is_dir() {
         return Err(format!("{}: no such directory", dir.display()));
     }
@@ -148,16 +153,7 @@ fn read_data_dir(dir: &Path, sink: &mut dyn FnMut(Item)) -> Result<ReadTally, St
         match check_records(&log) {
             Ok(last) => {
                 let bar = position_bar(last);
-                for record in records(&log, 1) {
-                    let (_, record) = record.map_err(|e| e.to_string())?;
-                    if let Some(bar) = &bar {
-                        bar.inc(1);
-                    }
-                    sink(match record {
-                        Record::Event(event) => Item::Event(event),
-                        Record::Op(op) => Item::Op(op),
-                    });
-                }
+                stream(&log, &bar, sink)?;
                 if let Some(bar) = bar {
                     bar.finish_and_clear();
                 }
@@ -175,6 +171,28 @@ fn read_data_dir(dir: &Path, sink: &mut dyn FnMut(Item)) -> Result<ReadTally, St
          (btrfs/zfs/LVM), or the JSONL of `fusebox log export` taken with fuseboxd stopped",
         dir.display()
     ))
+}
+
+/// Every record of a checked copy with the decision recorded for it.
+fn stream(log: &SledLog, bar: &Option<ProgressBar>, sink: &mut Sink<'_>) -> Result<(), String> {
+    for stored in frames(log, 1) {
+        let (first, bytes) = stored.map_err(|e| e.to_string())?;
+        let frame = decode_frame(log, first, bytes.as_ref()).map_err(|e| e.to_string())?;
+        for (pos, entry) in (first..).zip(frame.entries()) {
+            let record = entry.decode().map_err(|e| format!("position {pos}: {e}"))?;
+            if let Some(bar) = bar {
+                bar.inc(1);
+            }
+            match record {
+                Record::Event(event) => {
+                    let recorded = entry.decode_decision().ok().map(|d| Compact::of(&d));
+                    sink(Item::Event(event), recorded);
+                }
+                Record::Op(op) => sink(Item::Op(op), None),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What a copy of a live directory can get wrong: a gap in positions, a record that

@@ -18,6 +18,28 @@ pub fn render(report: &Report, limit: usize) -> String {
     );
     let _ = writeln!(out, "  baseline:  {}", report.baseline);
     let _ = writeln!(out, "  candidate: {}", report.candidate);
+    let recorded = &report.recorded_decisions;
+    if recorded.checked > 0 {
+        match &recorded.first {
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  recorded decisions: all {} reproduced by this build's replay of the baseline",
+                    recorded.checked
+                );
+            }
+            Some((run, event, was, now)) => {
+                let _ = writeln!(
+                    out,
+                    "  WARNING: {} of {} recorded decisions differ from this build's replay of the \
+                     baseline (first: {run} event {event}, recorded {was}, replayed {now}): the log \
+                     was written by another engine version or under other policies; both sides \
+                     here are this build's replay",
+                    recorded.differing, recorded.checked
+                );
+            }
+        }
+    }
     let mut any = false;
     for kind in ChangeKind::ALL {
         let rows: Vec<&RunChange> = report.changes.iter().filter(|c| c.kind == kind).collect();
