@@ -151,7 +151,7 @@ fn open(path: &str) -> io::Result<(Box<dyn Read>, Option<u64>)> {
     Ok((Box::new(file), size))
 }
 
-pub(crate) fn progress_bar(size: Option<u64>) -> Option<ProgressBar> {
+fn progress_bar(size: Option<u64>) -> Option<ProgressBar> {
     let size = size.filter(|s| *s > 16 << 20)?;
     if !io::stderr().is_terminal() {
         return None;

@@ -82,7 +82,13 @@ fn section(out: &mut String, kind: ChangeKind, rows: &[&RunChange], limit: usize
             "REASON",
             "WOULD CUT (recorded after the stop)",
         ],
-        ChangeKind::StopsEarlier => ["RUN", "AGENT", "STOP AT", "REASON", "WOULD CUT"],
+        ChangeKind::StopsEarlier => [
+            "RUN",
+            "AGENT",
+            "STOP AT",
+            "REASON",
+            "WOULD CUT, WAS STOPPED AT",
+        ],
         ChangeKind::NoLongerStopped => [
             "RUN",
             "AGENT",
@@ -101,14 +107,24 @@ fn section(out: &mut String, kind: ChangeKind, rows: &[&RunChange], limit: usize
         let agent = row.agent.clone().unwrap_or_else(|| "-".to_owned());
         let (b, c) = (&row.baseline, &row.candidate);
         let cells = match kind {
-            ChangeKind::CompletedRunStopped
-            | ChangeKind::NewlyStopped
-            | ChangeKind::StopsEarlier => [
+            ChangeKind::CompletedRunStopped | ChangeKind::NewlyStopped => [
                 run,
                 agent,
                 format!("{mark}{}", at(c)),
                 c.reason.unwrap_or("-").to_owned(),
                 row.would_cut.as_ref().map(cut).unwrap_or_default(),
+            ],
+            ChangeKind::StopsEarlier => [
+                run,
+                agent,
+                format!("{mark}{}", at(c)),
+                c.reason.unwrap_or("-").to_owned(),
+                format!(
+                    "{}, was {} ({})",
+                    row.would_cut.as_ref().map(cut).unwrap_or_default(),
+                    at(b),
+                    b.reason.unwrap_or("-")
+                ),
             ],
             // The baseline's stop is recorded fact; what is uncertain is the candidate's
             // path to it, so the divergence goes in the last column instead of a mark.
