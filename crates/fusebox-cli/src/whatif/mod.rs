@@ -86,6 +86,7 @@ pub fn compare_source(
 /// Runs the command: prints the report; returns the exit status (0: no completed run
 /// would be stopped; 1: some would; 2: bad input lines were skipped).
 pub fn run(options: &Options) -> Result<u8, String> {
+    let started = std::time::Instant::now();
     let candidate = options.candidate.load()?;
     let (baseline, baseline_text) = baseline_for(&options.source, &options.baseline)?;
     let (comparison, disagreements, tally) = compare_source(
@@ -101,7 +102,15 @@ pub fn run(options: &Options) -> Result<u8, String> {
         options.candidate.describe(),
     );
     report.recorded_decisions = disagreements;
+    let seconds = started.elapsed().as_secs_f64();
     print(&report, options.json, options.limit)?;
+    eprintln!(
+        "{} events compared under both policies in {seconds:.3} s ({:.0} events/s); {} rejected, {} duplicates",
+        report.events,
+        report.events as f64 / seconds.max(1e-9),
+        tally.rejected,
+        tally.duplicates
+    );
     Ok(exit_status(&report, &tally))
 }
 
