@@ -53,7 +53,8 @@ pub fn render(calibration: &Calibration, header: &Header<'_>) -> String {
         };
         let _ = writeln!(out, "\n[agents.{}.policy]", toml_key(agent));
         let _ = writeln!(out, "# calibrated on this agent's {count} completed runs");
-        // Only what differs from the calibrated [policy] belongs here.
+        // Only what differs from the calibrated [policy] belongs here; `was` is the
+        // agent's value before (its own override, or the calibrated [policy]).
         let own: Vec<Proposal> = list
             .iter()
             .filter(|p| {
@@ -63,14 +64,7 @@ pub fn render(calibration: &Calibration, header: &Header<'_>) -> String {
                     .find(|b| b.key == p.key)
                     .is_none_or(|b| b.proposed != p.proposed)
             })
-            .map(|p| Proposal {
-                was: calibration
-                    .base_proposals
-                    .iter()
-                    .find(|b| b.key == p.key)
-                    .map_or(p.was, |b| b.proposed),
-                ..p.clone()
-            })
+            .cloned()
             .collect();
         if own.is_empty() {
             let _ = writeln!(out, "# nothing stricter than [policy] holds for this agent");
@@ -101,10 +95,10 @@ fn section(out: &mut String, proposals: &[Proposal], runs: usize) {
             None => "the lowest the policy's rules allow".to_owned(),
         };
         if p.proposed < p.was {
-            let sooner = if p.alone.runaways_sooner > 0 {
+            let sooner = if p.runaways_sooner > 0 {
                 format!(
-                    "; alone it stops {} runaway(s) sooner, {} call(s) earlier in all",
-                    p.alone.runaways_sooner, p.alone.calls_sooner
+                    "; alone it stops {} recorded runaway(s) sooner, {} call(s) earlier in all",
+                    p.runaways_sooner, p.calls_sooner
                 )
             } else {
                 "; stops no recorded runaway sooner".to_owned()

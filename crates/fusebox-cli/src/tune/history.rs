@@ -210,8 +210,7 @@ impl History {
                     if stops {
                         settled[r] = true;
                         if calls[r] < stopped_at_call {
-                            evaluation.runaways_sooner += 1;
-                            evaluation.calls_sooner += stopped_at_call - calls[r];
+                            evaluation.sooner.push((r, stopped_at_call - calls[r]));
                         }
                     }
                 }
@@ -227,8 +226,7 @@ pub struct Evaluation {
     /// Completed runs (indices into `runs`) the candidate stops or refuses a call of.
     pub interfered: Vec<usize>,
     pub gave_up: bool,
-    /// Runaways the candidate stops at an earlier call than the baseline did.
-    pub runaways_sooner: u64,
-    /// Calls those runaways would not have made, summed.
-    pub calls_sooner: u64,
+    /// Runaways the candidate stops at an earlier call than the baseline did, with how
+    /// many calls earlier.
+    pub sooner: Vec<(usize, u64)>,
 }

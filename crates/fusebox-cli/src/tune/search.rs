@@ -35,9 +35,11 @@ pub struct Proposal {
     /// completed runs would be interfered with, and the first of them (none when the
     /// proposal is the floor).
     pub one_stricter: Option<(usize, String)>,
-    /// This key alone at its proposed value, everything else as it was: how much sooner
-    /// the recorded runaways stop.
-    pub alone: Evaluation,
+    /// This key alone at its proposed value, everything else as it was: how many of
+    /// the scope's recorded runaways stop sooner than recorded, and by how many calls in
+    /// all.
+    pub runaways_sooner: usize,
+    pub calls_sooner: u64,
 }
 
 /// A policy being calibrated: how to turn it into the full policy set that would be
@@ -47,6 +49,8 @@ pub struct Scope<'a> {
     pub accept: Box<dyn Fn(&Evaluation) -> bool + 'a>,
     /// Evaluations may stop counting after this many interfered runs.
     pub give_up_after: usize,
+    /// The runs the policy is for (all of them for `[policy]`, an agent's for its own).
+    pub covers: Box<dyn Fn(usize) -> bool + 'a>,
 }
 
 /// Lowers every key of `start` as far as `scope` accepts.
@@ -122,13 +126,20 @@ pub fn proposals(
             } else {
                 Evaluation::default()
             };
+            let sooner: Vec<u64> = alone
+                .sooner
+                .iter()
+                .filter(|(r, _)| (scope.covers)(*r))
+                .map(|(_, calls)| *calls)
+                .collect();
             Proposal {
                 key,
                 was,
                 proposed: value,
                 evidence,
                 one_stricter,
-                alone,
+                runaways_sooner: sooner.len(),
+                calls_sooner: sooner.iter().sum(),
             }
         })
         .collect()
@@ -180,6 +191,7 @@ pub fn calibrate(history: &History, k: usize, min_runs: usize) -> Result<Calibra
         build: Box::new(|p: &Policy| policy_set(p, &start_agents)),
         accept: Box::new(|e: &Evaluation| e.interfered.len() <= k),
         give_up_after: k,
+        covers: Box::new(|_| true),
     };
     let base = descend(history, &start_base, &base_scope);
     let base_proposals = proposals(history, &start_base, &base, &base_scope);
@@ -209,6 +221,7 @@ pub fn calibrate(history: &History, k: usize, min_runs: usize) -> Result<Calibra
                 own <= k && e.interfered.len() - own <= before
             }),
             give_up_after: before + k,
+            covers: Box::new(is_agent),
         };
         let tuned = descend(history, &start, &scope);
         let list = proposals(history, &start, &tuned, &scope);
