@@ -1,47 +1,37 @@
-//! A private moto_server on a free loopback port, killed on drop.
+//! A private moto_server (an EC2-compatible API) on a free loopback port.
 
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::paths::require_tool;
+use crate::ports::free_port;
+use crate::proc::Proc;
 
 pub struct Moto {
-    child: Child,
     pub port: u16,
+    _proc: Proc,
+    _dir: TempDir,
 }
 
 impl Moto {
     pub fn start() -> Moto {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server not on PATH: run scripts/setup.sh");
-        let moto = Moto { child, port };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "moto_server did not answer on port {port}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let mut cmd = Command::new(require_tool("moto_server"));
+        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        let mut proc = Proc::spawn("moto_server", cmd, &dir.path().join("moto.log"));
+        // moto imports its whole service catalogue before it listens: slow on a busy VM.
+        proc.wait_listening(port, Duration::from_secs(60));
+        Moto {
+            port,
+            _proc: proc,
+            _dir: dir,
         }
-        moto
     }
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
