@@ -1,8 +1,9 @@
 //! `fusebox whatif` and `fusebox tune` on recorded traces, as a real process.
 //!
-//! Data-driven: every candidate `tests/whatif/<case>.toml` is run against
-//! `tests/whatif/fleet.jsonl` (see `tests/whatif/README.md` for its runs) and the report,
-//! reduced to one line per changed run, must equal `tests/whatif/<case>.expected`.
+//! Data-driven: every candidate `tests/whatif/<case>.toml`, laid over the pinned
+//! `baseline.toml`, is run against `tests/whatif/fleet.jsonl` with that baseline (see
+//! `tests/whatif/README.md` for its runs), and the report, reduced to one line per
+//! changed run, must equal `tests/whatif/<case>.expected`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,57 @@ fn dir() -> PathBuf {
 
 fn fleet() -> String {
     dir().join("fleet.jsonl").display().to_string()
+}
+
+fn baseline() -> String {
+    dir().join("baseline.toml").display().to_string()
+}
+
+/// Tables merge key by key; anything else in `over` replaces.
+fn merge(base: &mut toml::Table, over: &toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(key), value) {
+            (Some(toml::Value::Table(inner)), toml::Value::Table(patch)) => merge(inner, patch),
+            _ => {
+                base.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// A case's candidate: the baseline with the case's TOML laid over it, as a file.
+fn candidate(case: &str) -> tempfile::NamedTempFile {
+    let read = |path: PathBuf| -> toml::Table {
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let mut merged = read(dir().join("baseline.toml"));
+    merge(&mut merged, &read(dir().join(format!("{case}.toml"))));
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), toml::to_string(&merged).expect("TOML")).expect("write");
+    file
+}
+
+/// `fusebox whatif` of a candidate file against the fleet, with the pinned baseline.
+fn whatif_with(policy: &Path, extra: &[&str]) -> Output {
+    let baseline = baseline();
+    let fleet = fleet();
+    let mut args = vec![
+        "whatif",
+        "--baseline",
+        &baseline,
+        "--policy",
+        policy.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    args.push(&fleet);
+    fusebox(&args)
+}
+
+/// `fusebox whatif` of a case against the fleet, with the pinned baseline.
+fn whatif_case(case: &str, extra: &[&str]) -> Output {
+    whatif_with(candidate(case).path(), extra)
 }
 
 fn fusebox(args: &[&str]) -> Output {
@@ -110,14 +162,7 @@ fn every_candidate_gives_its_expected_report() {
     assert!(cases.len() >= 3, "cases found: {cases:?}");
     let mut failures = Vec::new();
     for case in &cases {
-        let policy = dir().join(format!("{case}.toml"));
-        let out = fusebox(&[
-            "whatif",
-            "--json",
-            "--policy",
-            policy.to_str().unwrap(),
-            &fleet(),
-        ]);
+        let out = whatif_case(case, &["--json"]);
         let got = projection(out.status.code().expect("exit code"), &json_of(&out));
         let expected_path = dir().join(format!("{case}.expected"));
         let expected = std::fs::read_to_string(&expected_path)
@@ -131,8 +176,7 @@ fn every_candidate_gives_its_expected_report() {
 
 #[test]
 fn a_candidate_that_stops_a_completed_run_lists_it_first_and_exits_1() {
-    let policy = dir().join("max-steps-10.toml");
-    let out = fusebox(&["whatif", "--policy", policy.to_str().unwrap(), &fleet()]);
+    let out = whatif_case("max-steps-10", &[]);
     assert_eq!(out.status.code(), Some(1));
     let table = String::from_utf8_lossy(&out.stdout);
     let first_section = table
@@ -148,14 +192,7 @@ fn a_candidate_that_stops_a_completed_run_lists_it_first_and_exits_1() {
 
 #[test]
 fn loosening_says_the_future_after_the_original_stop_is_unknown() {
-    let policy = dir().join("lenient.toml");
-    let out = fusebox(&[
-        "whatif",
-        "--json",
-        "--policy",
-        policy.to_str().unwrap(),
-        &fleet(),
-    ]);
+    let out = whatif_case("lenient", &["--json"]);
     let report = json_of(&out);
     let loosened: Vec<&Value> = report["changes"]
         .as_array()
@@ -176,23 +213,21 @@ fn loosening_says_the_future_after_the_original_stop_is_unknown() {
 
 #[test]
 fn the_same_input_gives_the_same_report_byte_for_byte() {
-    let policy = dir().join("researcher-strict.toml");
-    for format in [None, Some("--json")] {
-        let mut args = vec!["whatif", "--policy", policy.to_str().unwrap()];
-        args.extend(format);
-        let fleet = fleet();
-        args.push(&fleet);
-        let first = fusebox(&args);
-        let second = fusebox(&args);
+    let policy = candidate("researcher-strict");
+    for format in [&[][..], &["--json"][..]] {
+        let first = whatif_with(policy.path(), format);
+        let second = whatif_with(policy.path(), format);
         assert!(!first.stdout.is_empty());
         assert_eq!(first.stdout, second.stdout, "{format:?}");
     }
 }
 
-/// tune with k = 0, its proposal run through whatif: no completed run is stopped, and
-/// the report tune printed agrees.
+/// tune with k = 0 from the pinned baseline, its proposal (laid over the baseline, as an
+/// operator merges it) run through whatif: no completed run is stopped, and the report
+/// tune printed agrees.
 fn tune_never_stops_a_completed_run(inputs: &[String]) {
-    let mut args = vec!["tune", "--json", "--min-runs", "2"];
+    let baseline = baseline();
+    let mut args = vec!["tune", "--json", "--min-runs", "2", "--baseline", &baseline];
     args.extend(inputs.iter().map(String::as_str));
     let out = fusebox(&args);
     assert_eq!(
@@ -204,13 +239,18 @@ fn tune_never_stops_a_completed_run(inputs: &[String]) {
     let tuned = json_of(&out);
     assert_eq!(tuned["whatif"]["totals"]["completed_runs_stopped"], 0);
     let toml = tuned["toml"].as_str().expect("a fragment");
-    let parsed: toml::Table = toml::from_str(toml).expect("the fragment is TOML");
-    assert!(parsed.contains_key("policy"), "{toml}");
+    let fragment: toml::Table = toml::from_str(toml).expect("the fragment is TOML");
+    assert!(fragment.contains_key("policy"), "{toml}");
+    let mut merged: toml::Table =
+        toml::from_str(&std::fs::read_to_string(&baseline).expect("baseline")).expect("TOML");
+    merge(&mut merged, &fragment);
     let file = tempfile::NamedTempFile::new().expect("temp file");
-    std::fs::write(file.path(), toml).expect("write");
+    std::fs::write(file.path(), toml::to_string(&merged).expect("TOML")).expect("write");
     let mut args = vec![
         "whatif",
         "--json",
+        "--baseline",
+        &baseline,
         "--policy",
         file.path().to_str().unwrap(),
     ];
@@ -240,7 +280,14 @@ fn tune_with_k_0_never_proposes_a_policy_that_stops_a_completed_run() {
 
 #[test]
 fn tune_tightens_what_the_history_supports_and_says_why() {
-    let out = fusebox(&["tune", "--min-runs", "2", &fleet()]);
+    let out = fusebox(&[
+        "tune",
+        "--min-runs",
+        "2",
+        "--baseline",
+        &baseline(),
+        &fleet(),
+    ]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     let parsed: toml::Table = toml::from_str(&text).expect("the whole output is TOML");
@@ -259,7 +306,17 @@ fn tune_tightens_what_the_history_supports_and_says_why() {
 
 #[test]
 fn tune_with_k_1_stops_at_most_one_completed_run() {
-    let out = fusebox(&["tune", "--json", "-k", "1", "--min-runs", "100", &fleet()]);
+    let out = fusebox(&[
+        "tune",
+        "--json",
+        "-k",
+        "1",
+        "--min-runs",
+        "100",
+        "--baseline",
+        &baseline(),
+        &fleet(),
+    ]);
     let tuned = json_of(&out);
     let stopped = tuned["whatif"]["totals"]["completed_runs_stopped"]
         .as_u64()
