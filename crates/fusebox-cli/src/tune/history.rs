@@ -29,6 +29,9 @@ pub struct RunInfo {
     pub run: String,
     pub agent: Option<String>,
     pub kind: Kind,
+    /// Some call of it has an `op_key`: through the ledger it can change how other
+    /// runs of its tenant are decided. Runs interact in no other way.
+    pub touches_ledger: bool,
 }
 
 pub struct History {
@@ -74,6 +77,7 @@ impl History {
                             run: event.run.clone(),
                             agent: None,
                             kind: Kind::Other,
+                            touches_ledger: false,
                         });
                         calls.push(0);
                         closed_once.push(false);
@@ -85,8 +89,9 @@ impl History {
                             info.agent = started.agent.clone();
                         }
                     }
-                    if matches!(event.body, EventBody::ToolCall(_)) {
+                    if let EventBody::ToolCall(call) = &event.body {
                         calls[r as usize] += 1;
+                        info.touches_ledger |= call.op_key.is_some();
                     }
                     // A run is what its first close says (a resumed run stays a runaway).
                     if !closed_once[r as usize] {
@@ -157,11 +162,28 @@ impl History {
             .count()
     }
 
-    /// Replays every record under `candidate` and says which completed runs it
-    /// interferes with (stops, or refuses a call the baseline let run) and how much
-    /// sooner it stops the runaways. With `give_up_after`, stops counting once more
-    /// runs than that are interfered with (the answer is then "too many").
-    pub fn evaluate(&self, candidate: &PolicySet, give_up_after: Option<usize>) -> Evaluation {
+    /// Replays the records under `candidate` and says which completed runs it
+    /// interferes with (stops, or refuses a call the baseline let run) and, with
+    /// `runaways`, how much sooner it stops the runaways. With `give_up_after`, stops
+    /// counting once more runs than that are interfered with (the answer is then "too
+    /// many"). Only the runs the answer needs are replayed, with every run that touches
+    /// the ledger (the one way runs affect each other): the answer is the same as a
+    /// replay of everything.
+    pub fn evaluate(
+        &self,
+        candidate: &PolicySet,
+        give_up_after: Option<usize>,
+        runaways: bool,
+    ) -> Evaluation {
+        let needed: Vec<bool> = self
+            .runs
+            .iter()
+            .map(|run| match run.kind {
+                Kind::Completed => true,
+                Kind::Runaway { .. } => runaways || run.touches_ledger,
+                Kind::Other => run.touches_ledger,
+            })
+            .collect();
         if let Some(bar) = &self.progress {
             bar.inc(1);
         }
@@ -181,8 +203,11 @@ impl History {
                     continue;
                 }
             };
-            let decided = Compact::of(&engine.apply(event));
             let r = r as usize;
+            if !needed[r] {
+                continue;
+            }
+            let decided = Compact::of(&engine.apply(event));
             if matches!(event.body, EventBody::ToolCall(_)) {
                 calls[r] += 1;
             }

@@ -1,6 +1,6 @@
 //! The calibration: key by key, the strictest value that keeps the completed runs
-//! untouched (or all but k of them), found by bisection and *checked by replay* at every
-//! value it accepts, so the proposal as a whole is one that was replayed and passed —
+//! untouched (or all but k of them), found by galloping up from the key's floor and
+//! bisecting, and *checked by replay* at every value it accepts, so the proposal as a whole is one that was replayed and passed —
 //! whatever the interplay between keys.
 //!
 //! Keys are lowered one at a time, each given the others' values as already lowered;
@@ -58,7 +58,7 @@ pub fn descend(history: &History, start: &Policy, scope: &Scope<'_>) -> Policy {
     let keys = keys::keys(start);
     let mut policy = start.clone();
     let passes = |policy: &Policy| {
-        let evaluation = history.evaluate(&(scope.build)(policy), Some(scope.give_up_after));
+        let evaluation = history.evaluate(&(scope.build)(policy), Some(scope.give_up_after), false);
         !evaluation.gave_up && (scope.accept)(&evaluation)
     };
     for _ in 0..PASSES {
@@ -71,13 +71,26 @@ pub fn descend(history: &History, start: &Policy, scope: &Scope<'_>) -> Policy {
                 // At its floor already, or no evidence: nothing recorded reaches it.
                 continue;
             }
-            let (mut lo, mut hi) = (floor + 1, current);
-            while lo < hi {
+            // The floor fails and `current` passes. Gallop up from the floor, then
+            // bisect: a failing replay stops at the first run it interferes with, so
+            // probing from below costs less than from above, where every probe passes
+            // and replays everything.
+            let (mut lo, mut hi) = (floor, current);
+            let mut step = 1;
+            while lo + step < hi {
+                if passes(&key.set(&policy, lo + step)) {
+                    hi = lo + step;
+                    break;
+                }
+                lo += step;
+                step *= 2;
+            }
+            while hi - lo > 1 {
                 let mid = lo + (hi - lo) / 2;
                 if passes(&key.set(&policy, mid)) {
                     hi = mid;
                 } else {
-                    lo = mid + 1;
+                    lo = mid;
                 }
             }
             // `hi` is the current value or one that was replayed and passed.
@@ -108,7 +121,7 @@ pub fn proposals(
             let floor = key.get(&key.set(proposed, 0));
             let interfered_at = |units: u64| {
                 let trial = key.set(proposed, units);
-                let evaluation = history.evaluate(&(scope.build)(&trial), None);
+                let evaluation = history.evaluate(&(scope.build)(&trial), None, false);
                 let first = evaluation
                     .interfered
                     .first()
@@ -122,7 +135,7 @@ pub fn proposals(
                 _ => value > floor && interfered_at(floor).0 > 0,
             };
             let alone = if value < was {
-                history.evaluate(&(scope.build)(&key.set(start, value)), None)
+                history.evaluate(&(scope.build)(&key.set(start, value)), None, true)
             } else {
                 Evaluation::default()
             };
@@ -169,7 +182,7 @@ impl Calibration {
 pub fn calibrate(history: &History, k: usize, min_runs: usize) -> Result<Calibration, String> {
     let (start_base, start_agents) = keys::split(&history.policies);
     let start_set = policy_set(&start_base, &start_agents);
-    let already = history.evaluate(&start_set, None);
+    let already = history.evaluate(&start_set, None, false);
     if !already.interfered.is_empty() {
         let r = &history.runs[already.interfered[0]];
         return Err(format!(
@@ -203,7 +216,7 @@ pub fn calibrate(history: &History, k: usize, min_runs: usize) -> Result<Calibra
             continue;
         }
         let current = policy_set(&base, &agents);
-        let before = history.evaluate(&current, None).interfered.len();
+        let before = history.evaluate(&current, None, false).interfered.len();
         let start = (**current.for_agent(Some(agent))).clone();
         let others = agents.clone();
         let base_ref = &base;
