@@ -419,6 +419,17 @@ fn no_candidate_or_two_sources_is_a_clear_error() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not both"));
+    let empty = tempfile::tempdir().expect("temp dir");
+    let out = fusebox(&[
+        "whatif",
+        "--preset",
+        "strict",
+        "--data-dir",
+        empty.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a fusebox data dir"));
+    assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0);
 }
 
 #[test]

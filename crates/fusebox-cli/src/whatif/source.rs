@@ -125,12 +125,23 @@ fn read_files(
     Ok(tally)
 }
 
+/// The file fusebox-log writes into every data directory it holds a log in.
+const LOG_MARKER: &str = "FUSEBOX_LOG";
+
 /// How many times a copy of a live directory is taken before giving up.
 const COPY_ATTEMPTS: usize = 3;
 
 fn read_data_dir(dir: &Path, sink: &mut Sink<'_>) -> Result<ReadTally, String> {
     if !dir.is_dir() {
         return Err(format!("{}: no such directory", dir.display()));
+    }
+    // Opening a directory without a log would make an empty one (in the copy), and an
+    // empty report for a mistyped path.
+    if !dir.join(LOG_MARKER).is_file() {
+        return Err(format!(
+            "{}: not a fusebox data dir (no {LOG_MARKER} file; it is fuseboxd's [storage] data_dir)",
+            dir.display()
+        ));
     }
     let mut last_error = String::new();
     for _ in 0..COPY_ATTEMPTS {
