@@ -7,7 +7,9 @@ mod hook;
 mod log_commands;
 mod operate;
 mod replay;
+mod tune;
 mod watchdog_forward;
+mod whatif;
 
 use std::fs::File;
 use std::io::{self, BufWriter};
@@ -237,6 +239,24 @@ enum Command {
     },
     /// Guard a coding agent through its hook commands (see `fusebox hook claude-code --help`).
     Hook(hook::HookArgs),
+    /// What a candidate policy would have done to recorded runs, run by run.
+    ///
+    /// Replays a data dir (live or stopped: it is copied, never opened in place), a
+    /// `fusebox log export` or trace files under the baseline and the candidate, and
+    /// reports runs newly stopped (completed ones first), no longer stopped, stops that
+    /// move, reason changes, warnings and blocks. Exit status: 0, 1 when a run that
+    /// completed would be stopped, 2 on bad input.
+    ///
+    /// Example: fusebox whatif --preset strict --baseline config/fusebox.toml export.jsonl
+    #[command(verbatim_doc_comment)]
+    Whatif(whatif::Args),
+    /// Calibrate thresholds on recorded runs: per key the strictest value that stops
+    /// none of the runs that completed (or at most -k of them), as a fusebox.toml
+    /// fragment with a comment per key, then the whatif report of that proposal.
+    ///
+    /// Example: fusebox tune --baseline config/fusebox.toml export.jsonl > proposal.toml
+    #[command(verbatim_doc_comment)]
+    Tune(tune::Args),
     /// The cloud cost watchdog (runs the fusebox-watchdog binary): list, sweep.
     #[command(disable_help_flag = true)]
     Watchdog {
@@ -344,6 +364,8 @@ fn main() -> ExitCode {
         }
         Command::Watchdog { args } => watchdog_forward::run(&args),
         Command::Hook(args) => hook::run(args),
+        Command::Whatif(args) => whatif::main(args),
+        Command::Tune(args) => tune::main(args),
     };
     result.unwrap_or_else(|message| {
         eprintln!("fusebox: {message}");

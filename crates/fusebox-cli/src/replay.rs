@@ -165,16 +165,16 @@ fn progress_bar(size: Option<u64>) -> Option<ProgressBar> {
 }
 
 /// Lines parsed by the reader thread, sent in batches to keep the channel cheap.
-struct Parsed {
-    file: usize,
-    lines: Vec<(u64, Result<Event, EventError>)>,
+pub(crate) struct Parsed {
+    pub file: usize,
+    pub lines: Vec<(u64, Result<Event, EventError>)>,
 }
 
 const BATCH: usize = 1024;
 
 /// The reader: reads and parses every file on its own thread (parsing is half the work
 /// of a replay), handing batches to the applier in input order.
-fn read_and_parse(
+pub(crate) fn read_and_parse(
     files: Vec<String>,
     max_event_bytes: usize,
     batches: mpsc::SyncSender<Parsed>,
