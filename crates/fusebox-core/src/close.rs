@@ -62,6 +62,8 @@ pub(crate) struct Closing {
     pub detector: Option<Detector>,
     pub count: Option<u32>,
     pub detail: Option<String>,
+    /// Replaces the run's unmet precondition in the report (and keeps it there).
+    pub unmet_precondition: Option<String>,
 }
 
 impl Closing {
@@ -72,6 +74,7 @@ impl Closing {
             detector: None,
             count: None,
             detail: None,
+            unmet_precondition: None,
         }
     }
 
@@ -90,6 +93,7 @@ impl Closing {
             detector: None,
             count: None,
             detail,
+            unmet_precondition: None,
         }
     }
 }
@@ -103,6 +107,9 @@ pub(crate) fn close(
     closing: Closing,
 ) -> Decision {
     let at = position(run, event);
+    if closing.unmet_precondition.is_some() {
+        run.unmet_precondition = closing.unmet_precondition;
+    }
     if closing.terminal != TerminalState::Completed {
         let guard = closing
             .detector

@@ -86,6 +86,9 @@ pub enum Reason {
     CompactionLoopPersisted,
     ConsecutiveBlocks,
     OperationInFlight,
+    /// An operation's in-flight lease ran out with no result: it may or may not have
+    /// happened.
+    OperationOutcomeUnknown,
     PreconditionUnchanged,
     RetryTooSoon,
     InvalidModelOutput,
@@ -118,6 +121,7 @@ impl Reason {
             Reason::CompactionLoopPersisted => "compaction_loop_persisted",
             Reason::ConsecutiveBlocks => "consecutive_blocks",
             Reason::OperationInFlight => "operation_in_flight",
+            Reason::OperationOutcomeUnknown => "operation_outcome_unknown",
             Reason::PreconditionUnchanged => "precondition_unchanged",
             Reason::RetryTooSoon => "retry_too_soon",
             Reason::InvalidModelOutput => "invalid_model_output",
