@@ -162,7 +162,16 @@ mod tests {
 
     #[test]
     fn oversized_and_malformed_input_is_refused() {
-        let err = parse_on("fusebox.gate.acme.r1", "gate", EVENT, 10).unwrap_err();
+        let err = parse_on(
+            "fusebox.gate.acme.r1",
+            "gate",
+            EVENT,
+            &Accept {
+                max_event_bytes: 10,
+                ..accept()
+            },
+        )
+        .unwrap_err();
         assert_eq!(err.reason, RejectReason::TooLarge);
         let err = parse_on("fusebox.gate.acme.r1", "gate", b"{nope", &accept()).unwrap_err();
         assert_eq!(err.reason, RejectReason::MalformedJson);
