@@ -4,6 +4,7 @@ mod config;
 mod connection;
 mod generate;
 mod hook;
+mod ledger;
 mod log_commands;
 mod operate;
 mod replay;
@@ -74,6 +75,62 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" => Ok(Duration::from_secs(n * 60)),
         _ => Err(format!("{text:?}: expected e.g. 500ms, 5s, 2m")),
     }
+}
+
+#[derive(Subcommand)]
+enum LedgerSub {
+    /// List the keys (of one TENANT, or all): state, holder, when a lease ends.
+    List {
+        tenant: Option<String>,
+        /// Only keys in flight.
+        #[arg(long)]
+        in_flight: bool,
+        /// At most this many entries per daemon (default 1000).
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show one key: who holds it since when, or its stored result.
+    Show {
+        tenant: String,
+        op_key: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Say what became of an operation: it happened (--completed RESULT_JSON: later
+    /// calls with the key get that result) or it did not (--release: the next call
+    /// runs). An event in the log of the run holding the key, with who did it.
+    ///
+    /// Example: fusebox ledger resolve acme q3-report --completed '{"sent":true}' --reason "in the mail log"
+    #[command(verbatim_doc_comment)]
+    Resolve {
+        tenant: String,
+        op_key: String,
+        /// The operation happened; this JSON is its result.
+        #[arg(
+            long,
+            value_name = "RESULT_JSON",
+            conflicts_with = "release",
+            required_unless_present = "release"
+        )]
+        completed: Option<String>,
+        /// The operation did not happen, or must happen again.
+        #[arg(long)]
+        release: bool,
+        /// The run to send it to (default: the run holding the key; needed for a key
+        /// nobody holds).
+        #[arg(long)]
+        run: Option<String>,
+        /// Who resolves it, for the audit trail (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+        /// Why, for the audit trail.
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
 }
 
 #[derive(Subcommand)]
@@ -218,6 +275,12 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+    /// The op_key ledger: operations in flight and completed, and an operator's word on
+    /// one whose outcome is unknown.
+    Ledger {
+        #[command(subcommand)]
+        command: LedgerSub,
+    },
     /// Follow decisions live (all runs, a TENANT, or TENANT/RUN).
     Tail {
         run: Option<String>,
@@ -329,6 +392,49 @@ fn main() -> ExitCode {
             remote,
         } => operate(remote, operate::Op::Resume { run, evidence }),
         Command::Tail { run, remote } => operate(remote, operate::Op::Tail { run }),
+        Command::Ledger { command } => {
+            let (remote, op) = match command {
+                LedgerSub::List {
+                    tenant,
+                    in_flight,
+                    limit,
+                    remote,
+                } => (
+                    remote,
+                    ledger::LedgerOp::List {
+                        tenant,
+                        in_flight_only: in_flight,
+                        limit,
+                    },
+                ),
+                LedgerSub::Show {
+                    tenant,
+                    op_key,
+                    remote,
+                } => (remote, ledger::LedgerOp::Show { tenant, op_key }),
+                LedgerSub::Resolve {
+                    tenant,
+                    op_key,
+                    completed,
+                    release: _,
+                    run,
+                    by,
+                    reason,
+                    remote,
+                } => (
+                    remote,
+                    ledger::LedgerOp::Resolve {
+                        tenant,
+                        op_key,
+                        completed,
+                        run,
+                        by,
+                        reason,
+                    },
+                ),
+            };
+            operate(remote, operate::Op::Ledger(op))
+        }
         Command::Bench {
             command:
                 BenchSub::Gate {

@@ -34,15 +34,16 @@ pub enum Op {
     BenchGate {
         options: fusebox_client::bench::BenchOptions,
     },
+    Ledger(crate::ledger::LedgerOp),
 }
 
-fn print_json(value: &impl Serialize) -> Result<(), String> {
+pub(crate) fn print_json(value: &impl Serialize) -> Result<(), String> {
     let mut out = io::stdout().lock();
     serde_json::to_writer(&mut out, value).map_err(|e| e.to_string())?;
     writeln!(out).map_err(|e| e.to_string())
 }
 
-fn print_decision(decision: &Decision, json: bool) -> Result<(), String> {
+pub(crate) fn print_decision(decision: &Decision, json: bool) -> Result<(), String> {
     if json {
         return print_json(decision);
     }
@@ -173,6 +174,7 @@ pub fn run(target: &Target, op: Op) -> Result<(), String> {
                 println!("{report}");
                 Ok(())
             }
+            Op::Ledger(op) => crate::ledger::run(&client, target, op).await,
         }
     })
 }

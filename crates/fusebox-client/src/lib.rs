@@ -11,18 +11,21 @@
 //! * [`FuseboxClient::watch_stop`]: the run's kill switch, including a stop published
 //!   before the watch began.
 //! * Operator commands ([`FuseboxClient::runs`], [`FuseboxClient::run_status`],
-//!   [`FuseboxClient::cancel`], [`FuseboxClient::resume`], [`FuseboxClient::tail`]) and
-//!   the gate benchmark ([`bench`]).
+//!   [`FuseboxClient::cancel`], [`FuseboxClient::resume`], [`FuseboxClient::tail`],
+//!   [`FuseboxClient::ledger`], [`FuseboxClient::resolve`]) and the gate benchmark
+//!   ([`bench`]).
 
 pub mod bench;
 mod client;
 mod error;
+mod ledger;
 mod ops;
 mod stop;
 
 pub use client::{ClientOptions, FuseboxClient, Gate, GateOnError};
 pub use error::ClientError;
+pub use ledger::{LedgerView, Resolve};
 pub use ops::{parse_run_ref, DecisionTail, RunsListing};
 pub use stop::StopWatch;
 
-pub use fusebox_nats::wire::{RunStatusReply, RunSummary, WireError};
+pub use fusebox_nats::wire::{LedgerItem, LedgerQuery, RunStatusReply, RunSummary, WireError};

@@ -32,7 +32,7 @@ pub fn parse_run_ref(reference: &str) -> Result<(String, String), ClientError> {
 }
 
 /// A fresh command id: one per operator action, reused by the retry inside it.
-fn command_id(verb: &str) -> String {
+pub(crate) fn command_id(verb: &str) -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -223,7 +223,11 @@ impl FuseboxClient {
 
     /// A state-changing command: retried once on timeout with the same id, which the
     /// daemon applies once.
-    async fn command(&self, subject: String, body: Vec<u8>) -> Result<Decision, ClientError> {
+    pub(crate) async fn command(
+        &self,
+        subject: String,
+        body: Vec<u8>,
+    ) -> Result<Decision, ClientError> {
         match self.request(subject.clone(), body.clone()).await {
             Err(ClientError::Timeout { .. }) => self.request(subject, body).await,
             other => other,

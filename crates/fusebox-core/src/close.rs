@@ -63,6 +63,8 @@ pub(crate) struct Closing {
     pub detector: Option<Detector>,
     pub count: Option<u32>,
     pub detail: Option<String>,
+    /// Replaces the run's unmet precondition in the report (and keeps it there).
+    pub unmet_precondition: Option<String>,
 }
 
 impl Closing {
@@ -73,6 +75,7 @@ impl Closing {
             detector: None,
             count: None,
             detail: None,
+            unmet_precondition: None,
         }
     }
 
@@ -91,6 +94,7 @@ impl Closing {
             detector: None,
             count: None,
             detail,
+            unmet_precondition: None,
         }
     }
 }
@@ -104,6 +108,9 @@ pub(crate) fn close(
     closing: Closing,
 ) -> Decision {
     let at = position(run, event);
+    if closing.unmet_precondition.is_some() {
+        run.unmet_precondition = closing.unmet_precondition;
+    }
     if closing.terminal != TerminalState::Completed {
         let guard = closing
             .detector

@@ -90,6 +90,9 @@ pub enum Reason {
     CompactionBudget,
     ConsecutiveBlocks,
     OperationInFlight,
+    /// An operation's in-flight lease ran out with no result: it may or may not have
+    /// happened.
+    OperationOutcomeUnknown,
     PreconditionUnchanged,
     RetryTooSoon,
     InvalidModelOutput,
@@ -124,6 +127,7 @@ impl Reason {
             Reason::CompactionBudget => "compaction_budget",
             Reason::ConsecutiveBlocks => "consecutive_blocks",
             Reason::OperationInFlight => "operation_in_flight",
+            Reason::OperationOutcomeUnknown => "operation_outcome_unknown",
             Reason::PreconditionUnchanged => "precondition_unchanged",
             Reason::RetryTooSoon => "retry_too_soon",
             Reason::InvalidModelOutput => "invalid_model_output",
@@ -139,7 +143,7 @@ impl Reason {
     }
 
     /// Every reason, for the vocabularies that must list them all (metrics labels).
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 30] = [
         Reason::StepBudget,
         Reason::TimeBudget,
         Reason::TokenBudget,
@@ -158,6 +162,7 @@ impl Reason {
         Reason::CompactionBudget,
         Reason::ConsecutiveBlocks,
         Reason::OperationInFlight,
+        Reason::OperationOutcomeUnknown,
         Reason::PreconditionUnchanged,
         Reason::RetryTooSoon,
         Reason::InvalidModelOutput,

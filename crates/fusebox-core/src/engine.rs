@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::close::decision;
 use crate::decision::{Action, Decision};
-use crate::event::{Event, EventBody, RunStarted};
+use crate::event::{Event, EventBody, LedgerResolve, Resolution, RunStarted};
 use crate::fixed_hash::FixedHasher;
 use crate::gate;
 use crate::ledger::{Ledger, LedgerEntry};
@@ -137,7 +137,13 @@ impl Engine {
             EventBody::Cancel(cancel) => observe::cancel(run, event, cancel),
             EventBody::Resume(resume) => observe::resume(run, event, resume),
             EventBody::RunFinished(finished) => observe::run_finished(run, event, finished),
-            EventBody::Tick(_) => observe::tick(run, event),
+            EventBody::Tick(_) => observe::tick(run, ledger, event),
+            EventBody::LedgerResolve(resolve) => {
+                return (
+                    ledger_resolve(ledger, event, resolve),
+                    Some(resolve.op_key.clone()),
+                )
+            }
             EventBody::InstanceLaunched(_) => decision(event, None, Action::Continue),
         };
         (decided, None)
@@ -179,6 +185,44 @@ impl Engine {
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
     }
+
+    /// When the lease of a key in flight since `since_ms` ends, by the policy of the run
+    /// holding it; `None` when that run is not known (pruned, or on another daemon).
+    pub fn lease_end_ms(&self, tenant: &str, run: &str, since_ms: u64) -> Option<u64> {
+        let run = self.run(tenant, run)?;
+        Some(gate::lease_end_ms(&run.policy, since_ms))
+    }
+
+    /// Event time at which an open run needs a `tick` if nothing else arrives: its time
+    /// budget's end, or sooner the end of the lease of a call of its own in flight (when
+    /// its policy stops the run for an unknown outcome). The daemon's ticks follow this.
+    pub fn wake_ms(&self, tenant: &str, run_id: &str, run: &RunState) -> u64 {
+        observe::held_leases(run, &self.ledger, tenant, run_id)
+            .map(|(_, _, since_ms)| gate::lease_end_ms(&run.policy, since_ms))
+            .fold(run.deadline_ms(), u64::min)
+    }
+}
+
+/// An operator's word on an op_key. It changes the ledger only, never the run it is
+/// sent to (that run may be closed; an accepted resume reopens it, as ever).
+fn ledger_resolve(ledger: &mut Ledger, event: &Event, resolve: &LedgerResolve) -> Decision {
+    let result = match resolve.resolution {
+        Resolution::Completed => Some(match &resolve.output {
+            Some(value) => crate::message::compact_json(value),
+            None => "null".to_owned(),
+        }),
+        Resolution::Released => None,
+    };
+    let before = ledger.resolve(
+        &event.tenant,
+        &resolve.op_key,
+        result,
+        &event.run,
+        &event.id,
+    );
+    let mut decided = decision(event, None, Action::Continue);
+    decided.message = Some(crate::message::resolved(resolve, before.as_ref()));
+    decided
 }
 
 /// `run_started` may come first or late (without `seq`, order is the producer's); either

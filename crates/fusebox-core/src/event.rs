@@ -51,6 +51,7 @@ pub enum EventBody {
     RunFinished(RunFinished),
     InstanceLaunched(InstanceLaunched),
     Tick(Tick),
+    LedgerResolve(LedgerResolve),
 }
 
 impl EventBody {
@@ -67,12 +68,13 @@ impl EventBody {
             EventBody::RunFinished(_) => "run_finished",
             EventBody::InstanceLaunched(_) => "instance_launched",
             EventBody::Tick(_) => "tick",
+            EventBody::LedgerResolve(_) => "ledger_resolve",
         }
     }
 }
 
 /// Every type name the contract knows, in the order of guard.md §2.
-pub const EVENT_TYPES: [&str; 11] = [
+pub const EVENT_TYPES: [&str; 12] = [
     "run_started",
     "tool_call",
     "tool_result",
@@ -84,6 +86,7 @@ pub const EVENT_TYPES: [&str; 11] = [
     "run_finished",
     "instance_launched",
     "tick",
+    "ledger_resolve",
 ];
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
@@ -277,3 +280,37 @@ pub struct InstanceLaunched {
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Tick {}
+
+/// An operator's word on an `op_key` (`fusebox ledger resolve`): it did happen, with
+/// this result, or it did not and may run again. An event like `cancel`, so the log
+/// keeps who said it and a replay repeats it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LedgerResolve {
+    pub op_key: String,
+    pub resolution: Resolution,
+    /// The operation's result (completed only): what later calls with the key get.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resolution {
+    /// The operation happened: the key is completed with the given result.
+    Completed,
+    /// The operation did not happen (or must happen again): the key is freed.
+    Released,
+}
+
+impl Resolution {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolution::Completed => "completed",
+            Resolution::Released => "released",
+        }
+    }
+}

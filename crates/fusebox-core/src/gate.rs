@@ -3,12 +3,13 @@
 //! gate — and the escalation of refusals into a stop.
 
 use crate::close::{self, decision, latched, Closing};
-use crate::decision::{Action, Decision, Detector, Reason};
+use crate::decision::{Action, Decision, Detector, Reason, TerminalState};
 use crate::detect::{self, Call, Verdict};
 use crate::event::{Effect, Event, ToolCall};
 use crate::fingerprint::{call_fingerprint_in, tool_fingerprint};
 use crate::ledger::{Ledger, LedgerEntry};
 use crate::message;
+use crate::policy::{Policy, StaleInFlight};
 use crate::run::{Entry, Outcome, PendingCall, RunState};
 
 /// The effect of a call: the producer's word, else the tool's policy, else `write` for a
@@ -122,6 +123,8 @@ pub(crate) fn gate(
     }
 
     // 4.4 Side-effect gate. A warning does not let a completed operation run again.
+    // An operation in flight past its lease has an unknown outcome: the policy says
+    // whether a human must look first or the call may run again.
     let mut answered = None;
     if refusal.is_none() {
         if let Some(op_key) = &call.op_key {
@@ -130,14 +133,32 @@ pub(crate) fn gate(
                     // Written by `stored_result` from a parsed value, so it parses back.
                     answered = Some(serde_json::from_str(result).unwrap_or(serde_json::Value::Null))
                 }
-                Some(LedgerEntry::InFlight { .. }) => {
-                    refusal = Some(Verdict {
-                        action: Action::Block,
-                        reason: Reason::OperationInFlight,
-                        detector: None,
-                        count: None,
-                        message: message::operation_in_flight(op_key),
-                    })
+                Some(LedgerEntry::InFlight {
+                    run: holder,
+                    call_id: holder_call,
+                    since_ms,
+                }) => {
+                    if !lease_ran_out(&policy, *since_ms, event.ts_ms) {
+                        refusal = Some(Verdict {
+                            action: Action::Block,
+                            reason: Reason::OperationInFlight,
+                            detector: None,
+                            count: None,
+                            message: message::operation_in_flight(op_key),
+                        })
+                    } else if policy.stale_in_flight == StaleInFlight::NeedsHuman {
+                        run.counters.calls_refused += 1;
+                        let closing = outcome_unknown(op_key, holder, holder_call, *since_ms);
+                        return close::close(run, event, call_id, closing);
+                    } else {
+                        warning = Some(Verdict {
+                            action: Action::Warn,
+                            reason: Reason::OperationOutcomeUnknown,
+                            detector: None,
+                            count: None,
+                            message: message::outcome_unknown_retry(op_key, holder, *since_ms),
+                        })
+                    }
                 }
                 None => {}
             }
@@ -188,13 +209,21 @@ pub(crate) fn gate(
         },
     );
     if let Some(op_key) = &call.op_key {
-        ledger.start(&event.tenant, op_key, &event.run, &call.call_id);
+        ledger.start(
+            &event.tenant,
+            op_key,
+            &event.run,
+            &call.call_id,
+            event.ts_ms,
+        );
     }
     match warning {
         Some(v) => {
-            if let Some(detector) = v.detector {
-                run.note_fired(detector.as_str(), "warn", at);
-            }
+            let guard = v
+                .detector
+                .map(Detector::as_str)
+                .unwrap_or(v.reason.as_str());
+            run.note_fired(guard, "warn", at);
             let mut decided = decision(event, Some(&call.call_id), Action::Warn);
             decided.reason = Some(v.reason);
             decided.detector = v.detector;
@@ -204,6 +233,30 @@ pub(crate) fn gate(
         }
         None => decision(event, Some(&call.call_id), Action::Execute),
     }
+}
+
+/// Has an operation in flight since `since_ms` gone without a word for longer than the
+/// policy's lease, at event time `now_ms`?
+pub(crate) fn lease_ran_out(policy: &Policy, since_ms: u64, now_ms: u64) -> bool {
+    now_ms >= lease_end_ms(policy, since_ms)
+}
+
+pub(crate) fn lease_end_ms(policy: &Policy, since_ms: u64) -> u64 {
+    since_ms.saturating_add(policy.in_flight_lease_minutes.saturating_mul(60_000))
+}
+
+/// The stop for an operation whose outcome is unknown: a human must find out whether it
+/// happened and say so (`fusebox ledger resolve`) before anything repeats it.
+pub(crate) fn outcome_unknown(op_key: &str, run: &str, call_id: &str, since_ms: u64) -> Closing {
+    let mut closing = Closing::new(
+        TerminalState::NeedsHuman,
+        Reason::OperationOutcomeUnknown,
+        Some(message::outcome_unknown_detail(
+            op_key, run, call_id, since_ms,
+        )),
+    );
+    closing.unmet_precondition = Some(format!("outcome of operation {op_key}"));
+    closing
 }
 
 /// A refused call is a no-progress outcome and a block in a row; enough of either turns

@@ -1,6 +1,9 @@
 //! The completed-operations ledger (guard contract §4.4): per tenant, per `op_key`, an
 //! operation is in flight or completed. A SUCCESS is kept for good, so the same business
-//! operation never runs twice, whichever run asks for it again.
+//! operation never runs twice, whichever run asks for it again. An entry in flight
+//! carries when it was last heard of: after the policy's lease the operation's outcome
+//! is unknown (the gate decides what the next attempt gets), and only an operator's
+//! `ledger_resolve` says what became of it.
 
 use std::collections::BTreeMap;
 
@@ -10,8 +13,14 @@ use crate::sharded::ShardedMap;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum LedgerEntry {
-    /// A call with this key executed and has no result yet.
-    InFlight { run: String, call_id: String },
+    /// A call with this key executed and has no result yet. `since_ms`: event time of
+    /// the last word of it (the call, or a PENDING answer), where its lease starts.
+    InFlight {
+        run: String,
+        call_id: String,
+        #[serde(default)]
+        since_ms: u64,
+    },
     /// A call with this key succeeded; `result` (JSON text) is what later calls get
     /// instead. Kept as text so the ledger stays readable by any serde format, not only
     /// self-describing ones, and costs nothing until someone asks for it again.
@@ -44,14 +53,40 @@ impl Ledger {
         self.tenants.get_mut(tenant).expect("inserted above")
     }
 
-    pub(crate) fn start(&mut self, tenant: &str, op_key: &str, run: &str, call_id: &str) {
+    pub(crate) fn start(
+        &mut self,
+        tenant: &str,
+        op_key: &str,
+        run: &str,
+        call_id: &str,
+        since_ms: u64,
+    ) {
         self.keys_mut(tenant).insert(
             op_key.to_owned(),
             LedgerEntry::InFlight {
                 run: run.to_owned(),
                 call_id: call_id.to_owned(),
+                since_ms,
             },
         );
+    }
+
+    /// A PENDING answer: the call is still running, its lease starts again.
+    pub(crate) fn renew(&mut self, tenant: &str, op_key: &str, call_id: &str, at_ms: u64) {
+        let entry = self
+            .tenants
+            .get_mut(tenant)
+            .and_then(|keys| keys.get_mut(op_key));
+        if let Some(LedgerEntry::InFlight {
+            call_id: c,
+            since_ms,
+            ..
+        }) = entry
+        {
+            if c == call_id && *since_ms < at_ms {
+                *since_ms = at_ms;
+            }
+        }
     }
 
     pub(crate) fn complete(
@@ -81,6 +116,43 @@ impl Ledger {
                 keys.remove(op_key);
             }
         }
+    }
+
+    /// An operator's `ledger_resolve`: the key completed with `result`, or freed. Returns
+    /// what the key held before. A completed entry keeps the run and call it names: the
+    /// operation's own, when it was in flight, else the resolving event's.
+    pub(crate) fn resolve(
+        &mut self,
+        tenant: &str,
+        op_key: &str,
+        result: Option<String>,
+        run: &str,
+        event_id: &str,
+    ) -> Option<LedgerEntry> {
+        let before = self.get(tenant, op_key).cloned();
+        match result {
+            Some(result) => {
+                let (run, call_id) = match &before {
+                    Some(
+                        LedgerEntry::InFlight { run, call_id, .. }
+                        | LedgerEntry::Completed { run, call_id, .. },
+                    ) => (run.clone(), call_id.clone()),
+                    None => (run.to_owned(), event_id.to_owned()),
+                };
+                self.keys_mut(tenant).insert(
+                    op_key.to_owned(),
+                    LedgerEntry::Completed {
+                        run,
+                        call_id,
+                        result,
+                    },
+                );
+            }
+            None => {
+                self.forget(tenant, op_key);
+            }
+        }
+        before
     }
 
     /// Takes what the shared ledger of a cluster (another daemon's runs) says about a
@@ -139,7 +211,31 @@ mod tests {
         LedgerEntry::InFlight {
             run: run.to_owned(),
             call_id: "c".to_owned(),
+            since_ms: 7,
         }
+    }
+
+    #[test]
+    fn a_pending_answer_renews_only_its_own_call_and_only_forward() {
+        let mut ledger = Ledger::default();
+        ledger.start("t", "k", "r", "c", 100);
+        ledger.renew("t", "k", "other-call", 500);
+        ledger.renew("t", "k", "c", 50);
+        assert!(matches!(
+            ledger.get("t", "k"),
+            Some(LedgerEntry::InFlight { since_ms: 100, .. })
+        ));
+        ledger.renew("t", "k", "c", 400);
+        assert!(matches!(
+            ledger.get("t", "k"),
+            Some(LedgerEntry::InFlight { since_ms: 400, .. })
+        ));
+        ledger.complete("t", "k", "r", "c", "1".to_owned());
+        ledger.renew("t", "k", "c", 900);
+        assert!(matches!(
+            ledger.get("t", "k"),
+            Some(LedgerEntry::Completed { .. })
+        ));
     }
 
     #[test]

@@ -138,6 +138,49 @@ pub fn operation_in_flight(op_key: &str) -> String {
     format!("operation {op_key} is already executing; wait for its result instead of starting it again.")
 }
 
+pub fn outcome_unknown_retry(op_key: &str, run: &str, since_ms: u64) -> String {
+    format!("operation {op_key} was started before (run {run}) and not heard of since event time {since_ms}; whether it happened is unknown, and this run's policy lets it run again: make sure it does not happen twice.")
+}
+
+pub fn outcome_unknown_detail(op_key: &str, run: &str, call_id: &str, since_ms: u64) -> String {
+    format!("op_key {op_key}: call {call_id} of run {run} never answered (no word since event time {since_ms}); find out whether it happened, then `fusebox ledger resolve` it")
+}
+
+/// What an operator's `ledger_resolve` did, for the audit trail.
+pub fn resolved(
+    resolve: &crate::event::LedgerResolve,
+    before: Option<&crate::ledger::LedgerEntry>,
+) -> String {
+    use crate::event::Resolution;
+    use crate::ledger::LedgerEntry;
+    let by = resolve
+        .by
+        .as_deref()
+        .map(|b| format!(" by {b}"))
+        .unwrap_or_default();
+    let was = match before {
+        Some(LedgerEntry::InFlight {
+            run,
+            call_id,
+            since_ms,
+        }) => format!("in flight (call {call_id} of run {run}, since event time {since_ms})"),
+        Some(LedgerEntry::Completed { run, call_id, .. }) => {
+            format!("completed (call {call_id} of run {run})")
+        }
+        None => "not in the ledger".to_owned(),
+    };
+    let why = resolve
+        .reason
+        .as_deref()
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    let now = match resolve.resolution {
+        Resolution::Completed => "marked completed: later calls with it get the given result",
+        Resolution::Released => "released: the next call with it runs",
+    };
+    format!("operation {} {now}{by}{why}; it was {was}.", resolve.op_key)
+}
+
 pub fn completed_result(op_key: &str) -> String {
     format!("operation {op_key} already completed; its stored result is attached. Do not repeat it; use a new operation key for a deliberate second one.")
 }
@@ -164,6 +207,13 @@ pub fn stop(report: &StopReport) -> String {
         Reason::CompactionBudget => "the compaction budget is spent".to_owned(),
         Reason::ModelRefusal => "the model refused".to_owned(),
         Reason::Cancelled => "an operator cancelled it".to_owned(),
+        Reason::OperationOutcomeUnknown => format!(
+            "whether an operation happened is unknown ({})",
+            report
+                .detail
+                .as_deref()
+                .unwrap_or("an operation never answered")
+        ),
         Reason::Completed | Reason::RunClosed => "the run has finished".to_owned(),
         other => format!("{} (a tool reported a fatal error)", other.as_str()),
     };

@@ -96,8 +96,10 @@ fn answer(
                 ledger.complete(&event.tenant, op_key, &event.run, &result.call_id, stored);
                 run.note_completed_operation(op_key);
             }
-            // Still running: the key stays in flight.
-            ResultKind::Pending => {}
+            // Still running: the key stays in flight, its lease starts again.
+            ResultKind::Pending => {
+                ledger.renew(&event.tenant, op_key, &result.call_id, event.ts_ms)
+            }
             _ => ledger.release(&event.tenant, op_key, &result.call_id),
         }
     }
@@ -522,11 +524,61 @@ fn compaction_cycle(run: &mut RunState) -> Option<Closing> {
     None
 }
 
-pub(crate) fn tick(run: &mut RunState, event: &Event) -> Decision {
+/// Time passing for a run that may send nothing more: its time budget, and the leases of
+/// its own calls in flight (a worker that died mid-call never answers; the stop tells an
+/// operator at once instead of at the next attempt, which may never come).
+pub(crate) fn tick(run: &mut RunState, ledger: &Ledger, event: &Event) -> Decision {
     if run.report().is_some() {
         return decision(event, None, Action::Continue);
     }
+    if let Some((op_key, call_id, since_ms)) =
+        stale_call(run, ledger, &event.tenant, &event.run, event.ts_ms)
+    {
+        let closing = crate::gate::outcome_unknown(&op_key, &event.run, &call_id, since_ms);
+        return close::close(run, event, None, closing);
+    }
     time_check(run, event)
+}
+
+/// The first of the run's own calls whose key it holds in flight past the lease, when
+/// its policy wants a human for that: (op_key, call_id, since_ms).
+fn stale_call(
+    run: &RunState,
+    ledger: &Ledger,
+    tenant: &str,
+    run_id: &str,
+    now_ms: u64,
+) -> Option<(String, String, u64)> {
+    held_leases(run, ledger, tenant, run_id)
+        .find(|(_, _, since_ms)| crate::gate::lease_ran_out(&run.policy, *since_ms, now_ms))
+        .map(|(op_key, call_id, since_ms)| (op_key.to_owned(), call_id.to_owned(), since_ms))
+}
+
+/// The run's calls whose key it still holds in flight, when a stale one would stop the
+/// run (policy `stale_in_flight = "needs_human"`): (op_key, call_id, since_ms).
+pub(crate) fn held_leases<'a>(
+    run: &'a RunState,
+    ledger: &'a Ledger,
+    tenant: &'a str,
+    run_id: &'a str,
+) -> impl Iterator<Item = (&'a str, &'a str, u64)> + 'a {
+    let watched = run.policy.stale_in_flight == crate::policy::StaleInFlight::NeedsHuman;
+    run.pending
+        .iter()
+        .filter(move |_| watched)
+        .filter_map(move |(call_id, pending)| {
+            let op_key = pending.op_key.as_deref()?;
+            match ledger.get(tenant, op_key) {
+                Some(crate::ledger::LedgerEntry::InFlight {
+                    run: holder,
+                    call_id: c,
+                    since_ms,
+                }) if holder == run_id && c == call_id => {
+                    Some((op_key, call_id.as_str(), *since_ms))
+                }
+                _ => None,
+            }
+        })
 }
 
 pub(crate) fn cancel(run: &mut RunState, event: &Event, cancel: &Cancel) -> Decision {

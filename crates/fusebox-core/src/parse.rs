@@ -18,6 +18,7 @@ use crate::policy::Policy;
 pub const MAX_ID_LEN: usize = 256;
 pub const MAX_TENANT_LEN: usize = 64;
 pub const MAX_RUN_LEN: usize = 128;
+pub const MAX_OP_KEY_LEN: usize = 512;
 /// The default bound on one event's size, in bytes.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
 
@@ -34,6 +35,9 @@ pub enum RejectReason {
     InvalidField,
     TenantMismatch,
     SeqRegression,
+    /// An `instance_launched` for a cloud the daemon's watchdog has no driver for (or a
+    /// daemon without a watchdog): accepted, the instance would silently go unwatched.
+    UnwatchedProvider,
 }
 
 impl RejectReason {
@@ -48,10 +52,11 @@ impl RejectReason {
             RejectReason::InvalidField => "invalid_field",
             RejectReason::TenantMismatch => "tenant_mismatch",
             RejectReason::SeqRegression => "seq_regression",
+            RejectReason::UnwatchedProvider => "unwatched_provider",
         }
     }
 
-    pub const ALL: [RejectReason; 9] = [
+    pub const ALL: [RejectReason; 10] = [
         RejectReason::MalformedJson,
         RejectReason::TooLarge,
         RejectReason::UnsupportedVersion,
@@ -61,6 +66,7 @@ impl RejectReason {
         RejectReason::InvalidField,
         RejectReason::TenantMismatch,
         RejectReason::SeqRegression,
+        RejectReason::UnwatchedProvider,
     ];
 }
 
@@ -175,6 +181,7 @@ struct WireEvent {
     region: Option<String>,
     instance_id: Option<String>,
     max_lifetime_s: Option<u64>,
+    resolution: Option<String>,
 }
 
 fn missing(field: &str, event_type: &str) -> EventError {
@@ -208,6 +215,15 @@ fn check_token(field: &str, value: &str, max: usize) -> Result<(), EventError> {
             truncate(value, 80)
         )))
     }
+}
+
+fn check_op_key(op_key: &str) -> Result<(), EventError> {
+    if op_key.is_empty() || op_key.len() > MAX_OP_KEY_LEN {
+        return Err(invalid(format!(
+            "`op_key` must be 1 to {MAX_OP_KEY_LEN} bytes"
+        )));
+    }
+    Ok(())
 }
 
 fn check_text(field: &str, value: &str) -> Result<(), EventError> {
@@ -283,9 +299,7 @@ impl WireEvent {
                     }
                 };
                 if let Some(op_key) = &self.op_key {
-                    if op_key.is_empty() || op_key.len() > 512 {
-                        return Err(invalid("`op_key` must be 1 to 512 bytes".to_owned()));
-                    }
+                    check_op_key(op_key)?;
                 }
                 let effect = match self.effect.as_deref() {
                     None => None,
@@ -381,6 +395,33 @@ impl WireEvent {
                 max_lifetime_s: self.max_lifetime_s,
             }),
             "tick" => EventBody::Tick(Tick {}),
+            "ledger_resolve" => {
+                let op_key = require(self.op_key, "op_key", event_type)?;
+                check_op_key(&op_key)?;
+                let resolution = match require(self.resolution, "resolution", event_type)?.as_str()
+                {
+                    "completed" => Resolution::Completed,
+                    "released" => Resolution::Released,
+                    other => {
+                        return Err(invalid(format!(
+                            "`resolution` must be \"completed\" or \"released\", got {:?}",
+                            truncate(other, 40)
+                        )))
+                    }
+                };
+                if resolution == Resolution::Released && self.output.is_some() {
+                    return Err(invalid(
+                        "`output` goes with resolution \"completed\" only".to_owned(),
+                    ));
+                }
+                EventBody::LedgerResolve(LedgerResolve {
+                    op_key,
+                    resolution,
+                    output: self.output,
+                    by: self.by,
+                    reason: self.reason,
+                })
+            }
             other => {
                 return Err(EventError::new(
                     RejectReason::UnknownType,
@@ -485,6 +526,7 @@ const FIELD_SHAPES: &[(&str, Shape)] = &[
     ("region", Shape::Text),
     ("instance_id", Shape::Text),
     ("max_lifetime_s", Shape::UInt),
+    ("resolution", Shape::Text),
 ];
 
 /// The slow path: serde refused the bytes; say which field and why.

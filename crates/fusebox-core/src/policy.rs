@@ -74,6 +74,14 @@ pub struct Policy {
     pub unknown_tool_threshold: u32,
     pub global_circuit_breaker_threshold: u32,
     pub consecutive_block_limit: u32,
+    /// Minutes an `op_key` may stay in flight with no word of it (its call, or a PENDING
+    /// answer) before its outcome counts as unknown. (Defaults here too: a log written
+    /// before these settings holds policy records without them.)
+    #[serde(default = "default_in_flight_lease_minutes")]
+    pub in_flight_lease_minutes: u64,
+    /// What a call gets for an `op_key` whose lease ran out.
+    #[serde(default = "default_stale_in_flight")]
+    pub stale_in_flight: StaleInFlight,
     /// Added to [`DEFAULT_VOLATILE_RESULT_KEYS`], never replacing them; matched across
     /// case and separator styles like them.
     pub volatile_result_keys: Vec<String>,
@@ -154,6 +162,26 @@ pub struct ToolVolatileText {
     pub mask: Option<Vec<Mask>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub patterns: Vec<String>,
+}
+
+/// The next attempt of an operation whose outcome is unknown (its in-flight lease ran
+/// out with no result): it may have happened — the email may have gone out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StaleInFlight {
+    /// Stop the run `NEEDS_HUMAN`, naming the key: an operator finds out what happened
+    /// and resolves the key (`fusebox ledger resolve`), then resumes the run.
+    NeedsHuman,
+    /// Let the call run again, with a warning: for operations that are safe to repeat.
+    Retry,
+}
+
+fn default_in_flight_lease_minutes() -> u64 {
+    Policy::default().in_flight_lease_minutes
+}
+
+fn default_stale_in_flight() -> StaleInFlight {
+    Policy::default().stale_in_flight
 }
 
 /// Per-tool settings; every field optional, falling back to the run's policy.
@@ -245,6 +273,11 @@ impl Preset {
             unknown_tool_threshold: 2,
             global_circuit_breaker_threshold: 20,
             consecutive_block_limit: 3,
+            // Minutes, not seconds: a write that takes this long without a PENDING
+            // answer has lost its worker far more often than it is still running.
+            in_flight_lease_minutes: 15,
+            // A blind retry may send the email twice.
+            stale_in_flight: StaleInFlight::NeedsHuman,
             volatile_result_keys: Vec::new(),
             volatile_text: VolatileText {
                 mask: Mask::ALL.to_vec(),
@@ -398,6 +431,12 @@ impl Policy {
     /// enough for every window-based limit to be reachable.
     pub fn normalize(&mut self) -> Vec<String> {
         let mut warnings = Vec::new();
+        if self.in_flight_lease_minutes == 0 {
+            warnings.push(
+                "in_flight_lease_minutes raised from 0 to 1: a lease of 0 would call every operation's outcome unknown at once".to_owned(),
+            );
+            self.in_flight_lease_minutes = 1;
+        }
         let mut raise = |name: &str, field: &mut u32, min: u32, why: &str| {
             if *field < min {
                 warnings.push(format!("{name} raised from {} to {min}: {why}", *field));

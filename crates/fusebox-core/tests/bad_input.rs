@@ -50,6 +50,30 @@ const CASES: &[(&str, &str, RejectReason, &str)] = &[
         "args",
     ),
     (
+        "ledger_resolve without a resolution",
+        r#"{"v":1,"id":"e","tenant":"a","run":"r","ts_ms":1,"type":"ledger_resolve","op_key":"k"}"#,
+        RejectReason::MissingField,
+        "`resolution`",
+    ),
+    (
+        "ledger_resolve with an unknown resolution",
+        r#"{"v":1,"id":"e","tenant":"a","run":"r","ts_ms":1,"type":"ledger_resolve","op_key":"k","resolution":"forgotten"}"#,
+        RejectReason::InvalidField,
+        "forgotten",
+    ),
+    (
+        "ledger_resolve released with an output",
+        r#"{"v":1,"id":"e","tenant":"a","run":"r","ts_ms":1,"type":"ledger_resolve","op_key":"k","resolution":"released","output":{}}"#,
+        RejectReason::InvalidField,
+        "completed",
+    ),
+    (
+        "ledger_resolve without an op_key",
+        r#"{"v":1,"id":"e","tenant":"a","run":"r","ts_ms":1,"type":"ledger_resolve","resolution":"released"}"#,
+        RejectReason::MissingField,
+        "`op_key`",
+    ),
+    (
         "missing ts_ms",
         r#"{"v":1,"id":"e","tenant":"a","run":"r","type":"tick"}"#,
         RejectReason::MissingField,

@@ -16,6 +16,7 @@
 //! progress 5 | compaction [{"reason":"auto"}] | cancel | resume {"approval_id":"a1"} | finish | tick
 //! wait 5000                            advance the event clock, no event
 //! raw {"type":"…", …}                  any event; envelope fields filled in if absent
+//!                                      ("seq":null: none, as operator commands have)
 //! … -> block same_call_repeat          the expected action and (optionally) reason
 //! state STOPPED_LOOP_GUARD no_progress the current run's terminal state and reason
 //! ```
@@ -231,14 +232,18 @@ fn parse_case(text: &str) -> (Preset, Vec<Step>) {
             other => panic!("line {line}: unknown verb {other:?}"),
         };
         clock.ts += 100;
-        let seq = clock.seqs.entry(run.clone()).or_default();
-        *seq += 1;
         let mut event = Map::new();
+        // A `raw` event that sets its own seq (`null`: none, like an operator command)
+        // does not take the run's next one.
+        if !fields.contains_key("seq") {
+            let seq = clock.seqs.entry(run.clone()).or_default();
+            *seq += 1;
+            event.insert("seq".into(), json!(*seq));
+        }
         event.insert("v".into(), json!(1));
         event.insert("id".into(), json!(format!("{run}-{line}")));
         event.insert("tenant".into(), json!("t"));
         event.insert("run".into(), json!(run));
-        event.insert("seq".into(), json!(*seq));
         event.insert("ts_ms".into(), json!(clock.ts));
         if !event_type.is_empty() {
             event.insert("type".into(), json!(event_type));

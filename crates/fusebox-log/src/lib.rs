@@ -32,7 +32,7 @@ mod maintain;
 mod options;
 pub mod record;
 mod sled_log;
-mod snapshot;
+pub mod snapshot;
 mod snapshotter;
 mod state;
 mod store;

@@ -10,8 +10,9 @@
 //! LZ4). The field order is the format: change it only with `FORMAT_VERSION`.
 
 use fusebox_core::event::{
-    Args, Cancel, Compaction, Effect, InstanceLaunched, ModelTurn, Output, ProgressUpdate,
-    ResultKind, Resume, RunFinished, RunStarted, Tick, ToolCall, ToolResult, Usage,
+    Args, Cancel, Compaction, Effect, InstanceLaunched, LedgerResolve, ModelTurn, Output,
+    ProgressUpdate, Resolution, ResultKind, Resume, RunFinished, RunStarted, Tick, ToolCall,
+    ToolResult, Usage,
 };
 use fusebox_core::{Event, EventBody};
 use serde::{Deserialize, Serialize};
@@ -102,6 +103,14 @@ enum BodyRef<'a> {
     InstanceLaunched(&'a str, &'a str, &'a str, Option<u64>),
     #[serde(rename = "t")]
     Tick,
+    #[serde(rename = "l")]
+    LedgerResolve(
+        &'a str,
+        Resolution,
+        Option<&'a Value>,
+        Option<&'a str>,
+        Option<&'a str>,
+    ),
 }
 
 #[derive(Serialize)]
@@ -146,6 +155,14 @@ enum BodyOwned {
     InstanceLaunched(String, String, String, Option<u64>),
     #[serde(rename = "t")]
     Tick,
+    #[serde(rename = "l")]
+    LedgerResolve(
+        String,
+        Resolution,
+        Option<Value>,
+        Option<String>,
+        Option<String>,
+    ),
 }
 
 #[derive(Deserialize)]
@@ -272,6 +289,13 @@ impl<'a> From<&'a EventBody> for BodyRef<'a> {
                 BodyRef::InstanceLaunched(&b.provider, &b.region, &b.instance_id, b.max_lifetime_s)
             }
             EventBody::Tick(Tick {}) => BodyRef::Tick,
+            EventBody::LedgerResolve(b) => BodyRef::LedgerResolve(
+                &b.op_key,
+                b.resolution,
+                b.output.as_ref(),
+                b.by.as_deref(),
+                b.reason.as_deref(),
+            ),
         }
     }
 }
@@ -333,6 +357,15 @@ impl From<BodyOwned> for EventBody {
                 })
             }
             BodyOwned::Tick => EventBody::Tick(Tick {}),
+            BodyOwned::LedgerResolve(op_key, resolution, output, by, reason) => {
+                EventBody::LedgerResolve(LedgerResolve {
+                    op_key,
+                    resolution,
+                    output,
+                    by,
+                    reason,
+                })
+            }
         }
     }
 }

@@ -21,6 +21,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "run_finished",
     "instance_launched",
     "tick",
+    "ledger_resolve",
 ];
 
 /// Gate and observe actions of guard.md §3.
@@ -58,6 +59,7 @@ pub const REASONS: &[&str] = &[
     "compaction_budget",
     "consecutive_blocks",
     "operation_in_flight",
+    "operation_outcome_unknown",
     "precondition_unchanged",
     "retry_too_soon",
     "invalid_model_output",

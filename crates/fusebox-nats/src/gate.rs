@@ -14,7 +14,7 @@ pub(crate) async fn handle(inbound: &Inbound, message: async_nats::Message) {
         message.subject.as_str(),
         "gate",
         &message.payload,
-        inbound.max_event_bytes,
+        &inbound.accept,
     );
     let origin = Origin::Gate { message, received };
     match parsed {

@@ -1,6 +1,6 @@
 //! Checks every wire event passes before it may reach the log: it parses (within the size
-//! bound), it came on its own run's subject, and it is not something only the daemon
-//! writes.
+//! bound), it came on its own run's subject, it is not something only the daemon (or an
+//! operator) writes, and an instance it reports would be watched.
 
 use fusebox_core::{parse_event_bounded, Event, EventBody, EventError, RejectReason};
 
@@ -12,8 +12,9 @@ pub(crate) fn parse_on(
     subject: &str,
     kind: &str,
     payload: &[u8],
-    max_bytes: usize,
+    accept: &Accept,
 ) -> Result<Event, EventError> {
+    let max_bytes = accept.max_event_bytes;
     let Some((tenant, run)) = subjects::run_of(subject, kind) else {
         return Err(EventError::new(
             RejectReason::InvalidField,
@@ -47,43 +48,132 @@ pub(crate) fn parse_on(
             "tick events are written by the daemon only".to_owned(),
         );
     }
+    // Releasing a key lets an operation run again: an operator's call, made on the
+    // control subjects (which tenants' users may not publish to), never an agent's.
+    if matches!(event.body, EventBody::LedgerResolve(_)) {
+        return refuse(
+            RejectReason::InvalidField,
+            "ledger_resolve events come from operators only (fusebox.control.<tenant>.<run>.resolve)"
+                .to_owned(),
+        );
+    }
+    // An instance reported for a cloud nobody watches would bill on while its operator
+    // believes the watchdog has it: refused, so the producer's error reply, the dead
+    // letter and `fusebox_events_rejected_total{reason="unwatched_provider"}` say so.
+    if let EventBody::InstanceLaunched(launched) = &event.body {
+        if !accept.instance_providers.contains(&launched.provider) {
+            let drivers = if accept.instance_providers.is_empty() {
+                "this daemon runs no cloud watchdog ([watchdog] enabled = false)".to_owned()
+            } else {
+                format!(
+                    "this daemon's watchdog has drivers for {} only",
+                    accept.instance_providers.join(", ")
+                )
+            };
+            return refuse(
+                RejectReason::UnwatchedProvider,
+                format!(
+                    "instance {} of provider {:?} would not be watched: {drivers}; nothing would terminate it",
+                    launched.instance_id,
+                    launched.provider.chars().take(40).collect::<String>()
+                ),
+            );
+        }
+    }
     Ok(event)
+}
+
+/// What the inbound paths accept, beyond a valid event on its own subject.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Accept {
+    pub max_event_bytes: usize,
+    /// Cloud providers whose instances this daemon's watchdog watches (empty: none).
+    pub instance_providers: Vec<String>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn accept() -> Accept {
+        Accept {
+            max_event_bytes: 1 << 20,
+            instance_providers: vec!["ec2".to_owned()],
+        }
+    }
+
+    #[test]
+    fn an_instance_nobody_would_watch_is_refused_with_its_reason() {
+        let launched = |provider: &str| {
+            format!(
+                r#"{{"v":1,"id":"e1","tenant":"acme","run":"r1","ts_ms":1,"type":"instance_launched","provider":"{provider}","region":"r","instance_id":"i-1"}}"#
+            )
+        };
+        let subject = "fusebox.events.acme.r1";
+        assert!(parse_on(subject, "events", launched("ec2").as_bytes(), &accept()).is_ok());
+        let err = parse_on(subject, "events", launched("gcp").as_bytes(), &accept()).unwrap_err();
+        assert_eq!(err.reason, RejectReason::UnwatchedProvider);
+        assert!(
+            err.message.contains("\"gcp\"") && err.message.contains("ec2 only"),
+            "{}",
+            err.message
+        );
+        assert_eq!(err.event_id.as_deref(), Some("e1"));
+        let none = Accept {
+            instance_providers: Vec::new(),
+            ..accept()
+        };
+        let err = parse_on(subject, "events", launched("ec2").as_bytes(), &none).unwrap_err();
+        assert!(err.message.contains("no cloud watchdog"), "{}", err.message);
+    }
+
     const EVENT: &[u8] =
         br#"{"v":1,"id":"e1","tenant":"acme","run":"r1","ts_ms":1,"type":"progress","version":1}"#;
 
     #[test]
     fn an_event_on_its_own_subject_passes() {
-        let event = parse_on("fusebox.gate.acme.r1", "gate", EVENT, 1 << 20).unwrap();
+        let event = parse_on("fusebox.gate.acme.r1", "gate", EVENT, &accept()).unwrap();
         assert_eq!(event.id, "e1");
     }
 
     #[test]
+    fn an_agent_cannot_resolve_a_ledger_key() {
+        let resolve = br#"{"v":1,"id":"e1","tenant":"acme","run":"r1","ts_ms":1,"type":"ledger_resolve","op_key":"k","resolution":"released"}"#;
+        let err = parse_on("fusebox.events.acme.r1", "events", resolve, &accept()).unwrap_err();
+        assert_eq!(err.reason, RejectReason::InvalidField);
+        assert!(err.message.contains("operators only"), "{}", err.message);
+    }
+
+    #[test]
     fn another_tenants_subject_is_refused() {
-        let err = parse_on("fusebox.gate.evil.r1", "gate", EVENT, 1 << 20).unwrap_err();
+        let err = parse_on("fusebox.gate.evil.r1", "gate", EVENT, &accept()).unwrap_err();
         assert_eq!(err.reason, RejectReason::TenantMismatch);
         assert_eq!(err.event_id.as_deref(), Some("e1"));
     }
 
     #[test]
     fn another_runs_subject_and_producer_ticks_are_refused() {
-        let err = parse_on("fusebox.events.acme.r2", "events", EVENT, 1 << 20).unwrap_err();
+        let err = parse_on("fusebox.events.acme.r2", "events", EVENT, &accept()).unwrap_err();
         assert_eq!(err.reason, RejectReason::InvalidField);
         let tick = br#"{"v":1,"id":"t","tenant":"acme","run":"r1","ts_ms":1,"type":"tick"}"#;
-        let err = parse_on("fusebox.events.acme.r1", "events", tick, 1 << 20).unwrap_err();
+        let err = parse_on("fusebox.events.acme.r1", "events", tick, &accept()).unwrap_err();
         assert_eq!(err.reason, RejectReason::InvalidField);
     }
 
     #[test]
     fn oversized_and_malformed_input_is_refused() {
-        let err = parse_on("fusebox.gate.acme.r1", "gate", EVENT, 10).unwrap_err();
+        let err = parse_on(
+            "fusebox.gate.acme.r1",
+            "gate",
+            EVENT,
+            &Accept {
+                max_event_bytes: 10,
+                ..accept()
+            },
+        )
+        .unwrap_err();
         assert_eq!(err.reason, RejectReason::TooLarge);
-        let err = parse_on("fusebox.gate.acme.r1", "gate", b"{nope", 1 << 20).unwrap_err();
+        let err = parse_on("fusebox.gate.acme.r1", "gate", b"{nope", &accept()).unwrap_err();
         assert_eq!(err.reason, RejectReason::MalformedJson);
     }
 }
@@ -95,7 +185,7 @@ pub(crate) struct Inbound {
     pub tx: tokio::sync::mpsc::Sender<crate::applier::Input>,
     pub out: tokio::sync::mpsc::UnboundedSender<crate::dispatch::Outbox>,
     pub observer: std::sync::Arc<dyn crate::observer::Observer>,
-    pub max_event_bytes: usize,
+    pub accept: Accept,
     /// Which runs this service serves; a partition's runs listing says which it is.
     pub scope: crate::subjects::Scope,
 }

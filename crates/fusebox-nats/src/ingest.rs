@@ -97,7 +97,7 @@ async fn handle(inbound: &Inbound, message: async_nats::jetstream::Message) {
         message.subject.as_str(),
         "events",
         &message.payload,
-        inbound.max_event_bytes,
+        &inbound.accept,
     );
     let origin = Origin::Stream(message);
     match parsed {

@@ -3,11 +3,14 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use fusebox_core::{Decision, Engine, RunState, StopReport};
+use fusebox_core::{Decision, Engine, LedgerEntry, RunState, StopReport};
 
 use crate::applier::RunKey;
 use crate::subjects::Scope;
-use crate::wire::{ErrorReply, PartitionRuns, RunStatusReply, RunSummary, WireError};
+use crate::wire::{
+    ErrorReply, LedgerItem, LedgerListing, LedgerQuery, PartitionRuns, RunStatusReply, RunSummary,
+    WireError, LEDGER_LIMIT,
+};
 
 pub(crate) enum Query {
     /// The runs of what `scope` serves.
@@ -18,6 +21,85 @@ pub(crate) enum Query {
         tenant: String,
         run: String,
     },
+    /// The op_key ledger of what `scope` serves (`fusebox ledger list|show`).
+    Ledger {
+        filter: LedgerQuery,
+        scope: Scope,
+    },
+}
+
+fn ledger_listing(engine: &Engine, filter: &LedgerQuery, scope: Scope) -> LedgerListing {
+    let limit = filter.limit.unwrap_or(LEDGER_LIMIT);
+    let mut entries = Vec::new();
+    let mut truncated = false;
+    // One key asked for by name is looked up, not searched for (the applier answers
+    // queries between batches: a scan of a big ledger would hold up the gate).
+    let named: Vec<(&str, &str, &LedgerEntry)> = match (&filter.tenant, &filter.op_key) {
+        (Some(tenant), Some(op_key)) => engine
+            .ledger()
+            .get(tenant, op_key)
+            .map(|entry| (tenant.as_str(), op_key.as_str(), entry))
+            .into_iter()
+            .collect(),
+        _ => Vec::new(),
+    };
+    let all: Box<dyn Iterator<Item = (&str, &str, &LedgerEntry)>> =
+        match (&filter.tenant, &filter.op_key) {
+            (Some(_), Some(_)) => Box::new(named.into_iter()),
+            _ => Box::new(engine.ledger().iter()),
+        };
+    let wanted = all.filter(|(tenant, op_key, entry)| {
+        filter.tenant.as_deref().is_none_or(|t| t == *tenant)
+            && filter.op_key.as_deref().is_none_or(|k| k == *op_key)
+            && (!filter.in_flight_only || matches!(entry, LedgerEntry::InFlight { .. }))
+    });
+    for (tenant, op_key, entry) in wanted {
+        if entries.len() == limit {
+            truncated = true;
+            break;
+        }
+        let item = match entry {
+            LedgerEntry::InFlight {
+                run,
+                call_id,
+                since_ms,
+            } => LedgerItem {
+                tenant: tenant.to_owned(),
+                op_key: op_key.to_owned(),
+                state: "in_flight".to_owned(),
+                run: run.clone(),
+                call_id: call_id.clone(),
+                since_ms: Some(*since_ms),
+                lease_ends_ms: engine.lease_end_ms(tenant, run, *since_ms),
+                result: None,
+            },
+            LedgerEntry::Completed {
+                run,
+                call_id,
+                result,
+            } => LedgerItem {
+                tenant: tenant.to_owned(),
+                op_key: op_key.to_owned(),
+                state: "completed".to_owned(),
+                run: run.clone(),
+                call_id: call_id.clone(),
+                since_ms: None,
+                lease_ends_ms: None,
+                result: Some(serde_json::from_str(result).unwrap_or(serde_json::Value::Null)),
+            },
+        };
+        entries.push(item);
+    }
+    let (partition, partitions) = match scope {
+        Scope::All => (None, None),
+        Scope::Partition { index, of } => (Some(index), Some(of)),
+    };
+    LedgerListing {
+        partition,
+        partitions,
+        entries,
+        truncated,
+    }
 }
 
 fn summary(tenant: &str, run_id: &str, run: &RunState) -> RunSummary {
@@ -56,6 +138,9 @@ pub(crate) fn answer(
                     runs,
                 }),
             }
+        }
+        Query::Ledger { filter, scope } => {
+            serde_json::to_vec(&ledger_listing(engine, filter, *scope))
         }
         Query::Status { tenant, run } => match engine.run(tenant, run) {
             Some(state) => serde_json::to_vec(&RunStatusReply {

@@ -45,6 +45,10 @@ pub struct ServiceOptions {
     /// One batch taking longer than this means the log is stuck (see `stall.rs`): the
     /// service fails so the daemon exits instead of hanging while looking alive.
     pub stall_limit: Duration,
+    /// Cloud providers whose instances the daemon's watchdog watches (`ec2`); an
+    /// `instance_launched` for any other (or any, when empty) is refused
+    /// (`unwatched_provider`).
+    pub instance_providers: Vec<String>,
 }
 
 impl Default for ServiceOptions {
@@ -62,6 +66,7 @@ impl Default for ServiceOptions {
             scope: Scope::All,
             replicas: 1,
             stall_limit: Duration::from_secs(60),
+            instance_providers: Vec::new(),
         }
     }
 }
@@ -130,12 +135,12 @@ impl Service {
         let control_sub = subscribe(options.scope.control_filter(), group).await?;
         // In a cluster every partition answers the runs listing with its own runs, so
         // it is a plain subscription: the asker gathers the answers.
-        let runs_sub = match options.scope {
-            Scope::All => None,
-            Scope::Partition { .. } => {
-                Some(subscribe(subjects::CONTROL_RUNS.to_owned(), None).await?)
-            }
-        };
+        // The same for the ledger listing.
+        let mut runs_sub = Vec::new();
+        if let Scope::Partition { .. } = options.scope {
+            runs_sub.push(subscribe(subjects::CONTROL_RUNS.to_owned(), None).await?);
+            runs_sub.push(subscribe(subjects::CONTROL_LEDGER.to_owned(), None).await?);
+        }
 
         let (tx, rx) = mpsc::channel(options.queue_capacity);
         let (out, out_rx) = mpsc::unbounded_channel();
@@ -172,7 +177,10 @@ impl Service {
             tx: tx.clone(),
             out,
             observer,
-            max_event_bytes: options.max_event_bytes,
+            accept: crate::inbound::Accept {
+                max_event_bytes: options.max_event_bytes,
+                instance_providers: options.instance_providers.clone(),
+            },
             scope: options.scope,
         };
         let mut tasks = Vec::new();

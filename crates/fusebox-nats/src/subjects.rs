@@ -19,6 +19,8 @@ pub const GATE_PARTITIONED_FILTER: &str = "fusebox.gate.*.*.*";
 pub const CONTROL_FILTER: &str = "fusebox.control.>";
 /// Request/reply: every run the daemon knows, as a JSON list of summaries.
 pub const CONTROL_RUNS: &str = "fusebox.control.runs";
+/// Request/reply: the op_key ledger's entries (body: a `LedgerQuery`).
+pub const CONTROL_LEDGER: &str = "fusebox.control.ledger";
 /// Every notable decision of every run, for `fusebox tail`.
 pub const DECISIONS_FILTER: &str = "fusebox.decisions.>";
 
@@ -113,7 +115,7 @@ fn skip_partition<'a>(tokens: &mut std::str::Split<'a, char>) -> Option<&'a str>
     let first = tokens.next()?;
     let mut ahead = tokens.clone();
     match ahead.next() {
-        Some(run) if is_partition(first) && !matches!(run, "cancel" | "resume" | "status") => {
+        Some(run) if is_partition(first) && ControlVerb::parse(run).is_none() => {
             tokens.next();
             Some(run)
         }
@@ -136,15 +138,29 @@ pub enum ControlVerb {
     Cancel,
     Resume,
     Status,
+    /// An operator's word on an op_key (a `ledger_resolve` event of the run).
+    Resolve,
 }
 
 impl ControlVerb {
+    pub const ALL: [ControlVerb; 4] = [
+        ControlVerb::Cancel,
+        ControlVerb::Resume,
+        ControlVerb::Status,
+        ControlVerb::Resolve,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ControlVerb::Cancel => "cancel",
             ControlVerb::Resume => "resume",
             ControlVerb::Status => "status",
+            ControlVerb::Resolve => "resolve",
         }
+    }
+
+    pub fn parse(token: &str) -> Option<ControlVerb> {
+        ControlVerb::ALL.into_iter().find(|v| v.as_str() == token)
     }
 }
 
@@ -152,6 +168,7 @@ impl ControlVerb {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control<'a> {
     Runs,
+    Ledger,
     Run {
         tenant: &'a str,
         run: &'a str,
@@ -163,6 +180,9 @@ pub fn parse_control(subject: &str) -> Option<Control<'_>> {
     if subject == CONTROL_RUNS {
         return Some(Control::Runs);
     }
+    if subject == CONTROL_LEDGER {
+        return Some(Control::Ledger);
+    }
     let rest = subject.strip_prefix("fusebox.control.")?;
     let mut tokens = rest.split('.');
     let tenant = tokens.next()?;
@@ -171,12 +191,7 @@ pub fn parse_control(subject: &str) -> Option<Control<'_>> {
     if tokens.next().is_some() || tenant.is_empty() || run.is_empty() {
         return None;
     }
-    let verb = match verb {
-        "cancel" => ControlVerb::Cancel,
-        "resume" => ControlVerb::Resume,
-        "status" => ControlVerb::Status,
-        _ => return None,
-    };
+    let verb = ControlVerb::parse(verb)?;
     Some(Control::Run { tenant, run, verb })
 }
 

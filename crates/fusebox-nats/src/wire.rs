@@ -66,6 +66,73 @@ pub struct ResumeRequest {
     pub evidence: Value,
 }
 
+/// Body of `fusebox.control.<t>.<r>.resolve`: the operator's word on an op_key, sent to
+/// the run that holds it (`fusebox ledger resolve`). `resolution` is `completed` (with
+/// `output`, the result later calls get) or `released`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolveRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub op_key: String,
+    pub resolution: fusebox_core::event::Resolution,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+}
+
+/// Body of `fusebox.control.ledger`: which entries (all filters optional).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct LedgerQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_key: Option<String>,
+    /// Only keys in flight.
+    #[serde(default)]
+    pub in_flight_only: bool,
+    /// At most this many entries (default [`LEDGER_LIMIT`]); `truncated` says when more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+pub const LEDGER_LIMIT: usize = 1000;
+
+/// One op_key as a daemon's ledger holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LedgerItem {
+    pub tenant: String,
+    pub op_key: String,
+    /// `in_flight` or `completed`.
+    pub state: String,
+    pub run: String,
+    pub call_id: String,
+    /// In flight: event time of the last word of the call (where its lease starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// In flight: the event time its lease ends, by the policy of the run holding it
+    /// (absent when that run is no longer known here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ends_ms: Option<u64>,
+    /// Completed: the stored result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+/// The answer of `fusebox.control.ledger`; in a cluster one per partition (each
+/// partition's view), with `partition` / `partitions` set, gathered by the asker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LedgerListing {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
+    pub entries: Vec<LedgerItem>,
+    pub truncated: bool,
+}
+
 /// One run in `fusebox.control.runs`'s answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunSummary {

@@ -40,7 +40,7 @@ pub enum DaemonError {
     Cluster(#[from] ClusterError),
 }
 
-pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+pub async fn run(mut config: DaemonConfig) -> Result<(), DaemonError> {
     let metrics = Arc::new(
         Metrics::new(
             env!("CARGO_PKG_VERSION"),
@@ -106,6 +106,9 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         Some((running, facts)) => (Some(running), Some(facts)),
         None => (None, None),
     };
+    // Launches are accepted only for a cloud the watchdog watches (part of every
+    // service's options, the partitions' too).
+    config.service.instance_providers = watchdog.iter().map(|w| w.provider.clone()).collect();
     let served = match guard {
         Some(guard) => {
             let service = Service::start(

@@ -397,6 +397,7 @@ mod tests {
             entry: Some(LedgerEntry::InFlight {
                 run: "r9".to_owned(),
                 call_id: "c9".to_owned(),
+                since_ms: 42,
             }),
         }];
         let (back_adopted, back_events) = decode(&encode(&adopted, &events)).unwrap();

@@ -8,10 +8,14 @@
 //!    not seen complete is looked up, and what another run holds is *adopted* into the
 //!    engine as a logged record, so the call is judged on it (`use_completed_result`,
 //!    or a refusal while it is in flight elsewhere);
-//! 2. before the batch is written (`claim`), every call the engine let run is claimed;
-//!    a claim that loses a race fails the batch, which is then decided again on the
-//!    new knowledge;
-//! 3. after the commit (`settle`), completions and releases are written back.
+//! 2. before the batch is written (`claim`), every call the engine let run is claimed,
+//!    and every operator's `ledger_resolve` written; a claim that loses a race fails the
+//!    batch, which is then decided again on the new knowledge. A key another run holds
+//!    is taken over only when the bucket still holds what the engine decided on (the
+//!    revision read in step 1): the engine let the call run over it (a lease that ran
+//!    out under `stale_in_flight = "retry"`) — the same rules as on one daemon;
+//! 3. after the commit (`settle`), completions, releases and renewed leases (a PENDING
+//!    answer) are written back.
 
 use std::collections::BTreeMap;
 
@@ -44,6 +48,18 @@ fn kv_key(tenant: &str, op_key: &str) -> String {
 
 /// What the bucket holds for a key: an entry, or `None` when free.
 type Shared = Option<LedgerEntry>;
+
+/// The revision of each key as step 1 read it, by (tenant, op_key): what the engine
+/// decided on. Kept up to date by the batch's own writes in step 2.
+pub type Seen = BTreeMap<(String, String), u64>;
+
+fn op_key_of(event: &Event) -> Option<&str> {
+    match &event.body {
+        EventBody::ToolCall(call) => call.op_key.as_deref(),
+        EventBody::LedgerResolve(resolve) => Some(&resolve.op_key),
+        _ => None,
+    }
+}
 
 pub struct SharedLedger {
     kv: kv::Store,
@@ -78,9 +94,11 @@ impl SharedLedger {
                 Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
                     let shared = serde_json::from_slice(&entry.value).unwrap_or_else(|err| {
                         tracing::error!(%key, %err, "unreadable shared ledger entry; treating it as in flight elsewhere");
+                        // Never stale: refused until an operator resolves the key.
                         Some(LedgerEntry::InFlight {
                             run: "?".to_owned(),
                             call_id: "?".to_owned(),
+                            since_ms: u64::MAX,
                         })
                     });
                     Ok((shared, entry.revision))
@@ -92,24 +110,22 @@ impl SharedLedger {
         })
     }
 
-    /// Writes `value` if the key is still at `revision` (0: absent). `Ok(false)`: lost.
-    fn write(&self, key: &str, value: &Shared, revision: u64) -> Result<bool, ClaimError> {
+    /// Writes `value` if the key is still at `revision` (0: absent): the new revision,
+    /// or `Ok(None)` when another writer was first.
+    fn write(&self, key: &str, value: &Shared, revision: u64) -> Result<Option<u64>, ClaimError> {
         let body: bytes::Bytes = serde_json::to_vec(value).expect("entries serialise").into();
         self.retrying(|| async {
-            let written = if revision == 0 {
+            if revision == 0 {
                 match self.kv.create(key, body.clone()).await {
-                    Err(err) if err.kind() == CreateErrorKind::AlreadyExists => return Ok(false),
-                    other => other.map(drop).map_err(|e| e.to_string()),
+                    Err(err) if err.kind() == CreateErrorKind::AlreadyExists => Ok(None),
+                    other => other.map(Some).map_err(|e| e.to_string()),
                 }
             } else {
                 match self.kv.update(key, body.clone(), revision).await {
-                    Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => {
-                        return Ok(false)
-                    }
-                    other => other.map(drop).map_err(|e| e.to_string()),
+                    Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
+                    other => other.map(Some).map_err(|e| e.to_string()),
                 }
-            };
-            written.map(|()| true)
+            }
         })
     }
 
@@ -132,75 +148,104 @@ impl SharedLedger {
         }
     }
 
-    /// Step 1: what other runs hold for the op_keys this batch's calls carry, as
-    /// entries to adopt before deciding. Keys the local ledger already has completed
-    /// are skipped (a completion is final), and so are claims of the very same call.
-    pub fn look_up(&self, engine: &Engine, events: &[Event]) -> Result<Vec<AdoptedOp>, ClaimError> {
+    /// Step 1: what other runs hold for the op_keys this batch's calls carry (and its
+    /// operators' resolves name), as entries to adopt before deciding, with the
+    /// revisions read. Keys the local ledger already has completed are skipped for
+    /// calls (a completion is final; a resolve still looks), and so are claims of the
+    /// very same call.
+    pub fn look_up(
+        &self,
+        engine: &Engine,
+        events: &[Event],
+    ) -> Result<(Vec<AdoptedOp>, Seen), ClaimError> {
         let mut adopted: BTreeMap<(String, String), Shared> = BTreeMap::new();
+        let mut seen = Seen::new();
         for event in events {
-            let EventBody::ToolCall(call) = &event.body else {
+            let Some(op_key) = op_key_of(event) else {
                 continue;
             };
-            let Some(op_key) = &call.op_key else { continue };
+            let call_id = match &event.body {
+                EventBody::ToolCall(call) => Some(call.call_id.as_str()),
+                _ => None,
+            };
             let local = engine.ledger().get(&event.tenant, op_key);
-            let id = (event.tenant.clone(), op_key.clone());
-            if matches!(local, Some(LedgerEntry::Completed { .. })) || adopted.contains_key(&id) {
+            let id = (event.tenant.clone(), op_key.to_owned());
+            let final_locally =
+                call_id.is_some() && matches!(local, Some(LedgerEntry::Completed { .. }));
+            if final_locally || seen.contains_key(&id) {
                 continue;
             }
-            let (shared, _) = self.read(&kv_key(&event.tenant, op_key))?;
-            let ours = |run: &str, call_id: &str| {
-                (run == event.run && call_id == call.call_id)
-                    || matches!(local, Some(LedgerEntry::InFlight { run: r, call_id: c }) if r == run && c == call_id)
+            let (shared, revision) = self.read(&kv_key(&event.tenant, op_key))?;
+            seen.insert(id.clone(), revision);
+            let ours = |run: &str, c: &str| {
+                (run == event.run && Some(c) == call_id)
+                    || matches!(local, Some(LedgerEntry::InFlight { run: r, call_id: lc, .. }) if r == run && lc == c)
             };
             let differs = match &shared {
                 Some(LedgerEntry::Completed { .. }) => true,
-                Some(LedgerEntry::InFlight { run, call_id }) => !ours(run, call_id),
+                Some(LedgerEntry::InFlight { run, call_id, .. }) => !ours(run, call_id),
                 None => local.is_some(),
             };
             if differs {
                 adopted.insert(id, shared);
             }
         }
-        Ok(adopted
+        let adopted = adopted
             .into_iter()
             .map(|((tenant, op_key), entry)| AdoptedOp {
                 tenant,
                 op_key,
                 entry,
             })
-            .collect())
+            .collect();
+        Ok((adopted, seen))
     }
 
     /// Step 2, before the write: every call of `applied` that the engine let run (its
-    /// key is now in flight for exactly that call) is claimed in the bucket.
-    pub fn claim(&self, engine: &Engine, applied: &[Event]) -> Result<(), ClaimError> {
+    /// key is now in flight for exactly that call) is claimed in the bucket, and every
+    /// `ledger_resolve` writes the key as the engine now has it.
+    pub fn claim(
+        &self,
+        engine: &Engine,
+        applied: &[Event],
+        seen: &mut Seen,
+    ) -> Result<(), ClaimError> {
         for event in applied {
-            let EventBody::ToolCall(call) = &event.body else {
+            let Some(op_key) = op_key_of(event) else {
                 continue;
             };
-            let Some(op_key) = &call.op_key else { continue };
-            let runs_now = matches!(
-                engine.ledger().get(&event.tenant, op_key),
-                Some(LedgerEntry::InFlight { run, call_id }) if *run == event.run && *call_id == call.call_id
-            );
-            if !runs_now {
-                continue;
+            let local = engine.ledger().get(&event.tenant, op_key);
+            if let EventBody::ToolCall(call) = &event.body {
+                let runs_now = matches!(
+                    local,
+                    Some(LedgerEntry::InFlight { run, call_id, .. }) if *run == event.run && *call_id == call.call_id
+                );
+                if !runs_now {
+                    continue;
+                }
             }
             let key = kv_key(&event.tenant, op_key);
-            let mine = Some(LedgerEntry::InFlight {
-                run: event.run.clone(),
-                call_id: call.call_id.clone(),
-            });
+            let mine: Shared = local.cloned();
             let (shared, revision) = self.read(&key)?;
             if shared == mine {
                 continue;
             }
-            // Only a free key can be claimed; anyone else's entry means we lost a race.
-            if shared.is_some() || !self.write(&key, &mine, revision)? {
-                return Err(ClaimError::Lost {
-                    tenant: event.tenant.clone(),
-                    op_key: op_key.clone(),
-                });
+            let id = (event.tenant.clone(), op_key.to_owned());
+            // A free key may be claimed; anyone else's entry only when it is still what
+            // the engine decided on. Otherwise we lost a race.
+            let decided_on = seen.get(&id) == Some(&revision);
+            let lost = || ClaimError::Lost {
+                tenant: event.tenant.clone(),
+                op_key: op_key.to_owned(),
+            };
+            if shared.is_some() && !decided_on {
+                return Err(lost());
+            }
+            match self.write(&key, &mine, revision)? {
+                Some(written) => {
+                    seen.insert(id, written);
+                }
+                None => return Err(lost()),
             }
         }
         Ok(())
@@ -216,7 +261,7 @@ impl SharedLedger {
             let local = engine.ledger().get(tenant, op_key);
             let settled = (|| {
                 let (shared, revision) = self.read(&key)?;
-                let was_ours = matches!(&shared, Some(LedgerEntry::InFlight { run: r, call_id: c }) if r == run && c == call_id);
+                let was_ours = matches!(&shared, Some(LedgerEntry::InFlight { run: r, call_id: c, .. }) if r == run && c == call_id);
                 match local {
                     Some(
                         done @ LedgerEntry::Completed {
@@ -224,6 +269,14 @@ impl SharedLedger {
                         },
                     ) if r == run && c == call_id && (was_ours || shared.is_none()) => {
                         self.write(&key, &Some(done.clone()), revision).map(drop)
+                    }
+                    // A PENDING answer renewed the lease: other daemons judge it by this.
+                    Some(
+                        renewed @ LedgerEntry::InFlight {
+                            run: r, call_id: c, ..
+                        },
+                    ) if r == run && c == call_id && was_ours && shared.as_ref() != local => {
+                        self.write(&key, &Some(renewed.clone()), revision).map(drop)
                     }
                     None if was_ours => self.write(&key, &None, revision).map(drop),
                     _ => Ok(()),

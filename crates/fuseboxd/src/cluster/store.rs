@@ -11,7 +11,7 @@ use fusebox_nats::{GuardStore, StoreError, Submitted};
 
 use super::applied::{ReplicateError, Replicator};
 use super::mark::AppliedMark;
-use super::shared_ledger::{ClaimError, SharedLedger, Touch};
+use super::shared_ledger::{ClaimError, Seen, SharedLedger, Touch};
 use crate::store::submitted;
 
 pub struct PartitionStore {
@@ -31,6 +31,14 @@ pub struct PartitionStore {
 }
 
 type CallKey = (String, String, String);
+
+/// What one batch knows of its keys in the shared ledger: the revisions the engine
+/// decided on (claims check them), and the keys it touched (settled after the commit).
+#[derive(Default)]
+struct BatchKeys {
+    seen: Seen,
+    touched: Vec<Touch>,
+}
 
 /// Why a batch was refused before its write.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +75,7 @@ impl PartitionStore {
             .ledger()
             .iter()
             .filter_map(|(tenant, op_key, entry)| match entry {
-                LedgerEntry::InFlight { run, call_id } if engine.run(tenant, run).is_some() => {
+                LedgerEntry::InFlight { run, call_id, .. } if engine.run(tenant, run).is_some() => {
                     Some((
                         (tenant.to_owned(), run.clone(), call_id.clone()),
                         op_key.to_owned(),
@@ -83,12 +91,12 @@ impl PartitionStore {
         ledger: &SharedLedger,
         replicator: &mut Replicator,
         in_flight: &mut HashMap<CallKey, String>,
-        touched: &mut Vec<Touch>,
+        keys: &mut BatchKeys,
         adopted: &[AdoptedOp],
         engine: &Engine,
         applied: &[Event],
     ) -> Result<(), Refused> {
-        ledger.claim(engine, applied)?;
+        ledger.claim(engine, applied, &mut keys.seen)?;
         replicator.publish(adopted, applied)?;
         for event in applied {
             let (call_id, op_key) = match &event.body {
@@ -112,12 +120,12 @@ impl PartitionStore {
             let key = (event.tenant.clone(), event.run.clone(), call_id.clone());
             let runs_now = matches!(
                 engine.ledger().get(&event.tenant, &op_key),
-                Some(LedgerEntry::InFlight { run, call_id: c }) if *run == event.run && c == call_id
+                Some(LedgerEntry::InFlight { run, call_id: c, .. }) if *run == event.run && c == call_id
             );
             if runs_now {
                 in_flight.insert(key.clone(), op_key.clone());
             }
-            touched.push((key.0, op_key, key.1, key.2));
+            keys.touched.push((key.0, op_key, key.1, key.2));
         }
         Ok(())
     }
@@ -132,21 +140,24 @@ impl GuardStore for PartitionStore {
                 .submit_batch_then(adopted, events, |_, _| Ok::<(), Infallible>(()))?;
             return Ok(submitted(outcomes));
         }
-        let adopted = self.ledger.look_up(self.guard.engine(), &events)?;
-        let mut touched = Vec::new();
+        let (adopted, seen) = self.ledger.look_up(self.guard.engine(), &events)?;
+        let mut keys = BatchKeys {
+            seen,
+            touched: Vec::new(),
+        };
         let (ledger, replicator, in_flight) =
             (&self.ledger, &mut self.replicator, &mut self.in_flight);
         let outcomes =
             self.guard
                 .submit_batch_then(adopted.clone(), events, |engine, applied| {
-                    let touched = &mut touched;
+                    let keys = &mut keys;
                     Self::before_commit(
-                        ledger, replicator, in_flight, touched, &adopted, engine, applied,
+                        ledger, replicator, in_flight, keys, &adopted, engine, applied,
                     )
                 })?;
         self.mark
             .committed(self.replicator.last(), self.guard.position());
-        self.ledger.settle(self.guard.engine(), &touched);
+        self.ledger.settle(self.guard.engine(), &keys.touched);
         Ok(submitted(outcomes))
     }
 
@@ -154,18 +165,18 @@ impl GuardStore for PartitionStore {
         if self.replaying.is_some() {
             return Ok(self.guard.release_gap(tenant, run)?);
         }
-        let mut touched = Vec::new();
+        let mut keys = BatchKeys::default();
         let (ledger, replicator, in_flight) =
             (&self.ledger, &mut self.replicator, &mut self.in_flight);
         let decisions = self
             .guard
             .release_gap_then(tenant, run, |engine, applied| {
-                let touched = &mut touched;
-                Self::before_commit(ledger, replicator, in_flight, touched, &[], engine, applied)
+                let keys = &mut keys;
+                Self::before_commit(ledger, replicator, in_flight, keys, &[], engine, applied)
             })?;
         self.mark
             .committed(self.replicator.last(), self.guard.position());
-        self.ledger.settle(self.guard.engine(), &touched);
+        self.ledger.settle(self.guard.engine(), &keys.touched);
         Ok(decisions)
     }
 

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fusebox_metrics::Metrics;
 use fusebox_watchdog::{
-    Ec2Provider, Fact, PermissionStatus, SystemClock, Watchdog, WatchdogConfig,
+    Ec2Provider, Fact, PermissionStatus, Provider, SystemClock, Watchdog, WatchdogConfig,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -43,6 +43,9 @@ pub enum WatchdogError {
 
 /// A running watchdog; [`Running::shutdown`] stops it cleanly.
 pub struct Running {
+    /// The provider (cloud) the watchdog has a driver for: `instance_launched` events
+    /// naming any other are refused at the door.
+    pub provider: String,
     stop: watch::Sender<bool>,
     engine: JoinHandle<()>,
     stats: JoinHandle<()>,
@@ -79,6 +82,7 @@ pub async fn start(
         "cloud watchdog starting (credentials: standard AWS chain)"
     );
     let provider = Ec2Provider::from_env(&cfg).await;
+    let provider_name = provider.name().to_owned();
     let (records, received) = mpsc::unbounded_channel();
     let wd = Watchdog::new(
         cfg,
@@ -107,6 +111,7 @@ pub async fn start(
     let engine = tokio::spawn(serve(wd.clone(), stopped.clone()));
     let stats = tokio::spawn(copy_stats(wd.clone(), metrics, stopped));
     let running = Running {
+        provider: provider_name,
         stop,
         engine,
         stats,
