@@ -238,6 +238,9 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// MCP gateway: wraps an MCP server so every tools/call is gated by fuseboxd
+    /// (`fusebox mcp --help` shows the mcpServers entry to paste).
+    Mcp(fusebox_mcp::McpArgs),
 }
 
 fn operate(remote: Remote, op: operate::Op) -> Result<ExitCode, String> {
@@ -338,6 +341,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Watchdog { args } => watchdog_forward::run(&args),
+        Command::Mcp(args) => Ok(fusebox_mcp::main(args)),
     };
     result.unwrap_or_else(|message| {
         eprintln!("fusebox: {message}");
