@@ -508,8 +508,10 @@ impl ServerHandler for Gateway {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        let mut list = ListPromptsRequest::default();
-        list.params = request;
+        let list = ListPromptsRequest {
+            params: request,
+            ..Default::default()
+        };
         forward!(
             self,
             context,
@@ -523,8 +525,10 @@ impl ServerHandler for Gateway {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        let mut list = ListResourcesRequest::default();
-        list.params = request;
+        let list = ListResourcesRequest {
+            params: request,
+            ..Default::default()
+        };
         forward!(
             self,
             context,
@@ -538,8 +542,10 @@ impl ServerHandler for Gateway {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        let mut list = ListResourceTemplatesRequest::default();
-        list.params = request;
+        let list = ListResourceTemplatesRequest {
+            params: request,
+            ..Default::default()
+        };
         forward!(
             self,
             context,
@@ -606,8 +612,10 @@ impl ServerHandler for Gateway {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut list = ListToolsRequest::default();
-        list.params = request;
+        let list = ListToolsRequest {
+            params: request,
+            ..Default::default()
+        };
         let result: Result<ListToolsResult, McpError> = forward!(
             self,
             context,

@@ -20,8 +20,8 @@ server = MCPServer(
     version="1.0.0",
 )
 
-READ = ToolAnnotations(readOnlyHint=True)
-WRITE = ToolAnnotations(readOnlyHint=False, destructiveHint=True)
+READ = ToolAnnotations(read_only_hint=True)
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=True)
 
 
 def executed(tool: str, **args: object) -> None:

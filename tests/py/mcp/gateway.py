@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -10,14 +11,17 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TextIO
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 COUNTING_SERVER = pathlib.Path(__file__).with_name("counting_server.py")
-FILESYSTEM_SERVER = ROOT / "tests/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
+FILESYSTEM_SERVER = (
+    ROOT
+    / "tests/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
+)
 TENANT = "mcp-tests"
 
 
@@ -65,28 +69,49 @@ def gateway(
         "--",
         *upstream,
     ]
-    return StdioServerParameters(command=fusebox_bin(stack), args=args, env=dict(env or {}))
+    return StdioServerParameters(
+        command=fusebox_bin(stack), args=args, env=dict(env or {})
+    )
 
 
-def direct(upstream: Sequence[str], env: Mapping[str, str] | None = None) -> StdioServerParameters:
-    return StdioServerParameters(command=upstream[0], args=list(upstream[1:]), env=dict(env or {}))
+def direct(
+    upstream: Sequence[str], env: Mapping[str, str] | None = None
+) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=upstream[0], args=list(upstream[1:]), env=dict(env or {})
+    )
+
+
+@functools.cache
+def server_log() -> TextIO:
+    """Where the servers' stderr goes: the test's stderr with FUSEBOX_TEST_VERBOSE=1."""
+    if os.environ.get("FUSEBOX_TEST_VERBOSE"):
+        return sys.stderr
+    return open(os.devnull, "w")
 
 
 @asynccontextmanager
-async def session(params: StdioServerParameters, **kwargs: Any) -> AsyncIterator[ClientSession]:
-    with open(os.devnull, "w") as quiet:
-        errlog = sys.stderr if os.environ.get("FUSEBOX_TEST_VERBOSE") else quiet
-        async with stdio_client(params, errlog=errlog) as (read, write):
-            async with ClientSession(read, write, **kwargs) as client:
-                await client.initialize()
-                yield client
+async def session(
+    params: StdioServerParameters, **kwargs: Any
+) -> AsyncIterator[ClientSession]:
+    """An initialized client session with the server `params` starts."""
+    async with (
+        stdio_client(params, errlog=server_log()) as (read, write),
+        ClientSession(read, write, **kwargs) as client,
+    ):
+        await client.initialize()
+        yield client
 
 
 def text(result: CallToolResult) -> str:
-    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+    return "\n".join(
+        block.text for block in result.content if isinstance(block, TextContent)
+    )
 
 
-def executions(count_file: pathlib.Path, tool: str | None = None) -> list[dict[str, Any]]:
+def executions(
+    count_file: pathlib.Path, tool: str | None = None
+) -> list[dict[str, Any]]:
     """The tool executions the counting server recorded."""
     if not count_file.exists():
         return []

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pathlib
 import socket
-import subprocess
 from typing import Any
 
 import anyio
 import pytest
-
 from gateway import (
     TENANT,
     counting_server,
@@ -38,8 +36,12 @@ def env(count_file: pathlib.Path) -> dict[str, str]:
     return {"COUNT_FILE": str(count_file)}
 
 
-async def test_a_runaway_read_is_stopped_and_stays_stopped(stack: Any, count_file: pathlib.Path) -> None:
-    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
+async def test_a_runaway_read_is_stopped_and_stays_stopped(
+    stack: Any, count_file: pathlib.Path
+) -> None:
+    async with session(
+        gateway(stack, counting_server(), env=env(count_file))
+    ) as client:
         answers = []
         for _ in range(40):
             result = await client.call_tool("search", {"query": "the same thing"})
@@ -51,24 +53,46 @@ async def test_a_runaway_read_is_stopped_and_stays_stopped(stack: Any, count_fil
         ran = len(executions(count_file, "search"))
         assert ran < len(answers), "refused calls never reach the server"
         # Stop ends the session's calls: any tool, any arguments, refused the same way.
-        for tool, args in [("search", {"query": "something new"}), ("list_page", {"page": 0})]:
+        later: list[tuple[str, dict[str, Any]]] = [
+            ("search", {"query": "something new"}),
+            ("list_page", {"page": 0}),
+        ]
+        for tool, args in later:
             refused = await client.call_tool(tool, args)
             assert refused.is_error and STOPPED in text(refused)
         assert len(executions(count_file)) == ran
 
 
-async def test_a_legitimate_listing_finishes(stack: Any, count_file: pathlib.Path) -> None:
-    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
+async def test_a_legitimate_listing_finishes(
+    stack: Any, count_file: pathlib.Path
+) -> None:
+    async with session(
+        gateway(stack, counting_server(), env=env(count_file))
+    ) as client:
         for page in range(5):
             result = await client.call_tool("list_page", {"page": page})
             assert not result.is_error, text(result)
             assert f"item-{page * 10}" in text(result)
             assert "fusebox" not in text(result)
-    assert [e["args"]["page"] for e in executions(count_file, "list_page")] == [0, 1, 2, 3, 4]
+    assert [e["args"]["page"] for e in executions(count_file, "list_page")] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
 
 
-async def test_the_same_write_with_one_op_key_is_done_once(stack: Any, count_file: pathlib.Path) -> None:
-    params = gateway(stack, counting_server(), "--op-key", "send_email=message_id", env=env(count_file))
+async def test_the_same_write_with_one_op_key_is_done_once(
+    stack: Any, count_file: pathlib.Path
+) -> None:
+    params = gateway(
+        stack,
+        counting_server(),
+        "--op-key",
+        "send_email=message_id",
+        env=env(count_file),
+    )
     async with session(params) as client:
         email = {"message_id": "m-42", "to": "ops@example.com", "body": "disk full"}
         first = await client.call_tool("send_email", email)
@@ -79,21 +103,35 @@ async def test_the_same_write_with_one_op_key_is_done_once(stack: Any, count_fil
             assert "sent m-42" in text(again), "the stored result is the answer"
         other = await client.call_tool("send_email", {**email, "message_id": "m-43"})
         assert "sent m-43" in text(other)
-    assert [e["args"]["message_id"] for e in executions(count_file, "send_email")] == ["m-42", "m-43"]
+    assert [e["args"]["message_id"] for e in executions(count_file, "send_email")] == [
+        "m-42",
+        "m-43",
+    ]
 
 
-async def test_an_operator_cancel_ends_the_session(stack: Any, count_file: pathlib.Path) -> None:
+async def test_an_operator_cancel_ends_the_session(
+    stack: Any, count_file: pathlib.Path
+) -> None:
     run = fresh_run()
     params = gateway(stack, counting_server(), "--run", run, env=env(count_file))
     async with session(params) as client:
         assert not (await client.call_tool("list_page", {"page": 0})).is_error
-        subprocess.run(
-            [fusebox_bin(stack), "cancel", f"{TENANT}/{run}", "--nats-url", stack_value(stack, "nats_url")],
+        await anyio.run_process(
+            [
+                fusebox_bin(stack),
+                "cancel",
+                f"{TENANT}/{run}",
+                "--nats-url",
+                stack_value(stack, "nats_url"),
+            ],
             check=True,
-            capture_output=True,
         )
         refused = await client.call_tool("list_page", {"page": 1})
-        assert refused.is_error and STOPPED in text(refused) and "CANCELLED" in text(refused), text(refused)
+        assert (
+            refused.is_error
+            and STOPPED in text(refused)
+            and "CANCELLED" in text(refused)
+        ), text(refused)
     assert [e["args"]["page"] for e in executions(count_file, "list_page")] == [0]
 
 
@@ -103,21 +141,32 @@ def unused_nats_url() -> str:
         return f"nats://127.0.0.1:{probe.getsockname()[1]}"
 
 
-async def test_guard_down_gives_error_results_not_hangs(stack: Any, count_file: pathlib.Path) -> None:
+async def test_guard_down_gives_error_results_not_hangs(
+    stack: Any, count_file: pathlib.Path
+) -> None:
     params = gateway(
-        stack, counting_server(), "--gate-timeout", "500ms", nats_url=unused_nats_url(), env=env(count_file)
+        stack,
+        counting_server(),
+        "--gate-timeout",
+        "500ms",
+        nats_url=unused_nats_url(),
+        env=env(count_file),
     )
     with anyio.fail_after(30):
         async with session(params) as client:
             for _ in range(3):
                 result = await client.call_tool("list_page", {"page": 0})
-                assert result.is_error and "guard did not answer" in text(result), text(result)
+                assert result.is_error and "guard did not answer" in text(result), text(
+                    result
+                )
             # Everything else still works: only tools/call is gated.
             assert len((await client.list_tools()).tools) > 0
     assert executions(count_file) == []
 
 
-async def test_guard_down_with_allow_runs_the_call_and_says_so(stack: Any, count_file: pathlib.Path) -> None:
+async def test_guard_down_with_allow_runs_the_call_and_says_so(
+    stack: Any, count_file: pathlib.Path
+) -> None:
     params = gateway(
         stack,
         counting_server(),
@@ -136,23 +185,35 @@ async def test_guard_down_with_allow_runs_the_call_and_says_so(stack: Any, count
     assert len(executions(count_file, "list_page")) == 1
 
 
-async def test_upstream_killed_mid_session_gives_a_clear_error(stack: Any, count_file: pathlib.Path) -> None:
+async def test_upstream_killed_mid_session_gives_a_clear_error(
+    stack: Any, count_file: pathlib.Path
+) -> None:
     with anyio.fail_after(30):
-        async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
+        async with session(
+            gateway(stack, counting_server(), env=env(count_file))
+        ) as client:
             assert not (await client.call_tool("list_page", {"page": 0})).is_error
             crashed = await client.call_tool("crash", {})
-            assert crashed.is_error and "upstream MCP server" in text(crashed), text(crashed)
+            assert crashed.is_error and "upstream MCP server" in text(crashed), text(
+                crashed
+            )
             after = await client.call_tool("list_page", {"page": 1})
             assert after.is_error and "upstream MCP server" in text(after), text(after)
     assert [e["tool"] for e in executions(count_file)] == ["list_page", "crash"]
 
 
-async def test_a_failing_tool_is_reported_as_a_failure(stack: Any, count_file: pathlib.Path) -> None:
+async def test_a_failing_tool_is_reported_as_a_failure(
+    stack: Any, count_file: pathlib.Path
+) -> None:
     # isError results are failures to the guard, never progress: retrying the same
     # failing call is a loop it stops.
-    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
+    async with session(
+        gateway(stack, counting_server(), env=env(count_file))
+    ) as client:
         first = await client.call_tool("fail", {"reason": "disk"})
-        assert first.is_error and "fusebox" not in text(first), "the tool's own error, forwarded"
+        assert first.is_error and "fusebox" not in text(first), (
+            "the tool's own error, forwarded"
+        )
         answers = [text(first)]
         for _ in range(30):
             answers.append(text(await client.call_tool("fail", {"reason": "disk"})))
@@ -171,7 +232,9 @@ async def observe(client: Any) -> dict[str, Any]:
     its progress notifications."""
     progress: list[tuple[float, float | None, str | None]] = []
 
-    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+    async def on_progress(
+        done: float, total: float | None, message: str | None
+    ) -> None:
         progress.append((done, total, message))
 
     slow = await client.call_tool("slow", {"steps": 3}, progress_callback=on_progress)
@@ -190,10 +253,14 @@ async def observe(client: Any) -> dict[str, Any]:
     }
 
 
-async def test_everything_but_tools_call_passes_through_equivalent(stack: Any, count_file: pathlib.Path) -> None:
+async def test_everything_but_tools_call_passes_through_equivalent(
+    stack: Any, count_file: pathlib.Path
+) -> None:
     async with session(direct(counting_server(), env=env(count_file))) as client:
         without = await observe(client)
-    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
+    async with session(
+        gateway(stack, counting_server(), env=env(count_file))
+    ) as client:
         through = await observe(client)
     assert len(without["progress"]) == 3
     for key in without:

@@ -15,10 +15,9 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from gateway import COUNTING_SERVER, TENANT, executions, fusebox_bin, stack_value, text
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-
-from gateway import COUNTING_SERVER, TENANT, executions, fusebox_bin, stack_value, text
 
 pytestmark = pytest.mark.anyio
 
@@ -83,26 +82,44 @@ def http_gateway(stack: Any, count_file: pathlib.Path) -> Iterator[str]:
             process.wait(timeout=10)
 
 
-async def test_an_http_agent_behind_an_http_gateway_is_guarded(http_gateway: str, count_file: pathlib.Path) -> None:
+async def test_an_http_agent_behind_an_http_gateway_is_guarded(
+    http_gateway: str, count_file: pathlib.Path
+) -> None:
     with anyio.fail_after(60):
         async with httpx2.AsyncClient(timeout=30) as http:
-            async with streamable_http_client(http_gateway, http_client=http) as (read, write):
-                async with ClientSession(read, write) as client:
-                    init = await client.initialize()
-                    assert init.server_info.name == "counting-server"
-                    assert {t.name for t in (await client.list_tools()).tools} >= {"search", "list_page"}
-                    for page in range(3):
-                        assert not (await client.call_tool("list_page", {"page": page})).is_error
-                    answers = []
-                    for _ in range(40):
-                        answers.append(text(await client.call_tool("search", {"query": "again"})))
-                        if STOPPED in answers[-1]:
-                            break
-                    assert STOPPED in answers[-1], answers
+            async with (
+                streamable_http_client(http_gateway, http_client=http) as (read, write),
+                ClientSession(read, write) as client,
+            ):
+                init = await client.initialize()
+                assert init.server_info.name == "counting-server"
+                assert {t.name for t in (await client.list_tools()).tools} >= {
+                    "search",
+                    "list_page",
+                }
+                for page in range(3):
+                    assert not (
+                        await client.call_tool("list_page", {"page": page})
+                    ).is_error
+                answers = []
+                for _ in range(40):
+                    answers.append(
+                        text(await client.call_tool("search", {"query": "again"}))
+                    )
+                    if STOPPED in answers[-1]:
+                        break
+                assert STOPPED in answers[-1], answers
             # A second HTTP session is a new run: not stopped.
-            async with streamable_http_client(http_gateway, http_client=http) as (read, write):
-                async with ClientSession(read, write) as client:
-                    await client.initialize()
-                    assert not (await client.call_tool("list_page", {"page": 9})).is_error
+            async with (
+                streamable_http_client(http_gateway, http_client=http) as (read, write),
+                ClientSession(read, write) as client,
+            ):
+                await client.initialize()
+                assert not (await client.call_tool("list_page", {"page": 9})).is_error
     assert len(executions(count_file, "search")) < len(answers)
-    assert [e["args"]["page"] for e in executions(count_file, "list_page")] == [0, 1, 2, 9]
+    assert [e["args"]["page"] for e in executions(count_file, "list_page")] == [
+        0,
+        1,
+        2,
+        9,
+    ]
