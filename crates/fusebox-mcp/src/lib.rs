@@ -90,7 +90,8 @@ pub struct McpArgs {
     /// How long to wait for fuseboxd's answer to one gate request.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub gate_timeout: Duration,
-    /// How long one upstream request may go without an answer or progress.
+    /// How long one upstream request may go without an answer or progress (its start-up
+    /// and `initialize` get at least 60s).
     #[arg(long, default_value = "300s", value_parser = parse_duration)]
     pub upstream_timeout: Duration,
     /// The upstream is a Streamable HTTP MCP server at this URL (instead of a command).

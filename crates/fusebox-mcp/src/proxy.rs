@@ -61,6 +61,9 @@ pub struct Settings {
     pub upstream_timeout: Duration,
 }
 
+/// The least time an upstream gets to start and answer `initialize`.
+const UPSTREAM_START_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Tool name → annotations, from the upstream's `tools/list` answers.
 type ToolTable = Arc<Mutex<Option<HashMap<String, Option<ToolAnnotations>>>>>;
 /// The upstream's progress token → the agent's, for requests in flight.
@@ -130,6 +133,9 @@ impl Gateway {
             tracing::error!("{what}");
             McpError::internal_error(what, None)
         };
+        // Starting a server (npx fetching a package, a cold interpreter) may take longer
+        // than one request should.
+        let start_timeout = self.settings.upstream_timeout.max(UPSTREAM_START_TIMEOUT);
         let started = match upstream {
             Upstream::Command(argv) => {
                 let mut command = tokio::process::Command::new(&argv[0]);
@@ -139,11 +145,11 @@ impl Gateway {
                         "fusebox mcp: cannot start the upstream MCP server {upstream}: {e}"
                     ))
                 })?;
-                tokio::time::timeout(self.settings.upstream_timeout, side.serve(transport)).await
+                tokio::time::timeout(start_timeout, side.serve(transport)).await
             }
             Upstream::Url(url) => {
                 let transport = StreamableHttpClientTransport::from_uri(url.as_str());
-                tokio::time::timeout(self.settings.upstream_timeout, side.serve(transport)).await
+                tokio::time::timeout(start_timeout, side.serve(transport)).await
             }
         };
         let service = match started {
@@ -155,8 +161,7 @@ impl Gateway {
             }
             Err(_) => {
                 return Err(failed(format!(
-                    "fusebox mcp: the upstream MCP server {upstream} did not answer initialize within {:?}",
-                    self.settings.upstream_timeout
+                    "fusebox mcp: the upstream MCP server {upstream} did not answer initialize within {start_timeout:?}"
                 )))
             }
         };

@@ -71,6 +71,23 @@ def fail(reason: str) -> str:
     raise ValueError(f"failed on purpose: {reason}")
 
 
+@server.tool(annotations=READ)
+def garble() -> str:
+    """Writes a line that is not JSON-RPC onto the protocol stream, then answers."""
+    executed("garble")
+    sys.stdout.write("this is not a JSON-RPC message\n")
+    sys.stdout.flush()
+    return "answered after the garbage"
+
+
+@server.tool(annotations=READ)
+async def hang() -> str:
+    """Never answers."""
+    executed("hang")
+    await asyncio.sleep(3600)
+    return "unreachable"
+
+
 @server.tool()
 def crash() -> str:
     """Kills this server mid-call."""

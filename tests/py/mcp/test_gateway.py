@@ -202,6 +202,32 @@ async def test_upstream_killed_mid_session_gives_a_clear_error(
     assert [e["tool"] for e in executions(count_file)] == ["list_page", "crash"]
 
 
+async def test_upstream_garbage_and_silence_give_answers_not_hangs(
+    stack: Any, count_file: pathlib.Path
+) -> None:
+    params = gateway(
+        stack, counting_server(), "--upstream-timeout", "2s", env=env(count_file)
+    )
+    with anyio.fail_after(30):
+        async with session(params) as client:
+            # A line that is not JSON-RPC is skipped; the real answer after it arrives.
+            garbled = await client.call_tool("garble", {})
+            assert not garbled.is_error and "answered after the garbage" in text(
+                garbled
+            )
+            silent = await client.call_tool("hang", {})
+            assert silent.is_error and "upstream MCP server" in text(silent), text(
+                silent
+            )
+            # The session goes on.
+            assert not (await client.call_tool("list_page", {"page": 0})).is_error
+    assert [e["tool"] for e in executions(count_file)] == [
+        "garble",
+        "hang",
+        "list_page",
+    ]
+
+
 async def test_a_failing_tool_is_reported_as_a_failure(
     stack: Any, count_file: pathlib.Path
 ) -> None:
