@@ -1,7 +1,9 @@
 //! `fusebox`: the operator's and the scripts' command line.
 
 mod config;
+mod connection;
 mod generate;
+mod hook;
 mod log_commands;
 mod operate;
 mod replay;
@@ -232,6 +234,8 @@ enum Command {
         #[command(subcommand)]
         command: BenchSub,
     },
+    /// Guard a coding agent through its hook commands (see `fusebox hook claude-code --help`).
+    Hook(hook::HookArgs),
     /// The cloud cost watchdog (runs the fusebox-watchdog binary): list, sweep.
     #[command(disable_help_flag = true)]
     Watchdog {
@@ -342,6 +346,7 @@ fn main() -> ExitCode {
         }
         Command::Watchdog { args } => watchdog_forward::run(&args),
         Command::Mcp(args) => Ok(fusebox_mcp::main(args)),
+        Command::Hook(args) => hook::run(args),
     };
     result.unwrap_or_else(|message| {
         eprintln!("fusebox: {message}");

@@ -1,0 +1,1 @@
+"""Framework adapters, one optional extra each (see the package README)."""

@@ -1,0 +1,75 @@
+"""Errors, told apart by kind: a caller reacts differently to a daemon that is silent,
+one that is absent and one that refused the event."""
+
+from __future__ import annotations
+
+from .types import Decision, StopReport
+
+
+class FuseboxError(Exception):
+    """Base of every error this package raises."""
+
+
+class ConnectError(FuseboxError):
+    """The first connection to NATS failed (refused, unreachable, bad credentials, TLS)."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(f"cannot connect to NATS at {url}: {detail}")
+        self.url = url
+        self.detail = detail
+
+
+class GuardUnavailable(FuseboxError):
+    """The guard could not be asked: the decision is the run's `gate_on_error`."""
+
+
+class GateTimeout(GuardUnavailable):
+    def __init__(self, subject: str, timeout_s: float) -> None:
+        super().__init__(f"no answer from fuseboxd on {subject} within {timeout_s * 1000:.0f} ms")
+        self.subject = subject
+        self.timeout_s = timeout_s
+
+
+class NoResponders(GuardUnavailable):
+    def __init__(self, subject: str, why: str = "is the daemon running?") -> None:
+        super().__init__(f"no fuseboxd is listening on {subject} ({why})")
+        self.subject = subject
+
+
+class TransportError(GuardUnavailable):
+    """NATS itself failed (connection closed, permission violation, JetStream error)."""
+
+    def __init__(self, subject: str, detail: str) -> None:
+        super().__init__(f"NATS request on {subject} failed: {detail}")
+        self.subject = subject
+        self.detail = detail
+
+
+class Refused(FuseboxError):
+    """fuseboxd refused the event itself (malformed, wrong tenant, `seq` backwards …)."""
+
+    def __init__(self, reason: str, message: str, event_id: str | None = None) -> None:
+        super().__init__(f"fuseboxd refused the event ({reason}): {message}")
+        self.reason = reason
+        self.message = message
+        self.event_id = event_id
+
+
+class BadAnswer(FuseboxError):
+    """The daemon's answer was not a decision (a version mismatch, or not fuseboxd)."""
+
+    def __init__(self, subject: str, detail: str) -> None:
+        super().__init__(f"unexpected answer on {subject}: {detail}")
+        self.subject = subject
+        self.detail = detail
+
+
+class RunStopped(FuseboxError):
+    """The guard stopped the run. Adapters raise it to end the framework's run; it
+    carries the stop report an operator acts on."""
+
+    def __init__(self, report: StopReport | None, decision: Decision | None = None) -> None:
+        what = report.summary() if report is not None else "stopped"
+        super().__init__(f"fusebox stopped the run: {what}")
+        self.report = report
+        self.decision = decision

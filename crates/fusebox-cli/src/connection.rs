@@ -1,0 +1,64 @@
+//! How a short-lived command reaches fuseboxd: the NATS URL and credentials, from flags
+//! or the environment, and one bounded connect. One place, so every command that talks
+//! to the daemon connects the same way.
+
+use std::path::PathBuf;
+
+use fusebox_client::{ClientError, ClientOptions, FuseboxClient};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Connection {
+    /// NATS server fuseboxd listens on (user:password@ in the URL works too).
+    #[arg(
+        long,
+        env = "FUSEBOX_NATS_URL",
+        default_value = DEFAULT_NATS_URL
+    )]
+    pub nats_url: String,
+    /// A NATS credentials file (JWT + nkey seed), for servers with accounts.
+    #[arg(long, env = "FUSEBOX_NATS_CREDS", value_name = "FILE")]
+    pub creds: Option<PathBuf>,
+}
+
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+
+impl Connection {
+    /// Connects within `options.timeout`. Replies come to `_INBOX.<tenant>.…`, which the
+    /// per-tenant accounts of deploy/nats/ require and a plain server does not mind.
+    pub async fn connect(
+        &self,
+        tenant: &str,
+        options: ClientOptions,
+    ) -> Result<FuseboxClient, ClientError> {
+        let failed = |detail: String| ClientError::Connect {
+            url: self.nats_url.clone(),
+            detail,
+        };
+        let mut connect = async_nats::ConnectOptions::new();
+        if let Some(creds) = &self.creds {
+            connect = connect
+                .credentials_file(creds)
+                .await
+                .map_err(|e| failed(format!("{}: {e}", creds.display())))?;
+        }
+        let nats = connect
+            .connection_timeout(options.timeout)
+            .custom_inbox_prefix(format!("_INBOX.{tenant}"))
+            .connect(&self.nats_url)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(FuseboxClient::new(nats, options))
+    }
+
+    /// The flags that reproduce this connection where it differs from the defaults.
+    pub fn flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        if self.nats_url != DEFAULT_NATS_URL {
+            flags.extend(["--nats-url".to_owned(), self.nats_url.clone()]);
+        }
+        if let Some(creds) = &self.creds {
+            flags.extend(["--creds".to_owned(), creds.display().to_string()]);
+        }
+        flags
+    }
+}

@@ -1,0 +1,432 @@
+//! The Claude Code hook protocol, both ways: a hook payload (JSON on stdin) becomes a
+//! guard event, and the guard's decision becomes the hook's answer (JSON on stdout).
+//! Pure functions: no I/O, no clock (the caller passes `ts_ms`), so every mapping is
+//! tested by fixture.
+//!
+//! Every invocation is a fresh process, so the events carry no `seq` and their ids are
+//! derived from the payload (the tool use id, the event name): a hook that Claude Code
+//! runs again for the same moment sends the same id, and the daemon answers it from its
+//! dedup with the original decision instead of counting the call twice.
+
+use fusebox_core::event::{
+    Args, Compaction, Output, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
+};
+use fusebox_core::{Action, Decision, Event, EventBody};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// Arguments and outputs above this size travel as their SHA-256 (`args_hash`,
+/// `output_hash`): a file written or read whole would otherwise push an event past the
+/// daemon's `max_event_bytes` and be refused. Loop detection works on hashes alike.
+const INLINE_LIMIT: usize = 32 * 1024;
+
+/// The hook events fusebox acts on. Anything else is answered with no opinion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookEvent {
+    SessionStart,
+    PreToolUse,
+    PostToolUse,
+    PostToolUseFailure,
+    PreCompact,
+    /// Fired at the end of every answer; an interactive session goes on with the next
+    /// prompt under the same session id, so this does not close the run.
+    Stop,
+    SessionEnd,
+    Other,
+}
+
+impl HookEvent {
+    fn parse(name: &str) -> HookEvent {
+        match name {
+            "SessionStart" => HookEvent::SessionStart,
+            "PreToolUse" => HookEvent::PreToolUse,
+            "PostToolUse" => HookEvent::PostToolUse,
+            "PostToolUseFailure" => HookEvent::PostToolUseFailure,
+            "PreCompact" => HookEvent::PreCompact,
+            "Stop" => HookEvent::Stop,
+            "SessionEnd" => HookEvent::SessionEnd,
+            _ => HookEvent::Other,
+        }
+    }
+}
+
+/// The fields of a hook payload fusebox reads (Claude Code sends more).
+#[derive(Debug, Deserialize)]
+pub struct Payload {
+    pub session_id: String,
+    pub hook_event_name: String,
+    #[serde(default)]
+    pub transcript_path: Option<String>,
+    #[serde(default)]
+    pub tool_name: Option<String>,
+    #[serde(default)]
+    pub tool_input: Option<Value>,
+    #[serde(default)]
+    pub tool_use_id: Option<String>,
+    #[serde(default)]
+    pub tool_response: Option<Value>,
+    #[serde(default)]
+    pub error: Option<Value>,
+    #[serde(default)]
+    pub is_interrupt: Option<bool>,
+    #[serde(default)]
+    pub trigger: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+impl Payload {
+    pub fn parse(bytes: &[u8]) -> Result<Payload, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("not a Claude Code hook payload: {e}"))
+    }
+
+    pub fn event(&self) -> HookEvent {
+        HookEvent::parse(&self.hook_event_name)
+    }
+
+    /// A session continued (`--resume`, `--continue`) in a new process.
+    pub fn resumes(&self) -> bool {
+        self.event() == HookEvent::SessionStart && self.source.as_deref() == Some("resume")
+    }
+
+    fn tool_use(&self) -> Result<(&str, &str), String> {
+        let missing = |field: &str| format!("{} payload without {field}", self.hook_event_name);
+        let id = self
+            .tool_use_id
+            .as_deref()
+            .ok_or_else(|| missing("tool_use_id"))?;
+        let tool = self
+            .tool_name
+            .as_deref()
+            .ok_or_else(|| missing("tool_name"))?;
+        Ok((id, tool))
+    }
+}
+
+/// The guard event for a payload; `None` for hook events fusebox has nothing to say
+/// about. `ts_ms` is the event time (the caller's clock).
+pub fn event_for(
+    payload: &Payload,
+    tenant: &str,
+    run: &str,
+    agent: &str,
+    transcript_len: Option<u64>,
+    ts_ms: u64,
+) -> Result<Option<Event>, String> {
+    let envelope = |id: String, body: EventBody| Event {
+        v: 1,
+        id,
+        tenant: tenant.to_owned(),
+        run: run.to_owned(),
+        seq: None,
+        ts_ms,
+        body,
+    };
+    let event = match payload.event() {
+        // The run's agent name selects `[agents.<name>.policy]`. A session resumed while
+        // its run is open starts again under the same id, answered from the dedup.
+        HookEvent::SessionStart => envelope(
+            "cc-session-start".to_owned(),
+            EventBody::RunStarted(RunStarted {
+                agent: Some(agent.to_owned()),
+                tools: None,
+                policy: None,
+            }),
+        ),
+        HookEvent::PreToolUse => {
+            let (id, tool) = payload.tool_use()?;
+            let input = payload.tool_input.clone().unwrap_or(Value::Null);
+            envelope(
+                format!("cc-{id}-call"),
+                EventBody::ToolCall(ToolCall {
+                    call_id: id.to_owned(),
+                    tool: tool.to_owned(),
+                    args: args(input),
+                    op_key: None,
+                    effect: None,
+                }),
+            )
+        }
+        HookEvent::PostToolUse | HookEvent::PostToolUseFailure => {
+            let (id, tool) = payload.tool_use()?;
+            let failed = payload.event() == HookEvent::PostToolUseFailure;
+            let (kind, code, output) = if failed {
+                // A failed command is a tool error, not the end of the run (FATAL would
+                // stop it): RETRYABLE with no wait, so repeating it counts as repetition
+                // and towards max_tool_errors, but an edit-and-rerun is not refused.
+                let code = if payload.is_interrupt == Some(true) {
+                    "interrupted"
+                } else {
+                    "tool_error"
+                };
+                let error = payload.error.clone().unwrap_or(Value::Null);
+                (ResultKind::Retryable, Some(code.to_owned()), error)
+            } else {
+                let response = payload.tool_response.clone().unwrap_or(Value::Null);
+                (ResultKind::Success, None, response)
+            };
+            envelope(
+                format!("cc-{id}-result"),
+                EventBody::ToolResult(ToolResult {
+                    call_id: id.to_owned(),
+                    tool: tool.to_owned(),
+                    kind,
+                    code,
+                    retry_after_ms: failed.then_some(0),
+                    terminal: None,
+                    output: Some(output_of(output)),
+                    progress: None,
+                }),
+            )
+        }
+        HookEvent::PreCompact => {
+            // No id names a compaction; the transcript's length at that moment does (it
+            // grows between two compactions, and not while the CLI waits for the hook).
+            let moment = format!(
+                "{}:{}:{}",
+                payload.trigger.as_deref().unwrap_or(""),
+                transcript_len.unwrap_or(0),
+                payload.session_id
+            );
+            envelope(
+                format!("cc-compact-{}", &hex_sha256(moment.as_bytes())[..16]),
+                EventBody::Compaction(Compaction {
+                    reason: Some(format!(
+                        "claude-code: {}",
+                        payload.trigger.as_deref().unwrap_or("compaction")
+                    )),
+                }),
+            )
+        }
+        HookEvent::SessionEnd => envelope(
+            "cc-session-end".to_owned(),
+            EventBody::RunFinished(RunFinished {
+                status: Some(format!(
+                    "session ended ({})",
+                    payload.reason.as_deref().unwrap_or("other")
+                )),
+            }),
+        ),
+        HookEvent::Stop | HookEvent::Other => return Ok(None),
+    };
+    Ok(Some(event))
+}
+
+fn args(input: Value) -> Args {
+    match serde_json::to_vec(&input) {
+        Ok(bytes) if bytes.len() > INLINE_LIMIT => Args::Hash(hex_sha256(&bytes)),
+        _ => Args::Json(input),
+    }
+}
+
+fn output_of(output: Value) -> Output {
+    match serde_json::to_vec(&output) {
+        Ok(bytes) if bytes.len() > INLINE_LIMIT => Output::Hash(hex_sha256(&bytes)),
+        _ => Output::Json(output),
+    }
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A session id as a run id of the contract (`[A-Za-z0-9_-]{1,128}`). Claude Code's ids
+/// are UUIDs and pass unchanged; anything else has its other characters replaced and a
+/// hash of the original appended, so two different sessions never share a run.
+pub fn run_id(session_id: &str) -> String {
+    const MAX: usize = 128;
+    let safe = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if !session_id.is_empty() && session_id.len() <= MAX && session_id.chars().all(safe) {
+        return session_id.to_owned();
+    }
+    let suffix = &hex_sha256(session_id.as_bytes())[..16];
+    let cleaned: String = session_id
+        .chars()
+        .map(|c| if safe(c) { c } else { '_' })
+        .take(MAX - suffix.len() - 1)
+        .collect();
+    format!("{cleaned}-{suffix}")
+}
+
+/// What came back from the guard.
+pub enum Outcome<'a> {
+    Decided(&'a Decision),
+    /// No decision: the guard was silent or refused the event. `allowed` is the
+    /// configured `--on-error` policy (a refused event is never allowed).
+    Failed {
+        why: String,
+        allowed: bool,
+    },
+}
+
+/// The hook's answer on stdout for `event`.
+pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
+    match (event, outcome) {
+        (HookEvent::PreToolUse, Outcome::Decided(decision)) => pre_tool_use(decision),
+        (HookEvent::PreToolUse, Outcome::Failed { allowed: true, why }) => pre_tool_context(
+            &format!("fusebox: {why}; the call runs unguarded (--on-error allow)."),
+        ),
+        (
+            HookEvent::PreToolUse,
+            Outcome::Failed {
+                allowed: false,
+                why,
+            },
+        ) => deny(&format!(
+            "fusebox: {why}; the call is refused because the guard could not be asked. \
+             Do not retry it until the guard is back."
+        )),
+        (_, Outcome::Decided(decision)) if decision.action == Action::Stop => json!({
+            "continue": false,
+            "stopReason": message_of(decision),
+            "systemMessage": message_of(decision),
+        }),
+        (HookEvent::PostToolUse | HookEvent::PostToolUseFailure, Outcome::Decided(decision)) => {
+            match observe_context(decision) {
+                Some(context) => json!({"hookSpecificOutput": {
+                    "hookEventName": name(event),
+                    "additionalContext": context,
+                }}),
+                None => json!({}),
+            }
+        }
+        _ => json!({}),
+    }
+}
+
+fn pre_tool_use(decision: &Decision) -> Value {
+    let message = message_of(decision);
+    match decision.action {
+        // Nothing: "allow" would skip the user's own permission rules.
+        Action::Execute => json!({}),
+        Action::Warn => pre_tool_context(&message),
+        Action::UseCompletedResult => {
+            let stored = decision
+                .result
+                .as_ref()
+                .map(|r| serde_json::to_string(r).expect("JSON values serialise"))
+                .unwrap_or_else(|| "null".to_owned());
+            deny(&format!("{message}\nStored result: {stored}"))
+        }
+        // A stop must deny the call too: `continue: false` alone ends the session only
+        // after the tool has run (seen with Claude Code 2.1.327).
+        Action::Stop => {
+            let mut answer = deny(&message);
+            answer["continue"] = json!(false);
+            answer["stopReason"] = json!(message);
+            answer["systemMessage"] = json!(message);
+            answer
+        }
+        // Block, and any action that does not let the tool run.
+        _ => deny(&message),
+    }
+}
+
+fn deny(reason: &str) -> Value {
+    json!({"hookSpecificOutput": {
+        "hookEventName": "PreToolUse",
+        "permissionDecision": "deny",
+        "permissionDecisionReason": reason,
+    }})
+}
+
+fn pre_tool_context(context: &str) -> Value {
+    json!({"hookSpecificOutput": {
+        "hookEventName": "PreToolUse",
+        "additionalContext": context,
+    }})
+}
+
+/// Words for the model after a tool ran, when the guard has any: a wait, a warning.
+/// `retry_after` with no wait is how a failed command is reported (see [`event_for`])
+/// and says nothing the model does not know.
+fn observe_context(decision: &Decision) -> Option<String> {
+    if decision.action == Action::RetryAfter && decision.wait_ms.unwrap_or(0) == 0 {
+        return None;
+    }
+    decision.message.as_ref().map(|m| format!("fusebox: {m}"))
+}
+
+fn message_of(decision: &Decision) -> String {
+    match &decision.message {
+        Some(message) => format!("fusebox: {message}"),
+        None => format!(
+            "fusebox: {}{}",
+            decision.action.as_str(),
+            decision
+                .reason
+                .map(|r| format!(" ({})", r.as_str()))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+fn name(event: HookEvent) -> &'static str {
+    match event {
+        HookEvent::SessionStart => "SessionStart",
+        HookEvent::PreToolUse => "PreToolUse",
+        HookEvent::PostToolUse => "PostToolUse",
+        HookEvent::PostToolUseFailure => "PostToolUseFailure",
+        HookEvent::PreCompact => "PreCompact",
+        HookEvent::Stop => "Stop",
+        HookEvent::SessionEnd => "SessionEnd",
+        HookEvent::Other => "Other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_session_ids_are_run_ids_unchanged() {
+        let id = "418b4508-5f3f-48e9-adee-d7dbaac95e56";
+        assert_eq!(run_id(id), id);
+    }
+
+    #[test]
+    fn other_session_ids_are_made_safe_and_stay_distinct() {
+        let a = run_id("a.b");
+        let b = run_id("a/b");
+        assert!(a.starts_with("a_b-") && b.starts_with("a_b-"));
+        assert_ne!(a, b);
+        let long = run_id(&"x".repeat(300));
+        assert_eq!(long.len(), 128);
+        assert!(run_id("").len() > 1);
+        for id in [a, b, long] {
+            assert!(id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+        }
+    }
+
+    #[test]
+    fn large_inputs_travel_as_hashes() {
+        let big = json!({"content": "x".repeat(INLINE_LIMIT + 1)});
+        assert!(matches!(args(big.clone()), Args::Hash(h) if h.len() == 64));
+        assert!(matches!(output_of(big), Output::Hash(_)));
+        assert!(matches!(args(json!({"command": "ls"})), Args::Json(_)));
+    }
+
+    #[test]
+    fn compaction_ids_differ_by_moment_and_repeat_for_the_same_one() {
+        let payload = Payload::parse(
+            br#"{"session_id":"s","hook_event_name":"PreCompact","trigger":"auto"}"#,
+        )
+        .unwrap();
+        let id = |len| {
+            event_for(&payload, "t", "r", "a", Some(len), 1)
+                .unwrap()
+                .unwrap()
+                .id
+        };
+        assert_eq!(id(10), id(10));
+        assert_ne!(id(10), id(20));
+    }
+}

@@ -1,0 +1,252 @@
+"""The Claude Agent SDK adapter, with the real SDK (claude-agent-sdk 0.2.184) driving its
+bundled Claude Code CLI offline against the scripted model API stand-in, and a real
+nats-server and fuseboxd. The tools are in-process SDK MCP tools that log what they
+really executed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from claude_agent_sdk import (
+    ClaudeAgentOptions,
+    ResultMessage,
+    create_sdk_mcp_server,
+    tool,
+)
+from fusebox_guard import Fusebox, GateOnError, RunStopped, TerminalState
+from fusebox_guard.adapters.claude_agent_sdk import ClaudeAgentGuard
+from support.fake_anthropic import FakeAnthropic, Turn, text, tool_uses
+from support.guard import (
+    PAGES,
+    RUNAWAY_EXECUTIONS,
+    TENANT,
+    ToolLog,
+    bare_nats,
+    fresh_run,
+    fusebox_cancel,
+    list_issues_output,
+    open_page_output,
+    search_output,
+    send_email_output,
+)
+from support.scenarios import next_calls, op_key_for
+
+pytestmark = pytest.mark.asyncio
+
+SERVER = "tools"
+PREFIX = f"mcp__{SERVER}__"
+TOOLS = ["search", "open_page", "list_issues", "send_email"]
+
+
+def make_server(log: ToolLog, on_tool: Any = None) -> Any:
+    def ran(name: str, args: dict[str, Any], output: Any) -> dict[str, Any]:
+        log.calls.append((name, args))
+        if on_tool is not None:
+            on_tool(log)
+        return {"content": [{"type": "text", "text": json.dumps(output)}]}
+
+    @tool("search", "Search the web", {"query": str})
+    async def search(args: dict[str, Any]) -> dict[str, Any]:
+        return ran("search", args, search_output(args["query"]))
+
+    @tool("open_page", "Open a web page", {"url": str})
+    async def open_page(args: dict[str, Any]) -> dict[str, Any]:
+        return ran("open_page", args, open_page_output(args["url"]))
+
+    @tool("list_issues", "List issues, one page at a time", {"page": int})
+    async def list_issues(args: dict[str, Any]) -> dict[str, Any]:
+        return ran("list_issues", args, list_issues_output(int(args["page"])))
+
+    @tool("send_email", "Send an email", {"to": str, "incident": str})
+    async def send_email(args: dict[str, Any]) -> dict[str, Any]:
+        return ran("send_email", args, send_email_output(args["to"]))
+
+    return create_sdk_mcp_server(
+        SERVER, tools=[search, open_page, list_issues, send_email]
+    )
+
+
+def scripted(scenario: str) -> FakeAnthropic:
+    """The shared scenario script, turn by turn, as Claude tool uses."""
+
+    def respond(body: dict[str, Any]) -> Turn:
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        calls = next_calls(scenario, turn)
+        if calls is None:
+            return text("done")
+        return tool_uses(*((PREFIX + name, args) for name, args in calls))
+
+    return FakeAnthropic(respond=respond)
+
+
+def options(api: FakeAnthropic, tmp_path: Path, server: Any) -> ClaudeAgentOptions:
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    home.mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
+    return ClaudeAgentOptions(
+        mcp_servers={SERVER: server},
+        allowed_tools=[PREFIX + name for name in TOOLS],
+        tools=[],
+        env=api.env(home),
+        cwd=str(work),
+        max_turns=100,
+    )
+
+
+def unanswered_tool_uses(api: FakeAnthropic) -> list[str]:
+    """Tool use ids of the last request's history without a tool result."""
+    history = api.message_requests()[-1]["messages"]
+    asked = [
+        block["id"]
+        for message in history
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_use"
+    ]
+    answered = {r.tool_use_id for r in api.tool_results()}
+    # The last assistant turn may be the refused one that ended the session.
+    return [call for call in asked[:-1] if call not in answered]
+
+
+async def guarded(
+    stack: dict[str, Any], scenario: str, tmp_path: Path, **kw: Any
+) -> tuple[ClaudeAgentGuard, FakeAnthropic, ToolLog]:
+    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    run = await fb.start_run(fresh_run(f"cas-{scenario}"), agent="claude-agent", **kw)
+    return ClaudeAgentGuard(run), scripted(scenario), ToolLog()
+
+
+async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    guard, api, log = await guarded(stack, "runaway", tmp_path)
+    with api, pytest.raises(RunStopped) as stopped:
+        await guard.run_agent(
+            "weather in tokyo?", options(api, tmp_path, make_server(log))
+        )
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    assert stopped.value.report is not None
+    assert stopped.value.report.terminal_state == TerminalState.STOPPED_LOOP_GUARD
+    assert unanswered_tool_uses(api) == []
+    refused = [r for r in api.tool_results() if r.is_error]
+    assert refused and all("fusebox" in r.content for r in refused), refused
+
+
+async def test_ping_pong_is_stopped(stack: dict[str, Any], tmp_path: Path) -> None:
+    guard, api, log = await guarded(stack, "ping_pong", tmp_path)
+    with api, pytest.raises(RunStopped) as stopped:
+        await guard.run_agent(
+            "weather in tokyo?", options(api, tmp_path, make_server(log))
+        )
+    assert stopped.value.report is not None
+    assert "ping_pong" in " ".join(stopped.value.report.fired_guards)
+    assert log.count("search") + log.count("open_page") < 12
+
+
+async def test_pagination_of_twelve_pages_finishes_untouched(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    guard, api, log = await guarded(stack, "pagination", tmp_path)
+    with api:
+        result = await guard.run_agent(
+            "list all issues", options(api, tmp_path, make_server(log))
+        )
+    assert log.count("list_issues") == PAGES
+    assert isinstance(result, ResultMessage) and result.result == "done"
+    assert guard.run.stopped is None
+    assert not any("fusebox" in r.content for r in api.tool_results())
+
+
+async def test_side_effect_with_one_op_key_runs_once_across_a_retry(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT)
+    run_id = fresh_run("cas-email")
+    run = await fb.start_run(run_id, agent="claude-agent")
+    op_key = op_key_for(run_id)
+    guard = ClaudeAgentGuard(run, op_key=lambda t, a: op_key(t.removeprefix(PREFIX), a))
+    log = ToolLog()
+    with scripted("retry_side_effect") as api:
+        await guard.run_agent("page on-call", options(api, tmp_path, make_server(log)))
+        results = api.tool_results()
+    assert log.count("send_email") == 1
+    assert len(results) == 2
+    # The retry was answered with the stored result (the MCP tool's content), under its
+    # own call id, and the tool did not run again.
+    assert results[1].is_error and 'sent\\": true' in results[1].content, results[1]
+    assert unanswered_tool_uses(api) == []
+
+
+async def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    guard, api, log = await guarded(stack, "pagination", tmp_path)
+
+    def cancel_at_third(log: ToolLog) -> None:
+        if log.count("list_issues") == 3:
+            fusebox_cancel(stack, guard.run.id, "operator: wrong project")
+
+    with api, pytest.raises(RunStopped) as stopped:
+        await guard.run_agent(
+            "list all issues", options(api, tmp_path, make_server(log, cancel_at_third))
+        )
+    assert log.count("list_issues") == 3
+    assert stopped.value.report is not None
+    assert stopped.value.report.terminal_state == TerminalState.CANCELLED
+
+
+async def test_usage_reaches_the_token_budget(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    # 150 tokens a turn (the stand-in's usage): the fourth turn crosses 500. Usage comes
+    # with the streamed messages, beside the hooks: the call of the crossing turn may run
+    # before its usage arrives; the one after it never does.
+    guard, api, log = await guarded(
+        stack, "pagination", tmp_path, policy={"max_tokens": 500}
+    )
+    with api, pytest.raises(RunStopped) as stopped:
+        await guard.run_agent(
+            "list all issues", options(api, tmp_path, make_server(log))
+        )
+    assert stopped.value.report is not None
+    assert stopped.value.report.reason == "token_budget"
+    assert log.count("list_issues") in (3, 4)
+
+
+@pytest.mark.parametrize("policy", [GateOnError.DENY, GateOnError.ALLOW])
+async def test_daemon_down(tmp_path: Path, policy: GateOnError) -> None:
+    log = ToolLog()
+    with bare_nats() as url:
+        fb = await Fusebox.connect(
+            url, tenant=TENANT, gate_on_error=policy, timeout_s=0.5
+        )
+        run = await fb.start_run(fresh_run("cas-down"), agent="claude-agent")
+        guard = ClaudeAgentGuard(run)
+        with scripted("one_search") as api:
+            await guard.run_agent("weather?", options(api, tmp_path, make_server(log)))
+            results = api.tool_results()
+    assert len(results) == 1
+    if policy is GateOnError.DENY:
+        assert log.count("search") == 0
+        assert results[0].is_error
+        assert "could not be asked" in results[0].content
+        assert "no fuseboxd is listening" in results[0].content
+    else:
+        assert log.count("search") == 1
+        assert not results[0].is_error
+
+
+async def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    guard, api, log = await guarded(stack, "parallel_runaway", tmp_path)
+    with api, pytest.raises(RunStopped):
+        await guard.run_agent(
+            "weather in tokyo?", options(api, tmp_path, make_server(log))
+        )
+    assert log.count("search") <= RUNAWAY_EXECUTIONS + 2
+    assert unanswered_tool_uses(api) == []

@@ -1,0 +1,296 @@
+"""The LangChain v1 `create_agent` middleware and the LangGraph `ToolNode` wrapper, with
+the real packages (langchain 1.5, langgraph 1.2), a scripted chat model (no LLM, no
+network), a real nats-server and fuseboxd; every scenario sync (SyncFusebox, `invoke`)
+and async (Fusebox, `ainvoke`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fusebox_guard import Fusebox, GateOnError, SyncFusebox
+from fusebox_guard.adapters.langchain import FuseboxMiddleware, stop_report
+from langchain.agents import create_agent
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import BaseTool, tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from pydantic import Field
+from support.guard import (
+    PAGES,
+    RUNAWAY_EXECUTIONS,
+    TENANT,
+    ToolLog,
+    bare_nats,
+    fresh_run,
+    fusebox_cancel,
+    list_issues_output,
+    open_page_output,
+    search_output,
+    send_email_output,
+)
+from support.scenarios import next_calls, op_key_for
+
+MODES = ["sync", "async"]
+
+
+class ScriptedChatModel(BaseChatModel):
+    """Answers from `support.scenarios`: turn N = the number of AI messages so far."""
+
+    scenario: str
+    seen: list[list[BaseMessage]] = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedChatModel:
+        return self
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        self.seen.append(list(messages))
+        turn = sum(isinstance(m, AIMessage) for m in messages)
+        calls = next_calls(self.scenario, turn)
+        usage = {
+            "input_tokens": 150,
+            "output_tokens": 25,
+            "total_tokens": 175,
+            "input_token_details": {"cache_read": 100},
+        }
+        if calls is None:
+            message = AIMessage(content="done", usage_metadata=usage)
+        else:
+            message = AIMessage(
+                content="",
+                tool_calls=[
+                    {
+                        "name": name,
+                        "args": args,
+                        "id": f"call_{turn}_{k}",
+                        "type": "tool_call",
+                    }
+                    for k, (name, args) in enumerate(calls)
+                ],
+                usage_metadata=usage,
+            )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def make_tools(
+    log: ToolLog, on_tool: Callable[[int], None] | None = None
+) -> list[BaseTool]:
+    def ran(name: str, arg: Any) -> None:
+        log.calls.append((name, arg))
+        if on_tool is not None:
+            on_tool(len(log.calls))
+
+    @tool
+    def search(query: str) -> dict[str, Any]:
+        """Search the web."""
+        ran("search", query)
+        return search_output(query)
+
+    @tool
+    def open_page(url: str) -> dict[str, Any]:
+        """Open a page."""
+        ran("open_page", url)
+        return open_page_output(url)
+
+    @tool
+    def list_issues(page: int) -> dict[str, Any]:
+        """List one page of issues."""
+        ran("list_issues", page)
+        return list_issues_output(page)
+
+    @tool
+    def send_email(to: str, incident: str) -> dict[str, Any]:
+        """Notify someone about an incident."""
+        ran("send_email", to)
+        return send_email_output(to)
+
+    return [search, open_page, list_issues, send_email]
+
+
+def assert_history_valid(messages: list[BaseMessage]) -> None:
+    """Every tool call id of every AI message is answered by a ToolMessage."""
+    asked = {
+        c["id"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls
+    }
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    assert asked <= answered, f"unanswered call ids: {asked - answered}"
+
+
+def drive(
+    url: str,
+    scenario: str,
+    mode: str,
+    log: ToolLog,
+    *,
+    graph: str = "create_agent",
+    on_tool: Callable[[str], Callable[[int], None]] | None = None,
+    **connect: Any,
+) -> tuple[dict[str, Any], FuseboxMiddleware]:
+    """Runs the scenario's agent behind a fresh run; returns the final state and guard."""
+    run_id = fresh_run(f"lc-{mode}-{scenario}")
+    model = ScriptedChatModel(scenario=scenario)
+    tools = make_tools(log, on_tool(run_id) if on_tool else None)
+    config = {"recursion_limit": 500}
+    prompt = {"messages": [HumanMessage("go")]}
+
+    def build(guard: FuseboxMiddleware) -> Any:
+        if graph == "create_agent":
+            return create_agent(model, tools, middleware=[guard])
+
+        # A hand-built LangGraph loop: the guard as ToolNode wrapper plus its router.
+        def agent_node(state: MessagesState) -> dict[str, Any]:
+            return {"messages": [model.invoke(state["messages"])]}
+
+        async def aagent_node(state: MessagesState) -> dict[str, Any]:
+            return {"messages": [await model.ainvoke(state["messages"])]}
+
+        def after_agent(state: MessagesState) -> str:
+            last = state["messages"][-1]
+            return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+        builder = StateGraph(MessagesState)
+        builder.add_node("agent", agent_node if mode == "sync" else aagent_node)
+        builder.add_node("tools", guard.tool_node(tools))
+        builder.add_edge(START, "agent")
+        builder.add_conditional_edges("agent", after_agent, ["tools", END])
+        builder.add_conditional_edges("tools", guard.route("agent"), ["agent", END])
+        return builder.compile()
+
+    if mode == "sync":
+        fb = SyncFusebox.connect(url, tenant=TENANT, **connect)
+        try:
+            run = fb.start_run(run_id, agent="triager")
+            guard = FuseboxMiddleware(run, op_key=op_key_for(run_id))
+            state = build(guard).invoke(prompt, config)
+        finally:
+            fb.close()
+        return state, guard
+
+    async def main() -> tuple[dict[str, Any], FuseboxMiddleware]:
+        async with await Fusebox.connect(url, tenant=TENANT, **connect) as afb:
+            arun = await afb.start_run(run_id, agent="triager")
+            guard = FuseboxMiddleware(arun, op_key=op_key_for(run_id))
+            state = await build(guard).ainvoke(prompt, config)
+            await arun.close()
+            return state, guard
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("graph", ["create_agent", "tool_node"])
+@pytest.mark.parametrize("mode", MODES)
+def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
+    stack: Any, mode: str, graph: str
+) -> None:
+    log = ToolLog()
+    state, guard = drive(stack["nats_url"], "runaway", mode, log, graph=graph)
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    report = guard.run.stopped
+    assert report is not None and report.state_name == "STOPPED_LOOP_GUARD"
+    if graph == "create_agent":
+        assert stop_report(state) == report
+    assert_history_valid(state["messages"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ping_pong_is_stopped(stack: Any, mode: str) -> None:
+    log = ToolLog()
+    state, _ = drive(stack["nats_url"], "ping_pong", mode, log)
+    assert stop_report(state) is not None
+    assert len(log.calls) < 20
+    assert_history_valid(state["messages"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pagination_of_twelve_pages_finishes_untouched(stack: Any, mode: str) -> None:
+    log = ToolLog()
+    state, guard = drive(stack["nats_url"], "pagination", mode, log)
+    assert [a for t, a in log.calls if t == "list_issues"] == list(range(1, PAGES + 1))
+    assert guard.run.stopped is None and stop_report(state) is None
+    assert state["messages"][-1].content == "done"
+    tool_messages = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert all("fusebox" not in str(m.content) for m in tool_messages)
+    assert_history_valid(state["messages"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_side_effect_with_one_op_key_runs_once_across_a_retry(
+    stack: Any, mode: str
+) -> None:
+    log = ToolLog()
+    state, _ = drive(stack["nats_url"], "retry_side_effect", mode, log)
+    assert log.count("send_email") == 1
+    answers = {
+        m.tool_call_id: m for m in state["messages"] if isinstance(m, ToolMessage)
+    }
+    # The retry was answered with the stored result, under its own call id.
+    assert '"sent": true' in str(answers["call_1_0"].content)
+    assert answers["call_1_0"].status == "success"
+    assert_history_valid(state["messages"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
+    stack: Any, mode: str
+) -> None:
+    def cancel_on_third(run_id: str) -> Callable[[int], None]:
+        def on_tool(executions: int) -> None:
+            if executions == 3:
+                fusebox_cancel(stack, run_id)
+
+        return on_tool
+
+    log = ToolLog()
+    state, _ = drive(
+        stack["nats_url"], "pagination", mode, log, on_tool=cancel_on_third
+    )
+    assert log.count("list_issues") == 3
+    report = stop_report(state)
+    assert report is not None and report.state_name == "CANCELLED"
+    assert_history_valid(state["messages"])
+
+
+@pytest.mark.parametrize("policy", [GateOnError.DENY, GateOnError.ALLOW])
+@pytest.mark.parametrize("mode", MODES)
+def test_daemon_down(mode: str, policy: GateOnError) -> None:
+    log = ToolLog()
+    with bare_nats() as url:
+        state, _ = drive(
+            url, "one_search", mode, log, gate_on_error=policy, timeout_s=0.5
+        )
+    answers = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    if policy is GateOnError.DENY:
+        assert log.count("search") == 0
+        assert "no fuseboxd is listening" in str(answers[0].content)
+        assert answers[0].status == "error"
+    else:
+        assert log.count("search") == 1
+    assert state["messages"][-1].content == "done"
+    assert_history_valid(state["messages"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
+    stack: Any, mode: str
+) -> None:
+    log = ToolLog()
+    state, _ = drive(stack["nats_url"], "parallel_runaway", mode, log)
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    assert stop_report(state) is not None
+    answers = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert any("stopped this run" in str(m.content) for m in answers)
+    assert_history_valid(state["messages"])

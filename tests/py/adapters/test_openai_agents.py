@@ -1,0 +1,258 @@
+"""The OpenAI Agents SDK adapter, with the real SDK (openai-agents 0.24), a scripted model
+(agents.testing.ScriptedModel: no LLM, no network), a real nats-server and fuseboxd."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+from agents import Agent, RunConfig, function_tool, set_tracing_disabled
+from agents.testing import (
+    ModelCall,
+    ModelStep,
+    ScriptedModel,
+    assistant_message,
+    function_call,
+)
+from agents.usage import Usage as AgentsUsage
+from fusebox_guard import Fusebox, GateOnError, RunStopped
+from fusebox_guard.adapters.openai_agents import OpenAIAgentsGuard
+from support.guard import (
+    PAGES,
+    RUNAWAY_EXECUTIONS,
+    TENANT,
+    ToolLog,
+    bare_nats,
+    fresh_run,
+    fusebox_cancel,
+    list_issues_output,
+    open_page_output,
+    search_output,
+    send_email_output,
+)
+from support.scenarios import next_calls, op_key_for
+
+set_tracing_disabled(True)
+pytestmark = pytest.mark.asyncio
+
+
+def scripted(scenario: str) -> ScriptedModel:
+    turns = itertools.count()
+
+    def respond(call: ModelCall) -> Any:
+        turn = next(turns)
+        calls = next_calls(scenario, turn)
+        if calls is None:
+            return [assistant_message("done")]
+        return [
+            function_call(tool, args, call_id=f"call_{turn}_{k}")
+            for k, (tool, args) in enumerate(calls)
+        ]
+
+    model = ScriptedModel([ModelStep.respond(respond) for _ in range(100)])
+    model.set_default_usage(AgentsUsage(requests=1, input_tokens=120, output_tokens=30))
+    return model
+
+
+def make_agent(model: ScriptedModel, log: ToolLog, on_tool: Any = None) -> Agent[Any]:
+    @function_tool
+    def search(query: str) -> dict[str, Any]:
+        """Search the web."""
+        log.calls.append(("search", query))
+        if on_tool is not None:
+            on_tool(len(log.calls))
+        return search_output(query)
+
+    @function_tool
+    def open_page(url: str) -> dict[str, Any]:
+        """Open a page."""
+        log.calls.append(("open_page", url))
+        return open_page_output(url)
+
+    @function_tool
+    def list_issues(page: int) -> dict[str, Any]:
+        """List one page of issues."""
+        log.calls.append(("list_issues", page))
+        return list_issues_output(page)
+
+    @function_tool
+    def send_email(to: str, incident: str) -> dict[str, Any]:
+        """Notify someone about an incident."""
+        log.calls.append(("send_email", to))
+        return send_email_output(to)
+
+    return Agent(
+        name="researcher",
+        model=model,
+        tools=[search, open_page, list_issues, send_email],
+    )
+
+
+def assert_history_valid(model: ScriptedModel) -> None:
+    """Every function call the model saw in its input has an output for its call id."""
+    for call in model.calls:
+        items = call.input if isinstance(call.input, list) else []
+        asked = {
+            i["call_id"]
+            for i in map(_as_dict, items)
+            if i.get("type") == "function_call"
+        }
+        answered = {
+            i["call_id"]
+            for i in map(_as_dict, items)
+            if i.get("type") == "function_call_output"
+        }
+        assert asked <= answered, f"unanswered call ids: {asked - answered}"
+
+
+def _as_dict(item: Any) -> dict[str, Any]:
+    return item if isinstance(item, dict) else item.model_dump()
+
+
+async def guarded(
+    stack: dict[str, Any], scenario: str, **kw: Any
+) -> tuple[Any, OpenAIAgentsGuard]:
+    fb = await Fusebox.connect(stack["nats_url"], tenant=TENANT, **kw)
+    run = await fb.start_run(fresh_run(f"oai-{scenario}"), agent="researcher")
+    return fb, OpenAIAgentsGuard(run, op_key=op_key_for(run.id))
+
+
+async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
+    stack: Any,
+) -> None:
+    fb, guard = await guarded(stack, "runaway")
+    model, log = scripted("runaway"), ToolLog()
+    agent = guard.protect(make_agent(model, log))
+    with pytest.raises(RunStopped) as stopped:
+        await guard.run_agent(
+            agent, "weather in tokyo?", max_turns=100, run_config=RunConfig()
+        )
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    assert stopped.value.report is not None
+    assert stopped.value.report.state_name == "STOPPED_LOOP_GUARD"
+    assert guard.run.stopped is not None
+    assert_history_valid(model)
+    await fb.close()
+
+
+async def test_ping_pong_is_stopped(stack: Any) -> None:
+    fb, guard = await guarded(stack, "ping_pong")
+    model, log = scripted("ping_pong"), ToolLog()
+    agent = guard.protect(make_agent(model, log))
+    with pytest.raises(RunStopped) as stopped:
+        await guard.run_agent(agent, "go", max_turns=100)
+    assert stopped.value.report is not None
+    assert len(log.calls) < 20
+    assert_history_valid(model)
+    await fb.close()
+
+
+async def test_pagination_of_twelve_pages_finishes_untouched(stack: Any) -> None:
+    fb, guard = await guarded(stack, "pagination")
+    model, log = scripted("pagination"), ToolLog()
+    agent = guard.protect(make_agent(model, log))
+    result = await guard.run_agent(agent, "list all issues", max_turns=100)
+    assert result.final_output == "done"
+    assert [a for t, a in log.calls if t == "list_issues"] == list(range(1, PAGES + 1))
+    assert guard.run.stopped is None
+    assert_history_valid(model)
+    await fb.close()
+
+
+async def test_side_effect_with_one_op_key_runs_once_across_a_retry(stack: Any) -> None:
+    fb, guard = await guarded(stack, "retry_side_effect")
+    model, log = scripted("retry_side_effect"), ToolLog()
+    agent = guard.protect(make_agent(model, log))
+    result = await guard.run_agent(agent, "notify on-call", max_turns=100)
+    assert result.final_output == "done"
+    assert log.count("send_email") == 1
+    # The retry was answered with the stored result, under the retry's own call id.
+    last_input = [_as_dict(i) for i in model.calls[-1].input]
+    outputs = {
+        i["call_id"]: i["output"]
+        for i in last_input
+        if i.get("type") == "function_call_output"
+    }
+    assert '"sent": true' in str(outputs["call_1_0"]).lower().replace("'", '"')
+    assert_history_valid(model)
+    await fb.close()
+
+
+async def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
+    stack: Any,
+) -> None:
+    fb, guard = await guarded(stack, "pagination")
+    model, log = scripted("pagination"), ToolLog()
+    run_id = guard.run.id
+    cancelled = asyncio.Event()
+
+    def cancel_at(executions: int) -> None:
+        if executions == 3:
+            fusebox_cancel(stack, run_id)
+            cancelled.set()
+
+    # Cancel inside the 3rd execution of a legit run: the agent must not take another step.
+    agent = make_agent(model, log, on_tool=None)
+    agent.tools = [t for t in agent.tools if t.name != "list_issues"]
+
+    @function_tool
+    def list_issues(page: int) -> dict[str, Any]:
+        """List one page of issues."""
+        log.calls.append(("list_issues", page))
+        cancel_at(len(log.calls))
+        return list_issues_output(page)
+
+    agent.tools.append(list_issues)
+    guard.protect(agent)
+    with pytest.raises(RunStopped) as stopped:
+        await guard.run_agent(agent, "list all issues", max_turns=100)
+    assert cancelled.is_set()
+    assert log.count("list_issues") == 3
+    assert stopped.value.report is not None
+    assert stopped.value.report.state_name == "CANCELLED"
+    await fb.close()
+
+
+@pytest.mark.parametrize("policy", [GateOnError.DENY, GateOnError.ALLOW])
+async def test_daemon_down(policy: GateOnError) -> None:
+    with bare_nats() as url:
+        fb = await Fusebox.connect(
+            url, tenant=TENANT, gate_on_error=policy, timeout_s=0.5
+        )
+        run = await fb.start_run(fresh_run("oai-down"), agent="researcher")
+        guard = OpenAIAgentsGuard(run)
+        model, log = scripted("one_search"), ToolLog()
+        agent = guard.protect(make_agent(model, log))
+        result = await guard.run_agent(agent, "weather?", max_turns=10)
+        assert result.final_output == "done"
+        tool_outputs = [
+            i
+            for i in map(_as_dict, model.calls[-1].input)
+            if i.get("type") == "function_call_output"
+        ]
+        if policy is GateOnError.DENY:
+            assert log.count("search") == 0
+            assert "no fuseboxd is listening" in str(tool_outputs[0]["output"])
+            assert "did not run" in str(tool_outputs[0]["output"])
+        else:
+            assert log.count("search") == 1
+        assert_history_valid(model)
+        await fb.close()
+
+
+async def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
+    stack: Any,
+) -> None:
+    fb, guard = await guarded(stack, "parallel_runaway")
+    model, log = scripted("parallel_runaway"), ToolLog()
+    agent = guard.protect(make_agent(model, log))
+    with pytest.raises(RunStopped):
+        await guard.run_agent(agent, "go", max_turns=100)
+    # Each call of each turn asked the gate; no execution after the stop.
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    assert guard.run.stopped is not None
+    gate = await guard.run.tool_call("search", {"query": "weather tokyo"})
+    assert gate.stopped and not gate.may_run
+    await fb.close()

@@ -1,0 +1,236 @@
+"""A real Claude Code (the CLI bundled in claude-agent-sdk 0.2.184) in print mode, offline
+against the scripted model API stand-in, with `fusebox hook claude-code` installed
+exactly as the README tells a user (`--print-settings`), in front of a real fuseboxd.
+
+Every Bash command the model asks for appends a line to a file first, so the file
+counts the executions: a refused call must leave no line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.claude_code import ClaudeRun, run_claude
+from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
+from support.guard import RUNAWAY_EXECUTIONS, TENANT, bare_nats, fusebox_cancel
+
+
+def hook_settings(stack: dict[str, Any], nats_url: str, *flags: str) -> dict[str, Any]:
+    """The README's setup step: the block `--print-settings` prints."""
+    printed = subprocess.run(
+        [
+            f"{stack['bin_dir']}/fusebox",
+            "hook",
+            "claude-code",
+            "--print-settings",
+            "--nats-url",
+            nats_url,
+            "--tenant",
+            TENANT,
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    settings: dict[str, Any] = json.loads(printed.stdout)
+    return settings
+
+
+def run_status(stack: dict[str, Any], run: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            f"{stack['bin_dir']}/fusebox",
+            "run",
+            f"{TENANT}/{run}",
+            "--nats-url",
+            stack["nats_url"],
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    status: dict[str, Any] = json.loads(out.stdout)
+    return status
+
+
+class Workspace:
+    """A fresh HOME (no user settings) and working directory, and the execution count."""
+
+    def __init__(self, root: Path) -> None:
+        self.home = root / "home"
+        self.cwd = root / "work"
+        self.home.mkdir()
+        self.cwd.mkdir()
+        self.ledger = root / "executed.txt"
+
+    def bash(self, command: str) -> Turn:
+        """A turn calling Bash with `command`, counted before it runs."""
+        return tool_use("Bash", {"command": f"echo x >> {self.ledger}; {command}"})
+
+    def executions(self) -> int:
+        return len(self.ledger.read_text().splitlines()) if self.ledger.exists() else 0
+
+    def claude(
+        self, api: FakeAnthropic, settings: dict[str, Any], **kwargs: Any
+    ) -> ClaudeRun:
+        return run_claude(
+            api,
+            "do the task",
+            home=self.home,
+            cwd=self.cwd,
+            settings=settings,
+            **kwargs,
+        )
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    return Workspace(tmp_path)
+
+
+def refused(api: FakeAnthropic) -> list[str]:
+    return [r.content for r in api.tool_results() if "fusebox:" in r.content]
+
+
+def test_runaway_bash_loop_is_stopped_and_the_session_ends(
+    stack: dict[str, Any], ws: Workspace
+) -> None:
+    settings = hook_settings(stack, stack["nats_url"])
+    with FakeAnthropic(forever=ws.bash("cat status.txt || echo running")) as api:
+        run = ws.claude(api, settings)
+        result = run.result()
+        served = api.turns_served()
+        context_seen = any(
+            "hook additional context: fusebox:" in json.dumps(body)
+            for body in api.message_requests()
+        )
+        denials = refused(api)
+
+    # Stopped within the default bound: as many executions as the Rust demo's runaway.
+    assert ws.executions() == RUNAWAY_EXECUTIONS
+    # The stop ended the session: no turn after the refused calls.
+    assert result["terminal_reason"] == "hook_stopped", result
+    assert served == RUNAWAY_EXECUTIONS + len(result["permission_denials"])
+    assert len(result["permission_denials"]) >= 1
+    # The model read why (the warn before, the blocks' reasons).
+    assert context_seen
+    assert all("already ran" in d for d in denials), denials
+    status = run_status(stack, result["session_id"])
+    assert status["summary"]["open"] is False, status
+    assert status["summary"]["agent"] == "claude-code", status
+
+
+def test_legitimate_sequence_runs_untouched(
+    stack: dict[str, Any], ws: Workspace
+) -> None:
+    settings = hook_settings(stack, stack["nats_url"])
+    pages = [ws.bash(f"echo page {n}") for n in range(1, 13)]
+    with FakeAnthropic([*pages, text("read all twelve pages")]) as api:
+        result = ws.claude(api, settings).result()
+        results = api.tool_results()
+
+    assert ws.executions() == 12
+    assert (
+        result["subtype"] == "success" and result["result"] == "read all twelve pages"
+    )
+    assert result["permission_denials"] == []
+    assert [r.content.split("\n")[0] for r in results] == [
+        f"page {n}" for n in range(1, 13)
+    ]
+    assert not any("fusebox" in r.content for r in results)
+    status = run_status(stack, result["session_id"])
+    assert status["summary"]["steps"] == 12, status
+    # SessionEnd closed the run as completed.
+    assert status["summary"]["open"] is False, status
+
+
+def test_operator_cancel_refuses_the_next_call_and_ends_the_session(
+    stack: dict[str, Any], ws: Workspace
+) -> None:
+    settings = hook_settings(stack, stack["nats_url"])
+
+    def respond(body: dict[str, Any]) -> Turn:
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if turn == 2:  # two commands ran: an operator cancels from another process
+            fusebox_cancel(stack, session_id(ws), "operator: wrong branch")
+        return ws.bash(f"echo step {turn}")
+
+    with FakeAnthropic(respond=respond) as api:
+        result = ws.claude(api, settings).result()
+        denials = refused(api)
+
+    assert ws.executions() == 2
+    assert result["terminal_reason"] == "hook_stopped", result
+    assert len(result["permission_denials"]) == 1
+    assert denials == [] or all("cancel" in d for d in denials), denials
+
+
+def session_id(ws: Workspace) -> str:
+    """The one session of this test's HOME (Claude Code writes its transcript there)."""
+    transcripts = list((ws.home / ".claude" / "projects").glob("*/*.jsonl"))
+    assert len(transcripts) == 1, transcripts
+    return transcripts[0].stem
+
+
+@pytest.mark.parametrize("on_error", ["deny", "allow"])
+def test_guard_down(stack: dict[str, Any], ws: Workspace, on_error: str) -> None:
+    with bare_nats() as url:
+        settings = hook_settings(stack, url, "--on-error", on_error)
+        script = [ws.bash("echo one"), ws.bash("echo two"), text("gave up")]
+        with FakeAnthropic(script) as api:
+            result = ws.claude(api, settings).result()
+            results = api.tool_results()
+
+    if on_error == "deny":
+        assert ws.executions() == 0
+        assert len(results) == 2
+        assert all("the guard could not be asked" in r.content for r in results), (
+            results
+        )
+        assert all("no fuseboxd is listening" in r.content for r in results), results
+    else:
+        assert ws.executions() == 2
+        assert [r.content.split("\n")[0] for r in results] == ["one", "two"]
+    assert result["result"] == "gave up"
+
+
+def test_a_session_resumed_after_its_end_goes_on_in_a_new_run(
+    stack: dict[str, Any], ws: Workspace
+) -> None:
+    settings = hook_settings(stack, stack["nats_url"])
+    with FakeAnthropic([ws.bash("echo first"), text("first part done")]) as api:
+        first = ws.claude(api, settings).result()
+    session = first["session_id"]
+    with FakeAnthropic([ws.bash("echo second"), text("second part done")]) as api:
+        second = ws.claude(api, settings, extra_args=["--resume", session]).result()
+
+    assert second["session_id"] == session  # Claude Code keeps the id
+    assert ws.executions() == 2
+    assert second["permission_denials"] == []
+    assert run_status(stack, session)["summary"]["steps"] == 1
+    assert run_status(stack, f"{session}-2")["summary"]["steps"] == 1
+
+
+def test_a_session_the_guard_stopped_stays_stopped_when_resumed(
+    stack: dict[str, Any], ws: Workspace
+) -> None:
+    settings = hook_settings(stack, stack["nats_url"])
+    with FakeAnthropic(forever=ws.bash("echo same")) as api:
+        first = ws.claude(api, settings).result()
+    assert first["terminal_reason"] == "hook_stopped"
+    executed = ws.executions()
+    with FakeAnthropic([ws.bash("echo again"), text("gave up")]) as api:
+        second = ws.claude(api, settings, extra_args=["--resume", first["session_id"]])
+
+    assert ws.executions() == executed
+    result = second.result()
+    assert result["terminal_reason"] == "hook_stopped", result
+    assert len(result["permission_denials"]) == 1, result

@@ -1,0 +1,119 @@
+"""Shared pieces of the Python suites: fresh run ids, a NATS server with no fuseboxd
+behind it (the "daemon down" case), `fusebox cancel` from another process, and the
+scenarios every adapter is run through."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TENANT = "pytest"
+
+#: Default policy (config/fusebox.toml): a read call repeated with the same result runs
+#: `read_same_call_limit` = 5 times (the 5th with a warning), the next ones are blocked,
+#: and `consecutive_block_limit` = 3 blocks in a row stop the run. The Rust demo agent's
+#: loop is stopped after the same 5 executions.
+RUNAWAY_EXECUTIONS = 5
+
+
+def fresh_run(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def bare_nats() -> Iterator[str]:
+    """A nats-server with JetStream and no fuseboxd: every gate has no responders."""
+    work = Path(tempfile.mkdtemp(prefix="fusebox-bare-"))
+    port = free_port()
+    proc = subprocess.Popen(
+        ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(work)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def fusebox_cancel(
+    stack: dict[str, Any], run: str, reason: str = "operator says stop"
+) -> str:
+    """`fusebox cancel TENANT/RUN` as an operator would type it, in another process."""
+    out = subprocess.run(
+        [
+            f"{stack['bin_dir']}/fusebox",
+            "cancel",
+            f"{TENANT}/{run}",
+            "--nats-url",
+            stack["nats_url"],
+            "--reason",
+            reason,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return out.stdout
+
+
+@dataclass
+class ToolLog:
+    """What the fake tools really executed (the guard's decisions are judged by it)."""
+
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+
+    def count(self, tool: str) -> int:
+        return sum(1 for name, _ in self.calls if name == tool)
+
+
+# --- the tools every scenario uses (the same outputs in every framework) ---------------
+
+
+def search_output(query: str) -> dict[str, Any]:
+    return {"hits": ["jma.go.jp"], "query": query}
+
+
+def open_page_output(url: str) -> dict[str, Any]:
+    return {"title": "Weather", "url": url}
+
+
+def list_issues_output(page: int) -> dict[str, Any]:
+    return {
+        "issues": [f"ISSUE-{page * 10}", f"ISSUE-{page * 10 + 1}"],
+        "next": page < 12,
+    }
+
+
+def send_email_output(to: str) -> dict[str, Any]:
+    return {"sent": True, "to": to}
+
+
+PAGES = 12
