@@ -230,13 +230,21 @@ pub fn error_result(text: String) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(text)])
 }
 
-/// Adds the gateway's note to a forwarded result, after the tool's own content.
+/// Adds the gateway's note to a forwarded result, after the tool's own content. Agents
+/// that show the model `structuredContent` when there is one (Claude Code does) would
+/// never show a note in `content`, so an object there gets it as `fusebox_note` too.
 pub fn with_note(mut result: CallToolResult, note: Option<String>) -> CallToolResult {
     if let Some(note) = note {
+        if let Some(Value::Object(structured)) = result.structured_content.as_mut() {
+            structured.insert(NOTE_KEY.to_owned(), Value::String(note.clone()));
+        }
         result.content.push(ContentBlock::text(note));
     }
     result
 }
+
+/// Where a note goes in a structured result.
+pub const NOTE_KEY: &str = "fusebox_note";
 
 #[cfg(test)]
 mod tests {
@@ -467,5 +475,14 @@ mod tests {
             Some("fusebox warning: w".to_owned()),
         );
         assert_eq!(text_of(&result), "x\nfusebox warning: w");
+
+        let mut structured = CallToolResult::success(vec![ContentBlock::text("{}")]);
+        structured.structured_content = Some(json!({"n": 1}));
+        let noted = with_note(structured, Some("careful".to_owned()));
+        assert_eq!(
+            noted.structured_content,
+            Some(json!({"n": 1, NOTE_KEY: "careful"}))
+        );
+        assert_eq!(with_note(noted.clone(), None), noted);
     }
 }

@@ -68,6 +68,10 @@ const UPSTREAM_START_TIMEOUT: Duration = Duration::from_secs(60);
 type ToolTable = Arc<Mutex<Option<HashMap<String, Option<ToolAnnotations>>>>>;
 /// The upstream's progress token → the agent's, for requests in flight.
 type ProgressMap = Arc<Mutex<HashMap<ProgressToken, ProgressToken>>>;
+/// The agent, as the upstream's requests and notifications reach it. A session opened by
+/// `server/discover` first knows only a placeholder peer; `initialize` and every later
+/// request bring the real one.
+type AgentPeer = Arc<std::sync::RwLock<Peer<RoleServer>>>;
 
 /// One agent session.
 pub struct Gateway {
@@ -77,6 +81,7 @@ pub struct Gateway {
 
 struct Session {
     upstream: Peer<RoleClient>,
+    agent: AgentPeer,
     _service: RunningService<RoleClient, UpstreamSide>,
     info: InitializeResult,
     run: GuardedRun,
@@ -122,8 +127,9 @@ impl Gateway {
     ) -> Result<Session, McpError> {
         let tools: ToolTable = Arc::default();
         let progress: ProgressMap = Arc::default();
+        let agent: AgentPeer = Arc::new(std::sync::RwLock::new(agent));
         let side = UpstreamSide {
-            agent,
+            agent: agent.clone(),
             info: params.clone(),
             tools: tools.clone(),
             progress: progress.clone(),
@@ -190,6 +196,7 @@ impl Gateway {
         run.announce().await;
         Ok(Session {
             upstream: peer,
+            agent,
             _service: service,
             info,
             run,
@@ -237,6 +244,7 @@ impl Session {
         request: ClientRequest,
         context: &RequestContext<RoleServer>,
     ) -> Result<ServerResult, ServiceError> {
+        *self.agent.write().expect("agent lock") = context.peer.clone();
         let agent_token = context.meta.get_progress_token();
         let mut meta = context.meta.clone();
         meta.0 .0.remove("progressToken");
@@ -455,7 +463,34 @@ impl ServerHandler for Gateway {
             .session
             .get_or_try_init(|| self.connect_upstream(&request, context.peer.clone()))
             .await?;
+        *session.agent.write().expect("agent lock") = context.peer.clone();
         Ok(session.info.clone())
+    }
+
+    /// `server/discover` (the 2026-07-28 lifecycle) opens the session too, with the
+    /// client identity the request's `_meta` carries, and advertises only the version
+    /// the upstream agreed to: an agent that speaks newer versions then falls back to
+    /// the `initialize` handshake, as it would with that server directly.
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        let client = InitializeRequestParams::new(
+            context.meta.client_capabilities().unwrap_or_default(),
+            context
+                .meta
+                .client_info()
+                .unwrap_or_else(|| Implementation::new("fusebox-mcp", env!("CARGO_PKG_VERSION"))),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE);
+        let session = self
+            .session
+            .get_or_try_init(|| self.connect_upstream(&client, context.peer.clone()))
+            .await?;
+        Ok(DiscoverResult::from_server_info(
+            vec![session.info.protocol_version.clone()],
+            session.info.clone(),
+        ))
     }
 
     async fn ping(&self, context: RequestContext<RoleServer>) -> Result<(), McpError> {
@@ -690,7 +725,7 @@ impl Gateway {
 /// The client side of a session: what the upstream asks of the agent (sampling, roots,
 /// elicitation) and tells it (progress, logs, list changes) goes on to the agent.
 pub struct UpstreamSide {
-    agent: Peer<RoleServer>,
+    agent: AgentPeer,
     info: InitializeRequestParams,
     tools: ToolTable,
     progress: ProgressMap,
@@ -708,10 +743,8 @@ impl Service<RoleClient> for UpstreamSide {
         let mut meta = context.meta;
         meta.0 .0.remove("progressToken");
         request.get_meta_mut().extend(meta);
-        self.agent
-            .send_request(request)
-            .await
-            .map_err(upstream_error)
+        let agent = self.agent.read().expect("agent lock").clone();
+        agent.send_request(request).await.map_err(upstream_error)
     }
 
     async fn handle_notification(
@@ -742,7 +775,8 @@ impl Service<RoleClient> for UpstreamSide {
             _ => {}
         }
         notification.get_meta_mut().extend(context.meta);
-        if let Err(error) = self.agent.send_notification(notification).await {
+        let agent = self.agent.read().expect("agent lock").clone();
+        if let Err(error) = agent.send_notification(notification).await {
             tracing::warn!(%error, "notification not forwarded to the agent");
         }
         Ok(())

@@ -50,6 +50,13 @@ async def test_a_runaway_read_is_stopped_and_stays_stopped(
                 break
         assert STOPPED in text(answers[-1]), [text(a) for a in answers]
         assert answers[-1].is_error
+        # Warn before block before stop: a warning rides on a result the tool really
+        # gave; a block is an error result with the guard's message.
+        warned = [a for a in answers if "fusebox warning" in text(a)]
+        assert warned and not warned[0].is_error and "no results for" in text(warned[0])
+        assert any(
+            a.is_error and "fusebox blocked this call" in text(a) for a in answers
+        )
         ran = len(executions(count_file, "search"))
         assert ran < len(answers), "refused calls never reach the server"
         # Stop ends the session's calls: any tool, any arguments, refused the same way.
