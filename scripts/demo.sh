@@ -17,6 +17,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 say "setup (nats-server, moto_server, prometheus)"
 bash scripts/setup.sh
+# setup.sh puts the PyPI-shipped servers (nats-server, moto_server) in the repo's venv.
+export PATH="$PWD/.venv/bin:$PATH"
 
 # A debug build: the demo is about behaviour, not speed, and it shares every artifact
 # with `scripts/test.sh` (an optimised aws-sdk-ec2 alone takes many minutes on 2 cores).

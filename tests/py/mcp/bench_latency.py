@@ -25,9 +25,7 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(
-    params: StdioServerParameters, calls: int, warmup: int
-) -> list[float]:
+async def measure(params: StdioServerParameters, calls: int, warmup: int) -> list[float]:
     """Per-call round trips in ms; every call is a new page, so the guard executes all."""
     samples = []
     async with session(params) as client:
@@ -71,9 +69,7 @@ async def main() -> None:
     direct_ms: list[float] = []
     gateway_ms: list[float] = []
     for _ in range(2):
-        direct_ms += await measure(
-            direct(counting_server()), args.calls // 2, args.warmup
-        )
+        direct_ms += await measure(direct(counting_server()), args.calls // 2, args.warmup)
         gateway_ms += await measure(through, args.calls // 2, args.warmup)
     report: dict[str, Any] = {
         "calls_each": len(direct_ms),

@@ -44,7 +44,7 @@ def list_page(page: int) -> str:
     executed("list_page", page=page)
     items = [f"item-{page * 10 + i}" for i in range(10)]
     more = "next page: " + str(page + 1) if page < 4 else "last page"
-    return "\n".join(items + [more])
+    return "\n".join([*items, more])
 
 
 @server.tool(annotations=WRITE)

@@ -15,25 +15,18 @@ from typing import Any, TextIO
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
+from support.stack import Stack
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 COUNTING_SERVER = pathlib.Path(__file__).with_name("counting_server.py")
 FILESYSTEM_SERVER = (
-    ROOT
-    / "tests/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
+    ROOT / "tests/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
 )
 TENANT = "mcp-tests"
 
 
-def stack_value(stack: Any, key: str) -> str:
-    """A field of the session's stack (the JSON line fusebox-stack prints)."""
-    if isinstance(stack, Mapping):
-        return str(stack[key])
-    return str(getattr(stack, key))
-
-
-def fusebox_bin(stack: Any) -> str:
-    return str(pathlib.Path(stack_value(stack, "bin_dir")) / "fusebox")
+def fusebox_bin(stack: Stack) -> str:
+    return str(stack.bin("fusebox"))
 
 
 def counting_server() -> list[str]:
@@ -52,7 +45,7 @@ def fresh_run() -> str:
 
 
 def gateway(
-    stack: Any,
+    stack: Stack,
     upstream: Sequence[str],
     *flags: str,
     nats_url: str | None = None,
@@ -62,24 +55,18 @@ def gateway(
     args = [
         "mcp",
         "--nats-url",
-        nats_url or stack_value(stack, "nats_url"),
+        nats_url or stack.nats_url,
         "--tenant",
         TENANT,
         *flags,
         "--",
         *upstream,
     ]
-    return StdioServerParameters(
-        command=fusebox_bin(stack), args=args, env=dict(env or {})
-    )
+    return StdioServerParameters(command=fusebox_bin(stack), args=args, env=dict(env or {}))
 
 
-def direct(
-    upstream: Sequence[str], env: Mapping[str, str] | None = None
-) -> StdioServerParameters:
-    return StdioServerParameters(
-        command=upstream[0], args=list(upstream[1:]), env=dict(env or {})
-    )
+def direct(upstream: Sequence[str], env: Mapping[str, str] | None = None) -> StdioServerParameters:
+    return StdioServerParameters(command=upstream[0], args=list(upstream[1:]), env=dict(env or {}))
 
 
 @functools.cache
@@ -91,9 +78,7 @@ def server_log() -> TextIO:
 
 
 @asynccontextmanager
-async def session(
-    params: StdioServerParameters, **kwargs: Any
-) -> AsyncIterator[ClientSession]:
+async def session(params: StdioServerParameters, **kwargs: Any) -> AsyncIterator[ClientSession]:
     """An initialized client session with the server `params` starts."""
     async with (
         stdio_client(params, errlog=server_log()) as (read, write),
@@ -104,14 +89,10 @@ async def session(
 
 
 def text(result: CallToolResult) -> str:
-    return "\n".join(
-        block.text for block in result.content if isinstance(block, TextContent)
-    )
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
 
 
-def executions(
-    count_file: pathlib.Path, tool: str | None = None
-) -> list[dict[str, Any]]:
+def executions(count_file: pathlib.Path, tool: str | None = None) -> list[dict[str, Any]]:
     """The tool executions the counting server recorded."""
     if not count_file.exists():
         return []

@@ -8,17 +8,16 @@ import json
 import pathlib
 from typing import Any
 
-from gateway import TENANT, counting_server, executions, fusebox_bin, stack_value
+from gateway import TENANT, counting_server, executions, fusebox_bin
 from support.claude_code import run_claude
 from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
+from support.stack import Stack
 
 SERVER = "counting"
 STOPPED = "fusebox stopped this run"
 
 
-def mcp_config(
-    stack: Any, count_file: pathlib.Path, path: pathlib.Path
-) -> pathlib.Path:
+def mcp_config(stack: Stack, count_file: pathlib.Path, path: pathlib.Path) -> pathlib.Path:
     """The README's `mcpServers` entry: the server's own command after `fusebox mcp … --`."""
     config = {
         "mcpServers": {
@@ -26,7 +25,7 @@ def mcp_config(
                 "command": fusebox_bin(stack),
                 "args": ["mcp", "--tenant", TENANT, "--", *counting_server()],
                 "env": {
-                    "FUSEBOX_NATS_URL": stack_value(stack, "nats_url"),
+                    "FUSEBOX_NATS_URL": stack.nats_url,
                     "COUNT_FILE": str(count_file),
                 },
             }
@@ -46,16 +45,12 @@ def last_tool_result(body: dict[str, Any]) -> str:
             if isinstance(block, dict) and block.get("type") == "tool_result":
                 inner = block.get("content")
                 if isinstance(inner, list):
-                    return "\n".join(
-                        str(p.get("text", "")) for p in inner if isinstance(p, dict)
-                    )
+                    return "\n".join(str(p.get("text", "")) for p in inner if isinstance(p, dict))
                 return str(inner)
     return ""
 
 
-def test_a_runaway_mcp_loop_in_claude_code_is_stopped(
-    stack: Any, tmp_path: pathlib.Path
-) -> None:
+def test_a_runaway_mcp_loop_in_claude_code_is_stopped(stack: Stack, tmp_path: pathlib.Path) -> None:
     count_file = tmp_path / "executions.jsonl"
     work = tmp_path / "work"
     work.mkdir()
@@ -95,14 +90,14 @@ def test_a_runaway_mcp_loop_in_claude_code_is_stopped(
 
 
 def test_a_legitimate_mcp_sequence_in_claude_code_is_untouched(
-    stack: Any, tmp_path: pathlib.Path
+    stack: Stack, tmp_path: pathlib.Path
 ) -> None:
     count_file = tmp_path / "executions.jsonl"
     work = tmp_path / "work"
     work.mkdir()
-    script = [
-        tool_use(f"mcp__{SERVER}__list_page", {"page": page}) for page in range(5)
-    ] + [text("listed")]
+    script = [tool_use(f"mcp__{SERVER}__list_page", {"page": page}) for page in range(5)] + [
+        text("listed")
+    ]
     with FakeAnthropic(script) as api:
         run = run_claude(
             api,

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from gateway import direct, filesystem_server, gateway, session, text
 from mcp.types import ListRootsResult, Root
-
-pytestmark = pytest.mark.anyio
+from support.stack import Stack
 
 STOPPED = "fusebox stopped this run"
 
@@ -26,16 +25,12 @@ def tree(tmp_path: pathlib.Path) -> pathlib.Path:
     return root
 
 
-async def test_a_runaway_read_of_one_file_is_stopped(
-    stack: Any, tree: pathlib.Path
-) -> None:
+async def test_a_runaway_read_of_one_file_is_stopped(stack: Stack, tree: pathlib.Path) -> None:
     path = str(tree / "src" / "file0.txt")
     async with session(gateway(stack, filesystem_server(tree))) as client:
         answers = []
         for _ in range(40):
-            answers.append(
-                text(await client.call_tool("read_text_file", {"path": path}))
-            )
+            answers.append(text(await client.call_tool("read_text_file", {"path": path})))
             if STOPPED in answers[-1]:
                 break
         assert answers[0].strip() == "src 0"
@@ -44,16 +39,12 @@ async def test_a_runaway_read_of_one_file_is_stopped(
         assert refused.is_error and STOPPED in text(refused)
 
 
-async def test_a_legitimate_walk_of_the_tree_finishes(
-    stack: Any, tree: pathlib.Path
-) -> None:
+async def test_a_legitimate_walk_of_the_tree_finishes(stack: Stack, tree: pathlib.Path) -> None:
     async with session(gateway(stack, filesystem_server(tree))) as client:
         listing = await client.call_tool("list_directory", {"path": str(tree)})
         assert not listing.is_error and "[DIR] src" in text(listing)
         for name in ["src", "docs", "tests"]:
-            inside = await client.call_tool(
-                "list_directory", {"path": str(tree / name)}
-            )
+            inside = await client.call_tool("list_directory", {"path": str(tree / name)})
             assert "[FILE] file2.txt" in text(inside), text(inside)
             for i in range(3):
                 read = await client.call_tool(
@@ -63,7 +54,7 @@ async def test_a_legitimate_walk_of_the_tree_finishes(
 
 
 async def test_the_same_write_with_one_op_key_is_done_once(
-    stack: Any, tree: pathlib.Path
+    stack: Stack, tree: pathlib.Path
 ) -> None:
     target = tree / "docs" / "release.md"
     params = gateway(stack, filesystem_server(tree), "--op-key", "write_file=path")
@@ -91,9 +82,7 @@ def without_fields_rmcp_drops(listing: dict[str, Any]) -> dict[str, Any]:
     names the one known gap instead of hiding every difference."""
     return {
         **listing,
-        "tools": [
-            {k: v for k, v in t.items() if k != "execution"} for t in listing["tools"]
-        ],
+        "tools": [{k: v for k, v in t.items() if k != "execution"} for t in listing["tools"]],
     }
 
 
@@ -103,14 +92,12 @@ async def observe(client: Any, tree: pathlib.Path) -> dict[str, Any]:
         "tools": dump(await client.list_tools()),
         "allowed": dump(await client.call_tool("list_allowed_directories", {})),
         "tree": dump(await client.call_tool("directory_tree", {"path": str(tree)})),
-        "missing": dump(
-            await client.call_tool("read_text_file", {"path": str(tree / "nope.txt")})
-        ),
+        "missing": dump(await client.call_tool("read_text_file", {"path": str(tree / "nope.txt")})),
     }
 
 
 async def test_everything_but_tools_call_passes_through_equivalent(
-    stack: Any, tree: pathlib.Path
+    stack: Stack, tree: pathlib.Path
 ) -> None:
     async with session(direct(filesystem_server(tree))) as client:
         without = await observe(client, tree)
@@ -124,7 +111,7 @@ async def test_everything_but_tools_call_passes_through_equivalent(
 
 
 async def test_the_servers_roots_request_reaches_the_agent(
-    stack: Any, tree: pathlib.Path
+    stack: Stack, tree: pathlib.Path
 ) -> None:
     # The server asks the client for its roots (roots/list, server → client): through
     # the gateway the agent's answer decides the allowed directories.
@@ -133,9 +120,7 @@ async def test_the_servers_roots_request_reaches_the_agent(
     async def roots(context: Any) -> ListRootsResult:
         asked.append(True)
         return ListRootsResult(
-            roots=[
-                Root.model_validate({"uri": (tree / "docs").as_uri(), "name": "docs"})
-            ]
+            roots=[Root.model_validate({"uri": (tree / "docs").as_uri(), "name": "docs"})]
         )
 
     async with session(

@@ -18,11 +18,9 @@ from gateway import (
     fusebox_bin,
     gateway,
     session,
-    stack_value,
     text,
 )
-
-pytestmark = pytest.mark.anyio
+from support.stack import Stack
 
 STOPPED = "fusebox stopped this run"
 
@@ -37,11 +35,9 @@ def env(count_file: pathlib.Path) -> dict[str, str]:
 
 
 async def test_a_runaway_read_is_stopped_and_stays_stopped(
-    stack: Any, count_file: pathlib.Path
+    stack: Stack, count_file: pathlib.Path
 ) -> None:
-    async with session(
-        gateway(stack, counting_server(), env=env(count_file))
-    ) as client:
+    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
         answers = []
         for _ in range(40):
             result = await client.call_tool("search", {"query": "the same thing"})
@@ -54,9 +50,7 @@ async def test_a_runaway_read_is_stopped_and_stays_stopped(
         # gave; a block is an error result with the guard's message.
         warned = [a for a in answers if "fusebox warning" in text(a)]
         assert warned and not warned[0].is_error and "no results for" in text(warned[0])
-        assert any(
-            a.is_error and "fusebox blocked this call" in text(a) for a in answers
-        )
+        assert any(a.is_error and "fusebox blocked this call" in text(a) for a in answers)
         ran = len(executions(count_file, "search"))
         assert ran < len(answers), "refused calls never reach the server"
         # Stop ends the session's calls: any tool, any arguments, refused the same way.
@@ -70,12 +64,8 @@ async def test_a_runaway_read_is_stopped_and_stays_stopped(
         assert len(executions(count_file)) == ran
 
 
-async def test_a_legitimate_listing_finishes(
-    stack: Any, count_file: pathlib.Path
-) -> None:
-    async with session(
-        gateway(stack, counting_server(), env=env(count_file))
-    ) as client:
+async def test_a_legitimate_listing_finishes(stack: Stack, count_file: pathlib.Path) -> None:
+    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
         for page in range(5):
             result = await client.call_tool("list_page", {"page": page})
             assert not result.is_error, text(result)
@@ -91,7 +81,7 @@ async def test_a_legitimate_listing_finishes(
 
 
 async def test_the_same_write_with_one_op_key_is_done_once(
-    stack: Any, count_file: pathlib.Path
+    stack: Stack, count_file: pathlib.Path
 ) -> None:
     params = gateway(
         stack,
@@ -116,9 +106,7 @@ async def test_the_same_write_with_one_op_key_is_done_once(
     ]
 
 
-async def test_an_operator_cancel_ends_the_session(
-    stack: Any, count_file: pathlib.Path
-) -> None:
+async def test_an_operator_cancel_ends_the_session(stack: Stack, count_file: pathlib.Path) -> None:
     run = fresh_run()
     params = gateway(stack, counting_server(), "--run", run, env=env(count_file))
     async with session(params) as client:
@@ -129,16 +117,14 @@ async def test_an_operator_cancel_ends_the_session(
                 "cancel",
                 f"{TENANT}/{run}",
                 "--nats-url",
-                stack_value(stack, "nats_url"),
+                stack.nats_url,
             ],
             check=True,
         )
         refused = await client.call_tool("list_page", {"page": 1})
-        assert (
-            refused.is_error
-            and STOPPED in text(refused)
-            and "CANCELLED" in text(refused)
-        ), text(refused)
+        assert refused.is_error and STOPPED in text(refused) and "CANCELLED" in text(refused), text(
+            refused
+        )
     assert [e["args"]["page"] for e in executions(count_file, "list_page")] == [0]
 
 
@@ -149,7 +135,7 @@ def unused_nats_url() -> str:
 
 
 async def test_guard_down_gives_error_results_not_hangs(
-    stack: Any, count_file: pathlib.Path
+    stack: Stack, count_file: pathlib.Path
 ) -> None:
     params = gateway(
         stack,
@@ -163,16 +149,14 @@ async def test_guard_down_gives_error_results_not_hangs(
         async with session(params) as client:
             for _ in range(3):
                 result = await client.call_tool("list_page", {"page": 0})
-                assert result.is_error and "guard did not answer" in text(result), text(
-                    result
-                )
+                assert result.is_error and "guard did not answer" in text(result), text(result)
             # Everything else still works: only tools/call is gated.
             assert len((await client.list_tools()).tools) > 0
     assert executions(count_file) == []
 
 
 async def test_guard_down_with_allow_runs_the_call_and_says_so(
-    stack: Any, count_file: pathlib.Path
+    stack: Stack, count_file: pathlib.Path
 ) -> None:
     params = gateway(
         stack,
@@ -193,39 +177,29 @@ async def test_guard_down_with_allow_runs_the_call_and_says_so(
 
 
 async def test_upstream_killed_mid_session_gives_a_clear_error(
-    stack: Any, count_file: pathlib.Path
+    stack: Stack, count_file: pathlib.Path
 ) -> None:
     with anyio.fail_after(30):
-        async with session(
-            gateway(stack, counting_server(), env=env(count_file))
-        ) as client:
+        async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
             assert not (await client.call_tool("list_page", {"page": 0})).is_error
             crashed = await client.call_tool("crash", {})
-            assert crashed.is_error and "upstream MCP server" in text(crashed), text(
-                crashed
-            )
+            assert crashed.is_error and "upstream MCP server" in text(crashed), text(crashed)
             after = await client.call_tool("list_page", {"page": 1})
             assert after.is_error and "upstream MCP server" in text(after), text(after)
     assert [e["tool"] for e in executions(count_file)] == ["list_page", "crash"]
 
 
 async def test_upstream_garbage_and_silence_give_answers_not_hangs(
-    stack: Any, count_file: pathlib.Path
+    stack: Stack, count_file: pathlib.Path
 ) -> None:
-    params = gateway(
-        stack, counting_server(), "--upstream-timeout", "2s", env=env(count_file)
-    )
+    params = gateway(stack, counting_server(), "--upstream-timeout", "2s", env=env(count_file))
     with anyio.fail_after(30):
         async with session(params) as client:
             # A line that is not JSON-RPC is skipped; the real answer after it arrives.
             garbled = await client.call_tool("garble", {})
-            assert not garbled.is_error and "answered after the garbage" in text(
-                garbled
-            )
+            assert not garbled.is_error and "answered after the garbage" in text(garbled)
             silent = await client.call_tool("hang", {})
-            assert silent.is_error and "upstream MCP server" in text(silent), text(
-                silent
-            )
+            assert silent.is_error and "upstream MCP server" in text(silent), text(silent)
             # The session goes on.
             assert not (await client.call_tool("list_page", {"page": 0})).is_error
     assert [e["tool"] for e in executions(count_file)] == [
@@ -236,17 +210,13 @@ async def test_upstream_garbage_and_silence_give_answers_not_hangs(
 
 
 async def test_a_failing_tool_is_reported_as_a_failure(
-    stack: Any, count_file: pathlib.Path
+    stack: Stack, count_file: pathlib.Path
 ) -> None:
     # isError results are failures to the guard, never progress: retrying the same
     # failing call is a loop it stops.
-    async with session(
-        gateway(stack, counting_server(), env=env(count_file))
-    ) as client:
+    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
         first = await client.call_tool("fail", {"reason": "disk"})
-        assert first.is_error and "fusebox" not in text(first), (
-            "the tool's own error, forwarded"
-        )
+        assert first.is_error and "fusebox" not in text(first), "the tool's own error, forwarded"
         answers = [text(first)]
         for _ in range(30):
             answers.append(text(await client.call_tool("fail", {"reason": "disk"})))
@@ -265,9 +235,7 @@ async def observe(client: Any) -> dict[str, Any]:
     its progress notifications."""
     progress: list[tuple[float, float | None, str | None]] = []
 
-    async def on_progress(
-        done: float, total: float | None, message: str | None
-    ) -> None:
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
         progress.append((done, total, message))
 
     slow = await client.call_tool("slow", {"steps": 3}, progress_callback=on_progress)
@@ -287,13 +255,11 @@ async def observe(client: Any) -> dict[str, Any]:
 
 
 async def test_everything_but_tools_call_passes_through_equivalent(
-    stack: Any, count_file: pathlib.Path
+    stack: Stack, count_file: pathlib.Path
 ) -> None:
     async with session(direct(counting_server(), env=env(count_file))) as client:
         without = await observe(client)
-    async with session(
-        gateway(stack, counting_server(), env=env(count_file))
-    ) as client:
+    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
         through = await observe(client)
     assert len(without["progress"]) == 3
     for key in without:

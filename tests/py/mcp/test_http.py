@@ -10,16 +10,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import httpx2
 import pytest
-from gateway import COUNTING_SERVER, TENANT, executions, fusebox_bin, stack_value, text
+from gateway import COUNTING_SERVER, TENANT, executions, fusebox_bin, text
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-
-pytestmark = pytest.mark.anyio
+from support.stack import Stack
 
 STOPPED = "fusebox stopped this run"
 
@@ -47,7 +45,7 @@ def count_file(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 @pytest.fixture
-def http_gateway(stack: Any, count_file: pathlib.Path) -> Iterator[str]:
+def http_gateway(stack: Stack, count_file: pathlib.Path) -> Iterator[str]:
     upstream_port, gateway_port = free_port(), free_port()
     quiet = None if os.environ.get("FUSEBOX_TEST_VERBOSE") else subprocess.DEVNULL
     upstream = subprocess.Popen(
@@ -61,7 +59,7 @@ def http_gateway(stack: Any, count_file: pathlib.Path) -> Iterator[str]:
             fusebox_bin(stack),
             "mcp",
             "--nats-url",
-            stack_value(stack, "nats_url"),
+            stack.nats_url,
             "--tenant",
             TENANT,
             "--listen",
@@ -98,14 +96,10 @@ async def test_an_http_agent_behind_an_http_gateway_is_guarded(
                     "list_page",
                 }
                 for page in range(3):
-                    assert not (
-                        await client.call_tool("list_page", {"page": page})
-                    ).is_error
+                    assert not (await client.call_tool("list_page", {"page": page})).is_error
                 answers = []
                 for _ in range(40):
-                    answers.append(
-                        text(await client.call_tool("search", {"query": "again"}))
-                    )
+                    answers.append(text(await client.call_tool("search", {"query": "again"})))
                     if STOPPED in answers[-1]:
                         break
                 assert STOPPED in answers[-1], answers
