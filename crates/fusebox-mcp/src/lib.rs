@@ -223,10 +223,26 @@ async fn serve_stdio(settings: Arc<Settings>) -> Result<(), String> {
         .serve((tokio::io::stdin(), tokio::io::stdout()))
         .await
         .map_err(|e| format!("the MCP session did not start: {e}"))?;
-    let reason = service.waiting().await;
-    tracing::info!(?reason, "session ended");
+    // An agent ends a stdio server with SIGINT or SIGTERM as often as by closing stdin
+    // (Claude Code sends SIGINT): both close the run the session made.
+    tokio::select! {
+        reason = service.waiting() => tracing::info!(?reason, "session ended"),
+        () = shutdown_signal() => tracing::info!("session ended by a signal"),
+    }
     session.close().await;
     Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(terminate) => terminate,
+            Err(_) => return std::future::pending().await,
+        };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
 }
 
 async fn serve_http(settings: Arc<Settings>, addr: SocketAddr) -> Result<(), String> {
@@ -242,9 +258,7 @@ async fn serve_http(settings: Arc<Settings>, addr: SocketAddr) -> Result<(), Str
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!("serving MCP agents at http://{bound}/mcp");
     axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| format!("HTTP server failed: {e}"))
 }
