@@ -232,10 +232,19 @@ pub fn error_result(text: String) -> CallToolResult {
 
 /// Adds the gateway's note to a forwarded result, after the tool's own content. Agents
 /// that show the model `structuredContent` when there is one (Claude Code does) would
-/// never show a note in `content`, so an object there gets it as `fusebox_note` too.
-pub fn with_note(mut result: CallToolResult, note: Option<String>) -> CallToolResult {
+/// never show a note in `content`, so an object there gets it as `fusebox_note` too,
+/// unless the tool's `outputSchema` forbids extra properties (clients validate it).
+pub fn with_note(
+    mut result: CallToolResult,
+    note: Option<String>,
+    output_schema: Option<&JsonObject>,
+) -> CallToolResult {
     if let Some(note) = note {
-        if let Some(Value::Object(structured)) = result.structured_content.as_mut() {
+        let extra_allowed = output_schema
+            .is_none_or(|schema| schema.get("additionalProperties") != Some(&Value::Bool(false)));
+        if let (Some(Value::Object(structured)), true) =
+            (result.structured_content.as_mut(), extra_allowed)
+        {
             structured.insert(NOTE_KEY.to_owned(), Value::String(note.clone()));
         }
         result.content.push(ContentBlock::text(note));
@@ -473,16 +482,25 @@ mod tests {
         let result = with_note(
             CallToolResult::success(vec![ContentBlock::text("x")]),
             Some("fusebox warning: w".to_owned()),
+            None,
         );
         assert_eq!(text_of(&result), "x\nfusebox warning: w");
 
         let mut structured = CallToolResult::success(vec![ContentBlock::text("{}")]);
         structured.structured_content = Some(json!({"n": 1}));
-        let noted = with_note(structured, Some("careful".to_owned()));
+        let open = json!({"type": "object"});
+        let noted = with_note(
+            structured.clone(),
+            Some("careful".to_owned()),
+            open.as_object(),
+        );
         assert_eq!(
             noted.structured_content,
             Some(json!({"n": 1, NOTE_KEY: "careful"}))
         );
-        assert_eq!(with_note(noted.clone(), None), noted);
+        assert_eq!(with_note(noted.clone(), None, None), noted);
+        let closed = json!({"type": "object", "additionalProperties": false});
+        let kept = with_note(structured, Some("careful".to_owned()), closed.as_object());
+        assert_eq!(kept.structured_content, Some(json!({"n": 1})));
     }
 }

@@ -64,8 +64,8 @@ pub struct Settings {
 /// The least time an upstream gets to start and answer `initialize`.
 const UPSTREAM_START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Tool name → annotations, from the upstream's `tools/list` answers.
-type ToolTable = Arc<Mutex<Option<HashMap<String, Option<ToolAnnotations>>>>>;
+/// Tool name → the tool as the upstream's `tools/list` answers described it.
+type ToolTable = Arc<Mutex<Option<HashMap<String, Tool>>>>;
 /// The upstream's progress token → the agent's, for requests in flight.
 type ProgressMap = Arc<Mutex<HashMap<ProgressToken, ProgressToken>>>;
 /// The agent, as the upstream's requests and notifications reach it. A session opened by
@@ -277,18 +277,15 @@ impl Session {
         result
     }
 
-    /// The tool's annotations, listing the upstream's tools once if the agent called one
-    /// before listing them itself.
-    async fn annotations(&self, tool: &str) -> Option<ToolAnnotations> {
+    /// The tool as listed (annotations, output schema), listing the upstream's tools
+    /// once if the agent called one before listing them itself.
+    async fn listed_tool(&self, tool: &str) -> Option<Tool> {
         if let Some(table) = self.tools.lock().expect("tools lock").as_ref() {
-            return table.get(tool).cloned().flatten();
+            return table.get(tool).cloned();
         }
         match self.upstream.list_all_tools().await {
             Ok(tools) => {
-                let found = tools
-                    .iter()
-                    .find(|t| t.name == tool)
-                    .and_then(|t| t.annotations.clone());
+                let found = tools.iter().find(|t| t.name == tool).cloned();
                 record_tools(&self.tools, &tools);
                 found
             }
@@ -310,8 +307,9 @@ impl Session {
         }
         let tool = params.name.to_string();
         let tool_config = settings.config.tool(&tool);
-        let annotations = self.annotations(&tool).await;
-        let effect = mapping::effect_of(tool_config, annotations.as_ref());
+        let listed = self.listed_tool(&tool).await;
+        let annotations = listed.as_ref().and_then(|t| t.annotations.as_ref());
+        let effect = mapping::effect_of(tool_config, annotations);
         let op_key = mapping::op_key_of(&tool, tool_config, params.arguments.as_ref());
         let call_id = self.run.call_id();
         let gate = self
@@ -335,7 +333,8 @@ impl Session {
                 let reported =
                     mapping::tool_result(&call_id, &tool, &result, settings.config.error_kind);
                 let stop = self.run.report(reported).await;
-                let mut result = mapping::with_note(result, note);
+                let output_schema = listed.as_ref().and_then(|t| t.output_schema.as_deref());
+                let mut result = mapping::with_note(result, note, output_schema);
                 if stop.is_some() {
                     if let Some(stopped) = self.run.latched() {
                         result.content.extend(stopped.content);
@@ -410,7 +409,7 @@ fn record_tools(table: &ToolTable, tools: &[Tool]) {
     let mut guard = table.lock().expect("tools lock");
     let map = guard.get_or_insert_with(HashMap::new);
     for tool in tools {
-        map.insert(tool.name.to_string(), tool.annotations.clone());
+        map.insert(tool.name.to_string(), tool.clone());
     }
 }
 
