@@ -326,6 +326,9 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// MCP gateway: wraps an MCP server so every tools/call is gated by fuseboxd
+    /// (`fusebox mcp --help` shows the mcpServers entry to paste).
+    Mcp(fusebox_mcp::McpArgs),
 }
 
 fn operate(remote: Remote, op: operate::Op) -> Result<ExitCode, String> {
@@ -469,6 +472,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Watchdog { args } => watchdog_forward::run(&args),
+        Command::Mcp(args) => Ok(fusebox_mcp::main(args)),
         Command::Hook(args) => hook::run(args),
         Command::Whatif(args) => whatif::main(args),
         Command::Tune(args) => tune::main(args),

@@ -1,0 +1,266 @@
+"""`fusebox mcp` in front of an MCP server written for the tests (Python `mcp` SDK),
+driven by the SDK's real client: scripted agent loops against the session's fuseboxd."""
+
+from __future__ import annotations
+
+import pathlib
+import socket
+from typing import Any
+
+import anyio
+import pytest
+from gateway import (
+    TENANT,
+    counting_server,
+    direct,
+    executions,
+    fresh_run,
+    fusebox_bin,
+    gateway,
+    session,
+    text,
+)
+from support.stack import Stack
+
+STOPPED = "fusebox stopped this run"
+
+
+@pytest.fixture
+def count_file(tmp_path: pathlib.Path) -> pathlib.Path:
+    return tmp_path / "executions.jsonl"
+
+
+def env(count_file: pathlib.Path) -> dict[str, str]:
+    return {"COUNT_FILE": str(count_file)}
+
+
+async def test_a_runaway_read_is_stopped_and_stays_stopped(
+    stack: Stack, count_file: pathlib.Path
+) -> None:
+    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
+        answers = []
+        for _ in range(40):
+            result = await client.call_tool("search", {"query": "the same thing"})
+            answers.append(result)
+            if STOPPED in text(result):
+                break
+        assert STOPPED in text(answers[-1]), [text(a) for a in answers]
+        assert answers[-1].is_error
+        # Warn before block before stop: a warning rides on a result the tool really
+        # gave; a block is an error result with the guard's message.
+        warned = [a for a in answers if "fusebox warning" in text(a)]
+        assert warned and not warned[0].is_error and "no results for" in text(warned[0])
+        assert any(a.is_error and "fusebox blocked this call" in text(a) for a in answers)
+        ran = len(executions(count_file, "search"))
+        assert ran < len(answers), "refused calls never reach the server"
+        # Stop ends the session's calls: any tool, any arguments, refused the same way.
+        later: list[tuple[str, dict[str, Any]]] = [
+            ("search", {"query": "something new"}),
+            ("list_page", {"page": 0}),
+        ]
+        for tool, args in later:
+            refused = await client.call_tool(tool, args)
+            assert refused.is_error and STOPPED in text(refused)
+        assert len(executions(count_file)) == ran
+
+
+async def test_a_legitimate_listing_finishes(stack: Stack, count_file: pathlib.Path) -> None:
+    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
+        for page in range(5):
+            result = await client.call_tool("list_page", {"page": page})
+            assert not result.is_error, text(result)
+            assert f"item-{page * 10}" in text(result)
+            assert "fusebox" not in text(result)
+    assert [e["args"]["page"] for e in executions(count_file, "list_page")] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+
+
+async def test_the_same_write_with_one_op_key_is_done_once(
+    stack: Stack, count_file: pathlib.Path
+) -> None:
+    params = gateway(
+        stack,
+        counting_server(),
+        "--op-key",
+        "send_email=message_id",
+        env=env(count_file),
+    )
+    async with session(params) as client:
+        email = {"message_id": "m-42", "to": "ops@example.com", "body": "disk full"}
+        first = await client.call_tool("send_email", email)
+        assert not first.is_error and "sent m-42" in text(first)
+        for _ in range(2):
+            again = await client.call_tool("send_email", email)
+            assert not again.is_error, text(again)
+            assert "sent m-42" in text(again), "the stored result is the answer"
+        other = await client.call_tool("send_email", {**email, "message_id": "m-43"})
+        assert "sent m-43" in text(other)
+    assert [e["args"]["message_id"] for e in executions(count_file, "send_email")] == [
+        "m-42",
+        "m-43",
+    ]
+
+
+async def test_an_operator_cancel_ends_the_session(stack: Stack, count_file: pathlib.Path) -> None:
+    run = fresh_run()
+    params = gateway(stack, counting_server(), "--run", run, env=env(count_file))
+    async with session(params) as client:
+        assert not (await client.call_tool("list_page", {"page": 0})).is_error
+        await anyio.run_process(
+            [
+                fusebox_bin(stack),
+                "cancel",
+                f"{TENANT}/{run}",
+                "--nats-url",
+                stack.nats_url,
+            ],
+            check=True,
+        )
+        refused = await client.call_tool("list_page", {"page": 1})
+        assert refused.is_error and STOPPED in text(refused) and "CANCELLED" in text(refused), text(
+            refused
+        )
+    assert [e["args"]["page"] for e in executions(count_file, "list_page")] == [0]
+
+
+def unused_nats_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"nats://127.0.0.1:{probe.getsockname()[1]}"
+
+
+async def test_guard_down_gives_error_results_not_hangs(
+    stack: Stack, count_file: pathlib.Path
+) -> None:
+    params = gateway(
+        stack,
+        counting_server(),
+        "--gate-timeout",
+        "500ms",
+        nats_url=unused_nats_url(),
+        env=env(count_file),
+    )
+    with anyio.fail_after(30):
+        async with session(params) as client:
+            for _ in range(3):
+                result = await client.call_tool("list_page", {"page": 0})
+                assert result.is_error and "guard did not answer" in text(result), text(result)
+            # Everything else still works: only tools/call is gated.
+            assert len((await client.list_tools()).tools) > 0
+    assert executions(count_file) == []
+
+
+async def test_guard_down_with_allow_runs_the_call_and_says_so(
+    stack: Stack, count_file: pathlib.Path
+) -> None:
+    params = gateway(
+        stack,
+        counting_server(),
+        "--gate-timeout",
+        "500ms",
+        "--on-guard-error",
+        "allow",
+        nats_url=unused_nats_url(),
+        env=env(count_file),
+    )
+    with anyio.fail_after(30):
+        async with session(params) as client:
+            result = await client.call_tool("list_page", {"page": 0})
+    assert not result.is_error
+    assert "item-0" in text(result) and "ran unguarded" in text(result)
+    assert len(executions(count_file, "list_page")) == 1
+
+
+async def test_upstream_killed_mid_session_gives_a_clear_error(
+    stack: Stack, count_file: pathlib.Path
+) -> None:
+    with anyio.fail_after(30):
+        async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
+            assert not (await client.call_tool("list_page", {"page": 0})).is_error
+            crashed = await client.call_tool("crash", {})
+            assert crashed.is_error and "upstream MCP server" in text(crashed), text(crashed)
+            after = await client.call_tool("list_page", {"page": 1})
+            assert after.is_error and "upstream MCP server" in text(after), text(after)
+    assert [e["tool"] for e in executions(count_file)] == ["list_page", "crash"]
+
+
+async def test_upstream_garbage_and_silence_give_answers_not_hangs(
+    stack: Stack, count_file: pathlib.Path
+) -> None:
+    params = gateway(stack, counting_server(), "--upstream-timeout", "2s", env=env(count_file))
+    with anyio.fail_after(30):
+        async with session(params) as client:
+            # A line that is not JSON-RPC is skipped; the real answer after it arrives.
+            garbled = await client.call_tool("garble", {})
+            assert not garbled.is_error and "answered after the garbage" in text(garbled)
+            silent = await client.call_tool("hang", {})
+            assert silent.is_error and "upstream MCP server" in text(silent), text(silent)
+            # The session goes on.
+            assert not (await client.call_tool("list_page", {"page": 0})).is_error
+    assert [e["tool"] for e in executions(count_file)] == [
+        "garble",
+        "hang",
+        "list_page",
+    ]
+
+
+async def test_a_failing_tool_is_reported_as_a_failure(
+    stack: Stack, count_file: pathlib.Path
+) -> None:
+    # isError results are failures to the guard, never progress: retrying the same
+    # failing call is a loop it stops.
+    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
+        first = await client.call_tool("fail", {"reason": "disk"})
+        assert first.is_error and "fusebox" not in text(first), "the tool's own error, forwarded"
+        answers = [text(first)]
+        for _ in range(30):
+            answers.append(text(await client.call_tool("fail", {"reason": "disk"})))
+            if STOPPED in answers[-1]:
+                break
+        assert STOPPED in answers[-1], answers
+    assert len(executions(count_file, "fail")) < len(answers)
+
+
+def dump(value: Any) -> Any:
+    return value.model_dump(mode="json", exclude_none=True, by_alias=True)
+
+
+async def observe(client: Any) -> dict[str, Any]:
+    """Everything a session shows that is not gated, and one executed tool call with
+    its progress notifications."""
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append((done, total, message))
+
+    slow = await client.call_tool("slow", {"steps": 3}, progress_callback=on_progress)
+    return {
+        "initialize": dump(client.initialize_result),
+        "tools": dump(await client.list_tools()),
+        "resources": dump(await client.list_resources()),
+        "templates": dump(await client.list_resource_templates()),
+        "read": dump(await client.read_resource("memo://readme")),
+        "read_template": dump(await client.read_resource("memo://notes/today")),
+        "prompts": dump(await client.list_prompts()),
+        "prompt": dump(await client.get_prompt("greet", {"name": "Ada"})),
+        "ping": dump(await client.send_ping()),
+        "call": dump(slow),
+        "progress": progress,
+    }
+
+
+async def test_everything_but_tools_call_passes_through_equivalent(
+    stack: Stack, count_file: pathlib.Path
+) -> None:
+    async with session(direct(counting_server(), env=env(count_file))) as client:
+        without = await observe(client)
+    async with session(gateway(stack, counting_server(), env=env(count_file))) as client:
+        through = await observe(client)
+    assert len(without["progress"]) == 3
+    for key in without:
+        assert through[key] == without[key], key
