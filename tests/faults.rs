@@ -303,8 +303,13 @@ impl FreezableDisk {
         assert!(status.success(), "fsfreeze -f");
     }
 
+    /// Thaws it; thawing a disk that is not frozen is a no-op.
     fn thaw(&self) {
-        let _ = Command::new("fsfreeze").arg("-u").arg(&self.mount).status();
+        let _ = Command::new("fsfreeze")
+            .arg("-u")
+            .arg(&self.mount)
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 
