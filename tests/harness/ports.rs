@@ -1,6 +1,6 @@
 //! Free loopback ports, and waiting until something listens on one.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 /// A port nobody listens on right now (the OS picks it; released before use, which is
@@ -24,9 +24,15 @@ pub fn free_ports(n: usize) -> Vec<u16> {
 
 /// Whether something accepts connections on `127.0.0.1:port` within `timeout`.
 pub fn wait_for_port(port: u16, timeout: Duration) -> bool {
+    wait_for_addr(SocketAddr::from(([127, 0, 0, 1], port)), timeout)
+}
+
+/// Waits until `addr` accepts TCP connections (an address in a test's own network
+/// namespace, say).
+pub fn wait_for_addr(addr: SocketAddr, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
             return true;
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -2,6 +2,7 @@
 //! its log printed when the test is failing.
 
 use std::fs::File;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -63,6 +64,11 @@ impl Proc {
     /// Waits until `127.0.0.1:port` accepts connections; a process that exits first or a
     /// port that stays closed fails the test with the process's log.
     pub fn wait_listening(&mut self, port: u16, timeout: Duration) {
+        self.wait_reachable(SocketAddr::from(([127, 0, 0, 1], port)), timeout);
+    }
+
+    /// [`Proc::wait_listening`] for any address (one in a test's own network namespace).
+    pub fn wait_reachable(&mut self, addr: SocketAddr, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.exit_status() {
@@ -72,12 +78,12 @@ impl Proc {
                     self.logs()
                 );
             }
-            if ports::wait_for_port(port, Duration::from_millis(50)) {
+            if ports::wait_for_addr(addr, Duration::from_millis(50)) {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "{} did not listen on {port} within {timeout:?}:\n{}",
+                "{} did not listen on {addr} within {timeout:?}:\n{}",
                 self.name,
                 self.logs()
             );

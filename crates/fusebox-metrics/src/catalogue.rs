@@ -192,6 +192,20 @@ pub const WATCHDOG_BLAST_RADIUS: MetricDef = def(
     false,
     "Sweeps that hit the blast-radius limit and stopped terminating.",
 );
+pub const WATCHDOG_HELD: MetricDef = def(
+    "fusebox_watchdog_terminations_held",
+    Gauge,
+    &[],
+    false,
+    "Overdue instances the blast-radius limit left running in the latest pass that found any overdue.",
+);
+pub const WATCHDOG_HELD_TOTAL: MetricDef = def(
+    "fusebox_watchdog_terminations_held_total",
+    Counter,
+    &["reason"],
+    false,
+    "Overdue instances left running by the blast-radius limit, summed over passes (one held in three passes counts three), by reason.",
+);
 pub const WATCHDOG_PROTECTED: MetricDef = def(
     "fusebox_watchdog_protected_instances",
     Gauge,
@@ -246,6 +260,8 @@ pub const CATALOGUE: &[&MetricDef] = &[
     &DLQ,
     &WATCHDOG_NEXT_DEADLINE,
     &WATCHDOG_BLAST_RADIUS,
+    &WATCHDOG_HELD,
+    &WATCHDOG_HELD_TOTAL,
     &WATCHDOG_PROTECTED,
     &CLUSTER_PARTITIONS,
     &CLUSTER_PARTITIONS_OWNED,

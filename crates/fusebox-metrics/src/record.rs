@@ -168,6 +168,19 @@ impl Metrics {
         self.watchdog_blast_radius.inc();
     }
 
+    /// Overdue instances the blast-radius limit left running in the latest pass.
+    pub fn set_watchdog_terminations_held(&self, instances: u64) {
+        self.watchdog_held.set(gauge_value(instances));
+    }
+
+    /// `held` more overdue instances were left running by the blast-radius limit for
+    /// `reason` (`deadline`, `max_lifetime`, `run_ended`, `leftover`).
+    pub fn watchdog_terminations_held(&self, reason: &str, held: u64) {
+        self.watchdog_held_total
+            .with_label_values(&[self.termination_reasons.bound(reason)])
+            .inc_by(held);
+    }
+
     pub fn set_watchdog_protected_instances(&self, instances: u64) {
         self.watchdog_protected.set(gauge_value(instances));
     }

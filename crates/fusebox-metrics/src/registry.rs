@@ -78,6 +78,8 @@ pub struct Metrics {
     pub(crate) dlq: IntCounter,
     pub(crate) watchdog_next_deadline: Gauge,
     pub(crate) watchdog_blast_radius: IntCounter,
+    pub(crate) watchdog_held: IntGauge,
+    pub(crate) watchdog_held_total: IntCounterVec,
     pub(crate) watchdog_protected: IntGauge,
     pub(crate) cluster_partitions: IntGauge,
     pub(crate) cluster_partitions_owned: IntGauge,
@@ -126,6 +128,8 @@ impl Metrics {
             dlq: b.counter(&cat::DLQ)?,
             watchdog_next_deadline: b.gauge(&cat::WATCHDOG_NEXT_DEADLINE)?,
             watchdog_blast_radius: b.counter(&cat::WATCHDOG_BLAST_RADIUS)?,
+            watchdog_held: b.int_gauge(&cat::WATCHDOG_HELD)?,
+            watchdog_held_total: b.counter_vec(&cat::WATCHDOG_HELD_TOTAL)?,
             watchdog_protected: b.int_gauge(&cat::WATCHDOG_PROTECTED)?,
             cluster_partitions: b.int_gauge(&cat::CLUSTER_PARTITIONS)?,
             cluster_partitions_owned: b.int_gauge(&cat::CLUSTER_PARTITIONS_OWNED)?,
@@ -147,6 +151,11 @@ impl Metrics {
         }
         for state in labels::INSTANCE_STATES {
             self.watchdog_instances.with_label_values(&[*state]).set(0);
+        }
+        for reason in labels::TERMINATION_REASONS {
+            self.watchdog_held_total
+                .with_label_values(&[*reason])
+                .inc_by(0);
         }
         // No deadline known yet: NaN keeps "< 0" alerts quiet and graphs gapped.
         self.watchdog_next_deadline.set(f64::NAN);

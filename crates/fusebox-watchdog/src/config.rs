@@ -28,6 +28,8 @@ pub struct WatchdogConfig {
     pub max_terminations_per_sweep: usize,
     /// At most this fraction (0..=1) of managed instances terminated in one pass (rounded up).
     pub max_termination_share: f64,
+    /// What a pass does when more instances are overdue than the limit allows.
+    pub on_blast_radius: BlastRadiusAction,
     /// Instance ids per TerminateInstances call.
     pub terminate_batch_size: usize,
     /// An instance younger than this that the cloud says does not exist is re-checked
@@ -36,6 +38,21 @@ pub struct WatchdogConfig {
     /// Delay before re-checking an instance or run whose last check could not conclude.
     pub recheck_after_s: u64,
     pub retry: RetryConfig,
+}
+
+/// The operator's choice when a pass finds more overdue instances than the blast-radius
+/// limit allows. Either way the held instances are counted and alerted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlastRadiusAction {
+    /// Terminate up to the limit (earliest deadlines first), leave the rest for later
+    /// passes: a fleet that is truly overdue drains at the limit's pace.
+    CapPerPass,
+    /// Terminate none of them and page: a pass that finds more than the limit overdue is
+    /// taken as a sign the watchdog's view is wrong (bad tags, a wrong clock) until a human
+    /// looks. Each later pass decides again, so it resumes by itself once the overdue
+    /// count fits the limit.
+    Halt,
 }
 
 /// Bounded exponential backoff for throttling, 5xx and transport errors.
@@ -60,6 +77,7 @@ impl Default for WatchdogConfig {
             sweep_cron: "0 * * * * *".to_owned(),
             max_terminations_per_sweep: 50,
             max_termination_share: 0.5,
+            on_blast_radius: BlastRadiusAction::CapPerPass,
             terminate_batch_size: 100,
             not_found_grace_s: 60,
             recheck_after_s: 10,

@@ -110,6 +110,21 @@ impl<P: Provider> Watchdog<P> {
         }
     }
 
+    /// The facts that rebuild the watchdog's timers as they are now (for compacting a
+    /// journal of facts): tracked instances, and the run ends that can still matter —
+    /// those of the last `default_max_lifetime_s` (at least `grace_s`), those with a
+    /// pending verify-empty check, and those of runs with a tracked instance.
+    pub fn live_facts(&self) -> Vec<Fact> {
+        let cfg = &self.inner.cfg;
+        let window_s = cfg.default_max_lifetime_s.max(cfg.grace_s);
+        let since = self
+            .inner
+            .clock
+            .now_ms()
+            .saturating_sub(window_s.saturating_mul(1000));
+        self.inner.state().live_facts(since)
+    }
+
     /// One full sweep of every region now.
     pub async fn sweep(&self) -> PassReport {
         let due = self.inner.state().take_due(self.inner.clock.now_ms());

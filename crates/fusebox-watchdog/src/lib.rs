@@ -26,7 +26,10 @@
 //!
 //! Each pass is bounded by a blast-radius limit (`max_terminations_per_sweep`,
 //! `max_termination_share`): past it nothing more is terminated, the alert is raised and
-//! the reason is given, so a clock jump or a bad tag cannot wipe a fleet.
+//! the reason is given, so a clock jump or a bad tag cannot wipe a fleet. What the pass
+//! does with the overdue instances past the limit is the operator's choice
+//! (`on_blast_radius`): terminate up to the limit and hold the rest (`cap_per_pass`, the
+//! default), or terminate none of them and page (`halt`).
 //!
 //! ## Wiring it into the daemon
 //!
@@ -87,8 +90,8 @@ mod stats;
 pub mod tags;
 mod terminate;
 
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{ConfigError, RetryConfig, WatchdogConfig};
+pub use clock::{Clock, ManualClock, SteadyClock, SystemClock};
+pub use config::{BlastRadiusAction, ConfigError, RetryConfig, WatchdogConfig};
 pub use deadline::{Deadline, Reason};
 pub use ec2::Ec2Provider;
 pub use engine::Watchdog;

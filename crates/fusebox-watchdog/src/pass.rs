@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::task::JoinSet;
 
+use crate::deadline::Reason;
 use crate::engine::Inner;
 use crate::plan::{self, Assessed, Plan};
 use crate::provider::{Instance, Provider, Selector};
@@ -231,16 +232,24 @@ impl<P: Provider> Inner<P> {
         if plan.held.is_empty() {
             if overdue > 0 {
                 counters.blast_radius_alert = false;
+                counters.held_last_pass = 0;
             }
             return None;
         }
         counters.blast_radius_alert = true;
         counters.blast_radius_trips_total += 1;
+        counters.held_last_pass = plan.held.len() as u64;
+        let mut held: BTreeMap<Reason, usize> = BTreeMap::new();
+        for c in &plan.held {
+            *held.entry(c.reason).or_default() += 1;
+            *counters.held_total.entry(c.reason).or_default() += 1;
+        }
         drop(counters);
         let alert = BlastRadiusAlert {
             at_ms: now,
             overdue,
             allowed: plan.allowed,
+            held,
             managed: plan.managed,
             why: plan::why_held(plan, &self.cfg),
         };
@@ -267,6 +276,7 @@ impl<P: Provider> Inner<P> {
         // A sweep that found nothing overdue clears the alert as well.
         if plan.terminate.is_empty() && plan.held.is_empty() {
             c.blast_radius_alert = false;
+            c.held_last_pass = 0;
         }
     }
 }

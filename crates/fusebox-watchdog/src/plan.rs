@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use crate::config::WatchdogConfig;
+use crate::config::{BlastRadiusAction, WatchdogConfig};
 use crate::deadline::{self, Deadline, DeadlineInputs, Reason};
 use crate::provider::Instance;
 use crate::state::{InstanceKey, RunKey, State};
@@ -168,7 +168,11 @@ pub fn plan(
         .max(managed_floor);
     p.allowed = allowed(p.managed, cfg);
     overdue.sort_by(|a, b| (a.deadline_ms, &a.key).cmp(&(b.deadline_ms, &b.key)));
-    let held = overdue.split_off(overdue.len().min(p.allowed));
+    let keep = match cfg.on_blast_radius {
+        BlastRadiusAction::Halt if overdue.len() > p.allowed => 0,
+        _ => p.allowed,
+    };
+    let held = overdue.split_off(overdue.len().min(keep));
     p.terminate = overdue;
     p.held = held;
     p
@@ -194,12 +198,21 @@ pub fn why_held(p: &Plan, cfg: &WatchdogConfig) -> String {
             cfg.max_termination_share, p.managed
         )
     };
+    let action = match cfg.on_blast_radius {
+        BlastRadiusAction::CapPerPass => format!(
+            "terminated the {} with the earliest deadlines and left {} running",
+            p.terminate.len(),
+            p.held.len()
+        ),
+        BlastRadiusAction::Halt => format!(
+            "on_blast_radius = \"halt\": terminated none and left {} running",
+            p.held.len()
+        ),
+    };
     format!(
-        "{overdue} instances are overdue but {limit} allows {}: terminated the {} with the \
-         earliest deadlines and left {} running; check for a clock jump or bad deadline tags",
-        p.allowed,
-        p.terminate.len(),
-        p.held.len()
+        "{overdue} instances are overdue but {limit} allows {}: {action}; check for a clock \
+         jump or bad deadline tags",
+        p.allowed
     )
 }
 
@@ -368,6 +381,23 @@ mod tests {
         // Earliest deadlines go first.
         assert_eq!(p.terminate[0].key.instance_id, "i-0");
         assert!(why_held(&p, &c).contains("max_terminations_per_sweep = 3"));
+    }
+
+    #[test]
+    fn halt_terminates_none_past_the_limit_and_all_within_it() {
+        let c = WatchdogConfig {
+            max_terminations_per_sweep: 3,
+            max_termination_share: 1.0,
+            on_blast_radius: BlastRadiusAction::Halt,
+            ..cfg()
+        };
+        let fleet =
+            |n: usize| -> Vec<_> { (0..n).map(|i| inst(&format!("i-{i}"), 0, &[])).collect() };
+        let p = run(fleet(10), &State::default(), &HashSet::new(), &c);
+        assert_eq!((p.terminate.len(), p.held.len()), (0, 10));
+        assert!(why_held(&p, &c).contains("terminated none and left 10 running"));
+        let p = run(fleet(3), &State::default(), &HashSet::new(), &c);
+        assert_eq!((p.terminate.len(), p.held.len()), (3, 0));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Outcomes leave the watchdog through a sink: the daemon logs each as an event, publishes it
 //! on `fusebox.watchdog.<tenant>.terminated` and counts it in metrics.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use serde::Serialize;
@@ -70,8 +71,11 @@ pub struct BlastRadiusAlert {
     pub at_ms: u64,
     /// Overdue instances found in the pass.
     pub overdue: usize,
-    /// Terminations the limit allowed (and that were attempted).
+    /// Terminations the limit allows in one pass (with `on_blast_radius = "halt"` none
+    /// were attempted).
     pub allowed: usize,
+    /// Overdue instances left running by this pass, by reason.
+    pub held: BTreeMap<Reason, usize>,
     /// Managed, live instances the share was computed from.
     pub managed: usize,
     /// Human-readable explanation, e.g. which limit bit.

@@ -3,7 +3,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
-use crate::facts::{InstanceLaunched, RunEnded};
+use crate::facts::{Fact, InstanceLaunched, RunEnded};
 use crate::sink::Outcome;
 
 /// An instance, cloud-wide: ids are unique per region.
@@ -148,6 +148,45 @@ impl State {
         due
     }
 
+    /// The facts that rebuild this state's timers: every instance still tracked, and the
+    /// end of each run that still matters — its verify-empty check is armed, an instance
+    /// of it is tracked, or it ended at or after `ends_since_ms` (an instance tagged with
+    /// the run and never reported may still turn up in a sweep). Sorted by time, then key.
+    pub fn live_facts(&self, ends_since_ms: u64) -> Vec<Fact> {
+        let runs_with_instances: HashSet<RunKey> = self
+            .launched
+            .values()
+            .map(|f| RunKey {
+                tenant: f.tenant.clone(),
+                run: f.run.clone(),
+            })
+            .collect();
+        let mut launched: Vec<&InstanceLaunched> = self.launched.values().collect();
+        launched.sort_by(|a, b| {
+            (a.ts_ms, &a.region, &a.instance_id).cmp(&(b.ts_ms, &b.region, &b.instance_id))
+        });
+        let mut ended: Vec<(&RunKey, u64)> = self
+            .runs_ended
+            .iter()
+            .filter(|(k, &end)| {
+                end >= ends_since_ms
+                    || self.verify_at.contains_key(*k)
+                    || runs_with_instances.contains(*k)
+            })
+            .map(|(k, &end)| (k, end))
+            .collect();
+        ended.sort_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)));
+        let mut facts: Vec<Fact> = launched.into_iter().map(|f| f.clone().into()).collect();
+        facts.extend(ended.into_iter().map(|(k, ts_ms)| {
+            Fact::from(RunEnded {
+                tenant: k.tenant.clone(),
+                run: k.run.clone(),
+                ts_ms,
+            })
+        }));
+        facts
+    }
+
     fn is_live(&self, at: u64, timer: &Timer) -> bool {
         match timer {
             Timer::Instance(k) => self.instance_at.get(k) == Some(&at),
@@ -177,6 +216,52 @@ mod tests {
         assert_eq!(s.take_due(60).instances, vec![key("a")]);
         assert_eq!(s.take_due(1_000).instances, vec![key("b")]);
         assert_eq!(s.next_wake(), None);
+    }
+
+    #[test]
+    fn live_facts_keep_tracked_instances_and_the_run_ends_that_matter() {
+        let launch = |run: &str, id: &str, ts_ms| InstanceLaunched {
+            tenant: "t".into(),
+            run: run.into(),
+            provider: "ec2".into(),
+            region: "r".into(),
+            instance_id: id.into(),
+            max_lifetime_s: None,
+            ts_ms,
+        };
+        let end = |run: &str, ts_ms| RunEnded {
+            tenant: "t".into(),
+            run: run.into(),
+            ts_ms,
+        };
+        let mut s = State::default();
+        s.launched(launch("has-instance", "i-1", 10), 3600);
+        s.run_ended(end("has-instance", 20), 5);
+        s.run_ended(end("verified-long-ago", 30), 5);
+        s.run_ended(end("verify-pending", 40), 1_000_000);
+        s.run_ended(end("recent", 50_000), 5);
+        // The verify checks of everything but "verify-pending" have run.
+        s.take_due(60_000);
+        s.run_ended(end("verify-pending", 40), 1_000_000);
+        let facts = s.live_facts(10_000);
+        assert_eq!(
+            facts,
+            vec![
+                launch("has-instance", "i-1", 10).into(),
+                end("has-instance", 20).into(),
+                end("verify-pending", 40).into(),
+                end("recent", 50_000).into(),
+            ]
+        );
+        // Fed back, they rebuild the same facts.
+        let mut rebuilt = State::default();
+        for f in facts.clone() {
+            match f {
+                Fact::InstanceLaunched(f) => rebuilt.launched(f, 3600),
+                Fact::RunEnded(f) => rebuilt.run_ended(f, 5),
+            }
+        }
+        assert_eq!(rebuilt.live_facts(10_000), facts);
     }
 
     #[test]

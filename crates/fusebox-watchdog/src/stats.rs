@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::deadline::Reason;
 use crate::provider::Op;
 
 /// A point-in-time copy of the watchdog's gauges and counters.
@@ -33,6 +34,13 @@ pub struct WatchdogStats {
     pub blast_radius_alert: bool,
     /// Passes held back by the blast-radius limit (counter).
     pub blast_radius_trips_total: u64,
+    /// Overdue instances the blast-radius limit left running in the latest pass that
+    /// found any overdue (`fusebox_watchdog_terminations_held`).
+    pub held_last_pass: u64,
+    /// Overdue instances left running by the limit, summed over passes, by reason
+    /// (`fusebox_watchdog_terminations_held_total{reason}`): an instance held in three
+    /// passes counts three times.
+    pub held_total_by_reason: BTreeMap<String, u64>,
     /// Passes run (sweeps and timer passes).
     pub passes_total: u64,
     /// When the last full sweep finished, Unix ms.
@@ -51,6 +59,8 @@ pub(crate) struct Counters {
     pub api_errors: BTreeMap<Op, u64>,
     pub blast_radius_alert: bool,
     pub blast_radius_trips_total: u64,
+    pub held_last_pass: u64,
+    pub held_total: BTreeMap<Reason, u64>,
     pub passes_total: u64,
     pub last_sweep_ms: Option<u64>,
     /// Live managed instances at the last full sweep: the floor for the share limit.
@@ -77,6 +87,12 @@ impl Counters {
             next_deadline_ms,
             blast_radius_alert: self.blast_radius_alert,
             blast_radius_trips_total: self.blast_radius_trips_total,
+            held_last_pass: self.held_last_pass,
+            held_total_by_reason: self
+                .held_total
+                .iter()
+                .map(|(r, n)| (r.as_str().to_owned(), *n))
+                .collect(),
             passes_total: self.passes_total,
             last_sweep_ms: self.last_sweep_ms,
         }

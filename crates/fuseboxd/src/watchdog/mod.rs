@@ -18,11 +18,11 @@ mod outcomes;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use fusebox_metrics::Metrics;
 use fusebox_watchdog::{
-    Ec2Provider, Fact, PermissionStatus, Provider, SystemClock, Watchdog, WatchdogConfig,
+    Clock, Ec2Provider, Fact, PermissionStatus, Provider, SteadyClock, Watchdog, WatchdogConfig,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -84,10 +84,13 @@ pub async fn start(
     let provider = Ec2Provider::from_env(&cfg).await;
     let provider_name = provider.name().to_owned();
     let (records, received) = mpsc::unbounded_channel();
+    // Deadlines move closer by elapsed time only: a step of the host's clock neither
+    // fires every timer at once nor postpones them all (fusebox_watchdog::clock).
+    let clock = Arc::new(SteadyClock::new());
     let wd = Watchdog::new(
         cfg,
         provider,
-        Arc::new(SystemClock),
+        clock.clone(),
         Arc::new(outcomes::ChannelSink(records)),
     )?;
     let restored = opened.facts.len();
@@ -98,6 +101,7 @@ pub async fn start(
         terminations = opened.terminations,
         "watchdog timers rebuilt from its journal"
     );
+    compact_if_due(&journal, &wd);
 
     let (stop_publisher, publisher_stopped) = oneshot::channel();
     let publisher = tokio::spawn(outcomes::publish(
@@ -109,7 +113,13 @@ pub async fn start(
     ));
     let (stop, stopped) = watch::channel(false);
     let engine = tokio::spawn(serve(wd.clone(), stopped.clone()));
-    let stats = tokio::spawn(copy_stats(wd.clone(), metrics, stopped));
+    let stats = tokio::spawn(copy_stats(
+        wd.clone(),
+        clock,
+        journal.clone(),
+        metrics,
+        stopped,
+    ));
     let running = Running {
         provider: provider_name,
         stop,
@@ -180,9 +190,40 @@ async fn check_permissions(wd: &Watchdog<Ec2Provider>) {
     }
 }
 
-/// Copies the watchdog's gauges and counters into the registry.
-async fn copy_stats(wd: Watchdog<Ec2Provider>, metrics: Arc<Metrics>, stop: watch::Receiver<bool>) {
+/// Compacts the journal when it has grown enough; a failure leaves the old journal in place.
+fn compact_if_due(journal: &Journal, wd: &Watchdog<Ec2Provider>) {
+    if !journal.compaction_due() {
+        return;
+    }
+    match journal.compact(|| wd.live_facts()) {
+        Ok(c) => tracing::info!(
+            journal = %journal.path().display(),
+            bytes_before = c.bytes_before,
+            bytes_after = c.bytes_after,
+            lines_before = c.lines_before,
+            lines_after = c.lines_after,
+            facts_kept = c.facts_kept,
+            outcomes_kept = c.outcomes_kept,
+            "watchdog journal compacted"
+        ),
+        Err(err) => tracing::error!(
+            journal = %journal.path().display(), %err,
+            "cannot compact the watchdog journal; it stays as it was and keeps growing"
+        ),
+    }
+}
+
+/// Copies the watchdog's gauges and counters into the registry, and compacts the journal
+/// when due (off the async threads: it reads, writes and fsyncs a file).
+async fn copy_stats(
+    wd: Watchdog<Ec2Provider>,
+    clock: Arc<SteadyClock>,
+    journal: Arc<Journal>,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) {
     let mut errors_seen: BTreeMap<String, u64> = BTreeMap::new();
+    let mut held_seen: BTreeMap<String, u64> = BTreeMap::new();
     let mut tick = tokio::time::interval(STATS_EVERY);
     let stop = stopped(stop);
     tokio::pin!(stop);
@@ -199,9 +240,8 @@ async fn copy_stats(wd: Watchdog<Ec2Provider>, metrics: Arc<Metrics>, stop: watc
             .collect();
         metrics.set_watchdog_instances(&by_state);
         metrics.set_watchdog_oldest_instance_age(s.oldest_instance_age_s.map(Duration::from_secs));
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i128);
+        // The watchdog's own clock: the gauge is the time its timer will really wait.
+        let now_ms = i128::from(clock.now_ms());
         metrics.set_watchdog_next_deadline(
             s.next_deadline_ms
                 .map(|at| (i128::from(at) - now_ms) as f64 / 1000.0),
@@ -215,6 +255,18 @@ async fn copy_stats(wd: Watchdog<Ec2Provider>, metrics: Arc<Metrics>, stop: watc
             }
             *seen = (*seen).max(*total);
         }
+        metrics.set_watchdog_terminations_held(s.held_last_pass);
+        for (reason, total) in &s.held_total_by_reason {
+            let seen = held_seen.entry(reason.clone()).or_default();
+            if *total > *seen {
+                metrics.watchdog_terminations_held(reason, *total - *seen);
+                *seen = *total;
+            }
+        }
+        if journal.compaction_due() {
+            let (journal, wd) = (journal.clone(), wd.clone());
+            let _ = tokio::task::spawn_blocking(move || compact_if_due(&journal, &wd)).await;
+        }
     }
 }
 
@@ -227,14 +279,17 @@ struct Facts {
 impl FactSink for Facts {
     fn facts(&self, facts: Vec<Fact>) {
         let entries: Vec<Entry<'_>> = facts.iter().map(|fact| Entry::Fact { fact }).collect();
-        if let Err(err) = self.journal.append(&entries) {
+        // Recorded under the journal's lock, so a compaction sees them in the watchdog.
+        let written = self.journal.append_then(&entries, || {
+            for fact in &facts {
+                tracing::info!(?fact, "watchdog fact");
+                self.wd.record(fact.clone());
+            }
+        });
+        if let Err(err) = written {
             // The live timers still get the facts; only a restart before the next sweep
             // would miss them (the sweep finds tagged instances on its own).
             tracing::error!(%err, "cannot journal watchdog facts");
-        }
-        for fact in facts {
-            tracing::info!(?fact, "watchdog fact");
-            self.wd.record(fact);
         }
     }
 }
