@@ -10,6 +10,7 @@ use fusebox_nats::wire::{ErrorReply, WireError};
 use serde::de::DeserializeOwned;
 
 use crate::error::ClientError;
+use crate::settings::NatsSettings;
 
 /// What the agent does when the gate cannot be asked (timeout, no daemon, NATS down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,18 +80,30 @@ impl FuseboxClient {
         FuseboxClient { nats, js, options }
     }
 
-    /// Connects to NATS at `url` (plain, loopback-style). Otherwise build your own
-    /// `async_nats::Client` with credentials and TLS and use [`FuseboxClient::new`]; under
-    /// the per-tenant accounts of `deploy/nats/`, also give it
-    /// `custom_inbox_prefix("_INBOX.<tenant>")`, since a tenant may only receive replies
-    /// on its own inboxes.
+    /// Connects to NATS at `url` with no credentials (loopback, tests); see
+    /// [`FuseboxClient::connect_with`] for everything else.
     pub async fn connect(url: &str, options: ClientOptions) -> Result<Self, ClientError> {
-        let nats = async_nats::ConnectOptions::new()
-            .connection_timeout(options.timeout)
-            .connect(url)
+        FuseboxClient::connect_with(&NatsSettings::url(url), options).await
+    }
+
+    /// Connects with `settings` (credentials, TLS, inbox prefix). Under the per-tenant
+    /// accounts of `deploy/nats/`, a tenant's agents set
+    /// `inbox_prefix = "_INBOX.<tenant>"`: a tenant may only receive replies on its own
+    /// inboxes. The first connect fails at once with the server's reason (bad
+    /// credentials, unreachable) instead of retrying; once connected, the client
+    /// reconnects on its own.
+    pub async fn connect_with(
+        settings: &NatsSettings,
+        options: ClientOptions,
+    ) -> Result<Self, ClientError> {
+        let servers = settings.servers()?;
+        let nats = settings
+            .connect_options(options.timeout)
+            .await?
+            .connect(servers)
             .await
             .map_err(|err| ClientError::Connect {
-                url: url.to_owned(),
+                url: settings.server_urls().join(", "),
                 detail: err.to_string(),
             })?;
         Ok(FuseboxClient::new(nats, options))

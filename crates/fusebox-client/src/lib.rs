@@ -18,11 +18,17 @@ pub mod bench;
 mod client;
 mod error;
 mod ops;
+mod run;
+mod settings;
 mod stop;
 
 pub use client::{ClientOptions, FuseboxClient, Gate, GateOnError};
 pub use error::ClientError;
 pub use ops::{parse_run_ref, DecisionTail, RunsListing};
+pub use run::{Delivery, RunHandle, RunOptions};
+#[cfg(feature = "clap")]
+pub use settings::NatsArgs;
+pub use settings::{NatsSettings, DEFAULT_URL};
 pub use stop::StopWatch;
 
 pub use fusebox_nats::wire::{RunStatusReply, RunSummary, WireError};

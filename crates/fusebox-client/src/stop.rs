@@ -25,6 +25,11 @@ pub struct StopWatch {
 }
 
 impl StopWatch {
+    /// The stop that was kept when the watch began, until [`StopWatch::next`] hands it out.
+    pub fn kept(&self) -> Option<&Decision> {
+        self.kept.as_ref()
+    }
+
     /// The next stop; `None` when the watch ended (the connection closed).
     pub async fn next(&mut self) -> Option<Result<Decision, ClientError>> {
         if let Some(kept) = self.kept.take() {
@@ -84,10 +89,20 @@ impl FuseboxClient {
         }
     }
 
-    /// Watches the run's kill switch, starting with the stop kept from before the watch:
-    /// subscribes live first and makes sure the server has the subscription (flush), then
-    /// looks the kept stop up, so no stop falls between the two.
-    pub async fn watch_stop(&self, tenant: &str, run: &str) -> Result<StopWatch, ClientError> {
+    /// Live stops only, for when the kept one cannot be looked up and the caller chose
+    /// to go on regardless ([`crate::GateOnError::Allow`]).
+    pub(crate) async fn watch_live_stops(
+        &self,
+        tenant: &str,
+        run: &str,
+    ) -> Result<StopWatch, ClientError> {
+        let live = self.subscribe_stops(tenant, run).await?;
+        Ok(StopWatch { kept: None, live })
+    }
+
+    /// Subscribes to the run's stop subject and waits until the server has the
+    /// subscription (a stop published from then on reaches it).
+    async fn subscribe_stops(&self, tenant: &str, run: &str) -> Result<Subscriber, ClientError> {
         let subject = subjects::stop(tenant, run);
         let failed = |err: &dyn std::fmt::Display| ClientError::Request {
             subject: subject.clone(),
@@ -99,6 +114,14 @@ impl FuseboxClient {
             .await
             .map_err(|e| failed(&e))?;
         self.nats.flush().await.map_err(|e| failed(&e))?;
+        Ok(live)
+    }
+
+    /// Watches the run's kill switch, starting with the stop kept from before the watch:
+    /// subscribes live first and makes sure the server has the subscription (flush), then
+    /// looks the kept stop up, so no stop falls between the two.
+    pub async fn watch_stop(&self, tenant: &str, run: &str) -> Result<StopWatch, ClientError> {
+        let live = self.subscribe_stops(tenant, run).await?;
         let kept = self.kept_stop(tenant, run).await?;
         Ok(StopWatch { kept, live })
     }
