@@ -87,9 +87,9 @@ TAIL=$!
 PIDS+=($TAIL)
 
 say "two agents: one loops on the same search, one pages through a listing"
-"$BIN/examples/demo_agent" --nats "$NATS_URL" --mode loop --run research-42 --instance "us-east-1/$INSTANCE" &
+"$BIN/examples/demo_agent" --nats-url "$NATS_URL" --mode loop --run research-42 --instance "us-east-1/$INSTANCE" &
 LOOP=$!
-"$BIN/examples/demo_agent" --nats "$NATS_URL" --mode paginate --run triage-7 &
+"$BIN/examples/demo_agent" --nats-url "$NATS_URL" --mode paginate --run triage-7 &
 PAGE=$!
 wait "$LOOP" "$PAGE"
 

@@ -182,7 +182,7 @@ pub struct NatsArgs {
     #[arg(long = "config", env = "FUSEBOX_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// NATS server URL(s), comma-separated (default nats://127.0.0.1:4222).
-    #[arg(long, env = "FUSEBOX_NATS_URL", value_name = "URLS")]
+    #[arg(long, alias = "nats", env = "FUSEBOX_NATS_URL", value_name = "URLS")]
     pub nats_url: Option<String>,
     #[arg(long, env = "FUSEBOX_NATS_USER", value_name = "USER")]
     pub nats_user: Option<String>,
