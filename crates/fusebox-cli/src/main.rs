@@ -156,9 +156,10 @@ enum Command {
     },
     /// Write a deterministic mixed trace (JSONL) for benchmarks and soak tests.
     ///
-    /// Runs interleave; each takes one of the shapes agents really take: pagination,
-    /// an advancing poll, batch writes, side effects with op_keys, a runaway repeat,
-    /// a ping-pong, a flaky tool. The same seed gives the same bytes.
+    /// The workload the log's benchmarks and crash tests use (fusebox_log::workload):
+    /// runs interleave; each is a mixed worker or one of the shapes agents really take
+    /// (pagination, an advancing poll, batch writes, side effects with op_keys, a
+    /// runaway repeat, a ping-pong, a flaky tool). The same seed gives the same bytes.
     ///
     /// Example: fusebox generate --events 1000000 --out /tmp/trace.jsonl
     #[command(verbatim_doc_comment)]

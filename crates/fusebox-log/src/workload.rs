@@ -1,8 +1,12 @@
-//! A deterministic, realistic event mix for benchmarks, crash tests and `fusebox bench`:
-//! many concurrent runs across a few tenants, each a `run_started`, then tool calls
-//! paired with their results (small arguments and outputs, a few side effects with
-//! `op_key`, some retries, pending polls, repeats and model turns), progress now and
-//! then, and a `run_finished`. The same seed always gives the same events.
+//! The one deterministic, realistic event mix of the project — for benchmarks, crash
+//! tests, `fusebox bench` and `fusebox generate`: many concurrent runs across a few
+//! tenants, each a `run_started`, then tool calls paired with their results, model turns
+//! now and then, and a `run_finished`. Each run takes one of the shapes agents really
+//! take: a mixed worker (small arguments and outputs, side effects with `op_key`, some
+//! retries, pending polls, repeats, progress), legitimate pagination, a poll that
+//! advances, batch writes to distinct files, a notifier re-sending under one `op_key`,
+//! a runaway repeating one search, a ping-pong between two tools, a flaky tool that asks
+//! for retries. The same seed always gives the same events.
 
 use fusebox_core::{parse_event, Event};
 use serde_json::{json, Value};
@@ -50,8 +54,40 @@ impl Rng {
     }
 }
 
+/// What a run does, call after call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Mixed,
+    Paginate,
+    Poll,
+    BatchWrite,
+    SideEffect,
+    Runaway,
+    PingPong,
+    Flaky,
+}
+
+/// Half the runs are mixed workers; the rest are the pure shapes, equally often.
+const SHAPES: [Shape; 14] = [
+    Shape::Mixed,
+    Shape::Mixed,
+    Shape::Mixed,
+    Shape::Mixed,
+    Shape::Mixed,
+    Shape::Mixed,
+    Shape::Mixed,
+    Shape::Paginate,
+    Shape::Poll,
+    Shape::BatchWrite,
+    Shape::SideEffect,
+    Shape::Runaway,
+    Shape::PingPong,
+    Shape::Flaky,
+];
+
 #[derive(Debug, Clone)]
 struct RunGen {
+    shape: Shape,
     tenant: String,
     run: String,
     seq: u64,
@@ -90,6 +126,7 @@ impl Workload {
         self.next_run += 1;
         let max = u64::from(self.config.max_steps.max(4));
         RunGen {
+            shape: SHAPES[self.rng.below(SHAPES.len() as u64) as usize],
             tenant: format!("tenant-{}", self.rng.below(u64::from(self.config.tenants))),
             run: format!("run-{}-{n}", self.config.seed),
             seq: 0,
@@ -163,12 +200,16 @@ fn next_body(rng: &mut Rng, run: &mut RunGen) -> Value {
             "cost_usd": 0.002,
         });
     }
-    if rng.chance(5) {
+    // Only a mixed worker reports progress: a pure shape is judged on its results.
+    if run.shape == Shape::Mixed && rng.chance(5) {
         run.progress += 1;
         return json!({"type": "progress", "version": run.progress});
     }
     run.steps_left -= 1;
     run.step += 1;
+    if run.shape != Shape::Mixed {
+        return shaped_call(run);
+    }
     let (tool, args) = match run.last_args.clone() {
         // An agent repeating itself now and then: the detectors' daily bread.
         Some(last) if rng.chance(10) => last,
@@ -198,7 +239,75 @@ fn fresh_args(rng: &mut Rng, run: &RunGen) -> (&'static str, Value) {
     (tool, args)
 }
 
+/// The next call of a run of a pure shape; its result comes from [`shaped_result`].
+fn shaped_call(run: &mut RunGen) -> Value {
+    let step = run.step;
+    let call_id = format!("c{step}");
+    let (tool, args) = match run.shape {
+        Shape::Paginate => ("search", json!({"query": "nats jetstream", "page": step})),
+        Shape::Poll => ("check_job", json!({"job_id": format!("j-{}", run.run)})),
+        Shape::BatchWrite => (
+            "write_file",
+            json!({"path": format!("/out/{step}.txt"), "content": format!("row {step}")}),
+        ),
+        Shape::SideEffect => (
+            "send_email",
+            json!({"to": "oncall@example.com", "subject": format!("update {step}")}),
+        ),
+        // Whitespace jitter: the same call to the guard.
+        Shape::Runaway => ("search", json!({"query": "  weather tokyo "})),
+        Shape::PingPong if step % 2 == 1 => {
+            ("open_url", json!({"url": "https://example.com/?q=song"}))
+        }
+        Shape::PingPong => ("read_screen", json!({})),
+        Shape::Flaky | Shape::Mixed => ("flaky", json!({"item": step / 2})),
+    };
+    let mut call = json!({"type": "tool_call", "call_id": call_id, "tool": tool, "args": args});
+    match run.shape {
+        Shape::BatchWrite => call["effect"] = json!("write"),
+        // Re-sent every other step under the same key: the second is answered from
+        // the ledger.
+        Shape::SideEffect => call["op_key"] = json!(format!("inc-{}-{}", run.run, step / 2)),
+        _ => {}
+    }
+    run.open_call = Some((call_id, tool, args));
+    call
+}
+
+fn shaped_result(run: &RunGen, call_id: String, tool: &str) -> Value {
+    let step = run.step;
+    let mut result =
+        json!({"type": "tool_result", "call_id": call_id, "tool": tool, "kind": "SUCCESS"});
+    let output = match (run.shape, tool) {
+        (Shape::Paginate, _) => {
+            json!({"hits": [format!("p{step}a"), format!("p{step}b")], "took_ms": step % 13})
+        }
+        (Shape::Poll, _) => {
+            result["kind"] = json!("PENDING");
+            result["retry_after_ms"] = json!(500);
+            json!({"pct": step})
+        }
+        (Shape::BatchWrite, _) => json!({"ok": true}),
+        (Shape::SideEffect, _) => json!({"sent": true, "message_id": format!("m-{step}")}),
+        (Shape::Runaway, _) => json!({"hits": ["jma.go.jp"], "request_id": format!("r{step}")}),
+        (Shape::PingPong, "open_url") => json!({"opened": true}),
+        (Shape::PingPong, _) => json!({"text": ""}),
+        (Shape::Flaky | Shape::Mixed, _) if step % 2 == 1 => {
+            result["kind"] = json!("RETRYABLE");
+            result["code"] = json!("rate_limited");
+            result["retry_after_ms"] = json!(0);
+            return result;
+        }
+        (Shape::Flaky | Shape::Mixed, _) => json!({"item": step / 2}),
+    };
+    result["output"] = output;
+    result
+}
+
 fn tool_result(rng: &mut Rng, run: &RunGen, call_id: String, tool: &str, args: Value) -> Value {
+    if run.shape != Shape::Mixed {
+        return shaped_result(run, call_id, tool);
+    }
     let roll = rng.below(100);
     let mut result = json!({"type": "tool_result", "call_id": call_id, "tool": tool});
     match roll {

@@ -2,7 +2,7 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
-pub mod moto;
+pub use fusebox_e2e::moto;
 pub mod proxy;
 
 use std::collections::HashMap;

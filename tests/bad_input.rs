@@ -2,12 +2,10 @@
 //! a dead letter with the error text on `fusebox.dlq.<tenant>`, a counter — and the
 //! valid events around it are still applied.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use fusebox_client::Gate;
+use fusebox_e2e::*;
 use fusebox_nats::wire::DeadLetter;
 use futures_util::StreamExt;
 use serde_json::json;

@@ -3,13 +3,12 @@
 //! daemon's own service code, the mapping itself, and partition-scoped services as
 //! cluster mode runs them.
 
-mod common;
-
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{connect, expect_error, expect_no_error, NatsConfigDir, NatsServer};
+use fusebox_e2e::deploy_nats::{self, connect, expect_error, expect_no_error, NatsConfigDir};
+use fusebox_e2e::NatsServer;
 use futures_util::StreamExt;
 
 const SHORT: Duration = Duration::from_millis(300);
@@ -19,9 +18,9 @@ const ERROR_WAIT: Duration = Duration::from_secs(3);
 /// JetStream store in the temp dir. Everything else is the file as shipped, including
 /// the partition mapping (on).
 fn start_single() -> (NatsConfigDir, NatsServer) {
-    common::assert_mapping_on();
+    deploy_nats::assert_mapping_on();
     let conf = NatsConfigDir::copy();
-    let [client, http] = common::free_ports(2)[..] else {
+    let [client, http] = fusebox_e2e::free_ports(2)[..] else {
         unreachable!("two ports")
     };
     let ports = HashMap::from([(4222, client), (8222, http)]);
@@ -33,15 +32,15 @@ fn start_single() -> (NatsConfigDir, NatsServer) {
                 "single.conf no longer listens on {addr}"
             );
         }
-        let text = common::remap_addresses(text, "0.0.0.0", &ports);
-        common::replace_required(
+        let text = deploy_nats::remap_addresses(text, "0.0.0.0", &ports);
+        deploy_nats::replace_required(
             &text,
             "\"/var/lib/nats/jetstream\"",
             &format!("{:?}", store.display().to_string()),
             "single.conf store_dir",
         )
     });
-    let server = NatsServer::start("single", &conf.path("single.conf"), client);
+    let server = NatsServer::with_config("single", &conf.path("single.conf"), client);
     (conf, server)
 }
 
@@ -118,7 +117,7 @@ async fn permissions_hold_with_the_daemons_own_service() {
         .await
         .expect("the gate request went out on the mapped subject")
         .expect("open");
-    let p = common::fnv1a32(b"acmer1") % partitions_n();
+    let p = deploy_nats::fnv1a32(b"acmer1") % partitions_n();
     assert_eq!(seen.subject.as_str(), format!("fusebox.gate.acme.{p}.r1"));
     let call = event(
         "e2",
@@ -277,7 +276,8 @@ fn mapped(subject: &str) -> String {
         _ => false,
     };
     if run_subject {
-        let p = common::fnv1a32(format!("{}{}", tokens[2], tokens[3]).as_bytes()) % partitions_n();
+        let p =
+            deploy_nats::fnv1a32(format!("{}{}", tokens[2], tokens[3]).as_bytes()) % partitions_n();
         tokens.insert(3, p.to_string());
     }
     tokens.join(".")
@@ -285,7 +285,7 @@ fn mapped(subject: &str) -> String {
 
 /// The N of partitions.conf, read from its three mapping lines (which must agree).
 fn partitions_n() -> u32 {
-    let text = common::read(&common::deploy_dir().join("nats/partitions.conf"));
+    let text = fusebox_e2e::read(&fusebox_e2e::deploy_dir().join("nats/partitions.conf"));
     let ns: BTreeSet<u32> = text
         .lines()
         .filter(|l| l.trim_start().starts_with('"'))
@@ -311,7 +311,7 @@ async fn partition_mapping_is_deterministic_per_run() {
     let (_conf, server) = start_single();
     let urls = vec![server.url()];
     let expected =
-        |tenant: &str, run: &str| common::fnv1a32(format!("{tenant}{run}").as_bytes()) % n;
+        |tenant: &str, run: &str| deploy_nats::fnv1a32(format!("{tenant}{run}").as_bytes()) % n;
 
     let (daemon, _) = connect(&urls, "fuseboxd", None).await;
     let mut gate = daemon.subscribe("fusebox.gate.*.*.*").await.expect("sub");

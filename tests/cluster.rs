@@ -15,10 +15,6 @@
 //! timeouts. `gate_throughput_with_1_2_3_daemons` (ignored) is the scale-out benchmark:
 //! `cargo test --release -p fuseboxd --test cluster -- --ignored --nocapture`.
 
-mod common;
-#[path = "common/cluster.rs"]
-mod harness;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,10 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use common::{event, now_ms, offline_engine};
 use fusebox_client::{ClientError, FuseboxClient, Gate};
 use fusebox_core::{Action, Decision, Event, EventBody};
-use harness::{add_daemon, partition_of, wait_owners, NatsCluster};
+use fusebox_e2e::cluster::{add_daemon, partition_of, wait_owners, NatsCluster, PARTITIONS};
+use fusebox_e2e::{event, now_ms, offline_engine};
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
@@ -507,7 +503,7 @@ async fn partitions_move_on_a_daemon_crash_and_nothing_is_lost_or_done_twice() {
     let fleet = spawn_fleet(1, &clients, &answered);
     wait_answers(&answered, 120, &fleet).await;
     let mut victim = daemons.remove(1);
-    let moved: Vec<u32> = (0..harness::PARTITIONS)
+    let moved: Vec<u32> = (0..PARTITIONS)
         .filter(|p| owners[*p as usize] == victim.node_id)
         .collect();
     victim.kill();

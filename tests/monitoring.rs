@@ -9,143 +9,30 @@
 //!
 //! The binaries come from `scripts/setup.sh`; a missing one fails the test and says so.
 
-mod common;
-#[path = "../../fusebox-watchdog/tests/common/moto.rs"]
-mod moto;
 #[allow(dead_code)] // the lint tests use the selector scanner; this test only extracts
-#[path = "../../fusebox-metrics/tests/common/promql.rs"]
+#[path = "../crates/fusebox-metrics/tests/common/promql.rs"]
 mod promql;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_ec2::types::{InstanceType, ResourceType, Tag, TagSpecification};
-use common::{client, event, fixture, free_port, now_ms, write_config, NatsServer};
 use fusebox_client::Gate;
 use fusebox_core::Action;
+use fusebox_e2e::http::{http_get, url_encode};
+use fusebox_e2e::{
+    client, event, fixture, now_ms, on_path, repo_dir, write_config, Daemon, Moto, NatsServer,
+    Prometheus,
+};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 const REQUIRED: [&str; 4] = ["nats-server", "moto_server", "prometheus", "promtool"];
 /// `$__rate_interval` in a test that scrapes every second.
 const RATE_INTERVAL: &str = "30s";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn on_path(bin: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(bin).is_file()))
-}
-
-/// A child process killed on drop; its output goes to `log`.
-struct Proc {
-    name: &'static str,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(name: &'static str, mut cmd: Command, log: PathBuf) -> Proc {
-        let out = std::fs::File::create(&log).unwrap();
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {name} ({e}); run `bash scripts/setup.sh`"));
-        Proc { name, child, log }
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until `GET path` on `port` answers 200.
-    fn wait_http_ok(&mut self, port: u16, path: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if matches!(http_get(port, path), Ok((200, _))) {
-                return;
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("{} exited with {status}:\n{}", self.name, self.logs());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not answer {path} on {port}:\n{}",
-                self.name,
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("--- {} log ---\n{}", self.name, self.logs());
-        }
-    }
-}
-
-/// A plain HTTP/1.0 GET on loopback: (status, body).
-fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_owned()))
-}
-
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// Instant query: the number of series returned, or Prometheus's error.
-fn query(prometheus: u16, expr: &str) -> Result<usize, String> {
-    let (status, body) = http_get(
-        prometheus,
-        &format!("/api/v1/query?query={}", url_encode(expr)),
-    )
-    .map_err(|e| format!("HTTP: {e}"))?;
-    let reply: Value = serde_json::from_str(&body)
-        .map_err(|e| format!("HTTP {status}, not JSON ({e}): {body}"))?;
-    if reply["status"] != "success" {
-        return Err(format!("{}: {}", reply["errorType"], reply["error"]));
-    }
-    Ok(match &reply["data"]["result"] {
-        Value::Array(series) => series.len(),
-        // A scalar or string result is one value.
-        _ => 1,
-    })
-}
 
 /// Where each top-level character sits: outside quotes and brackets.
 fn top_level(expr: &str) -> Vec<bool> {
@@ -308,48 +195,19 @@ async fn every_dashboard_and_alert_expression_has_data_after_demo_load() {
         "not on PATH: {missing:?}; install them with `bash scripts/setup.sh`"
     );
     let dir = tempfile::tempdir().unwrap();
-    let moto = moto::Moto::start();
+    let moto = Moto::start();
     let nats = NatsServer::start();
     let config = config(dir.path(), &moto.url());
-
-    let metrics_port = free_port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fuseboxd"));
-    cmd.arg("--config")
-        .arg(&config)
-        .args(["--nats-url", &nats.url()])
-        .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .env("RUST_LOG", "info")
-        .env("AWS_ACCESS_KEY_ID", "testing")
-        .env("AWS_SECRET_ACCESS_KEY", "testing")
-        .env("AWS_EC2_METADATA_DISABLED", "true");
-    let mut daemon = Proc::spawn("fuseboxd", cmd, dir.path().join("fuseboxd.log"));
-    daemon.wait_http_ok(metrics_port, "/readyz", Duration::from_secs(30));
-
-    let prom_port = free_port();
-    let prom_config = dir.path().join("prometheus.yml");
-    let alerts = repo().join("deploy/prometheus/alerts.yml");
-    std::fs::write(
-        &prom_config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             rule_files:\n  - {}\n\
-             scrape_configs:\n  - job_name: fuseboxd\n    static_configs:\n      \
-             - targets: [\"127.0.0.1:{metrics_port}\"]\n",
-            alerts.display()
-        ),
-    )
-    .unwrap();
-    let mut cmd = Command::new("prometheus");
-    cmd.arg(format!("--config.file={}", prom_config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"));
-    let mut prometheus = Proc::spawn("prometheus", cmd, dir.path().join("prometheus.log"));
-    prometheus.wait_http_ok(prom_port, "/-/ready", Duration::from_secs(30));
+    let daemon = Daemon::start_with(&nats.url(), &config, &dir.path().join("data"), |cmd| {
+        cmd.env("RUST_LOG", "info")
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_EC2_METADATA_DISABLED", "true");
+    })
+    .await;
+    let metrics_port = daemon.metrics_port;
+    let alerts = repo_dir().join("deploy/prometheus/alerts.yml");
+    let prometheus = Prometheus::start(dir.path(), &[metrics_port], &[alerts]);
 
     let client = client(&nats.url()).await;
     let mut terminated = client
@@ -459,7 +317,7 @@ async fn every_dashboard_and_alert_expression_has_data_after_demo_load() {
 
     // Prometheus has scraped the termination, and a few more samples for rate().
     let deadline = Instant::now() + Duration::from_secs(30);
-    while query(prom_port, "sum(fusebox_watchdog_terminations_total) > 0") != Ok(1) {
+    while prometheus.query("sum(fusebox_watchdog_terminations_total) > 0") != Ok(1) {
         assert!(
             Instant::now() < deadline,
             "Prometheus never saw the termination:\n{}",
@@ -494,13 +352,15 @@ async fn every_dashboard_and_alert_expression_has_data_after_demo_load() {
     );
 
     // Every expression: parses, and returns data.
-    let mut exprs = promql::dashboard_expressions(&repo().join("dashboards"));
-    exprs.extend(promql::rule_expressions(&repo().join("deploy/prometheus")));
+    let mut exprs = promql::dashboard_expressions(&repo_dir().join("dashboards"));
+    exprs.extend(promql::rule_expressions(
+        &repo_dir().join("deploy/prometheus"),
+    ));
     assert!(exprs.len() > 20, "too few expressions found: {exprs:?}");
     let mut failures = Vec::new();
     for e in &exprs {
         let expr = instantiate(&e.expr);
-        match query(prom_port, &expr) {
+        match prometheus.query(&expr) {
             Err(err) => failures.push(format!("{}: does not evaluate: {err}\n  {expr}", e.origin)),
             Ok(n) if n > 0 => {}
             // An alert condition that is false (as it should be here) is empty: its
@@ -513,7 +373,7 @@ async fn every_dashboard_and_alert_expression_has_data_after_demo_load() {
                         continue;
                     }
                     let bare = without_comparison(&operand);
-                    match query(prom_port, &bare) {
+                    match prometheus.query(&bare) {
                         Ok(n) if n > 0 => {}
                         other => failures.push(format!(
                             "{}: no data even without the comparison ({other:?}):\n  {bare}",

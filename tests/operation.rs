@@ -1,15 +1,13 @@
 //! Operating the daemon: restarts, NATS outages, operator commands, time, start-up
 //! errors. Real processes throughout.
 
-mod common;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
 use fusebox_client::{FuseboxClient, Gate};
 use fusebox_core::{Action, Decision, Event};
+use fusebox_e2e::*;
 use serde_json::json;
 
 async fn gate(client: &FuseboxClient, event: &Event) -> Decision {
@@ -192,12 +190,13 @@ async fn an_idle_run_whose_time_budget_expires_is_stopped_by_a_tick() {
     assert_eq!(stop.event_id, format!("tick-{}", t + 1000));
 }
 
+/// The start-up errors that need a server (the others are fuseboxd's own crate test).
 #[test]
-fn start_up_errors_are_clear_and_exit_non_zero() {
+fn a_conflicting_stream_is_a_clear_start_up_error() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
     let run = |args: &[&str]| {
-        let output = Command::new(env!("CARGO_BIN_EXE_fuseboxd"))
+        let output = Command::new(bin("fuseboxd"))
             .args(args)
             .arg("--data-dir")
             .arg(dir.path().join("data"))
@@ -209,20 +208,6 @@ fn start_up_errors_are_clear_and_exit_non_zero() {
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
     };
-    // NATS unreachable.
-    let closed = format!("nats://127.0.0.1:{}", free_port());
-    let (status, stderr) = run(&["--config", config.to_str().unwrap(), "--nats-url", &closed]);
-    assert!(!status.success());
-    assert!(stderr.contains("cannot connect to NATS"), "{stderr}");
-    // A bad config.
-    let bad = dir.path().join("bad.toml");
-    std::fs::write(&bad, "[nats]\nurl = \"typo\"\n").unwrap();
-    let (status, stderr) = run(&["--config", bad.to_str().unwrap()]);
-    assert_eq!(status.code(), Some(2));
-    assert!(
-        stderr.contains("bad config") && stderr.contains("url"),
-        "{stderr}"
-    );
     // A conflicting stream someone else created.
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -1,65 +1,12 @@
-//! Shared by the test files: where the repo's deploy/ is, free loopback ports, copying
-//! deploy/nats/ into a temp dir with its addresses and store dirs rewritten, and a
-//! nats-server child process that is killed when dropped (also when a test panics).
-
-#![allow(dead_code)] // each test binary uses its own part of this module
+//! The deploy configs under test: deploy/nats/ copied into a temp dir with its addresses
+//! and store dirs rewritten, its users' placeholder passwords, connecting as one of them,
+//! and watching the server's permission errors.
 
 use std::collections::HashMap;
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
-/// The repository's `deploy/` directory.
-pub fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
-}
-
-pub fn repo_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-pub fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
-
-/// `nats-server` from $NATS_SERVER or the PATH; a missing binary is a clear failure, not
-/// a skipped test: these tests are the only thing that proves the configs work.
-pub fn nats_server_bin() -> PathBuf {
-    if let Some(path) = std::env::var_os("NATS_SERVER") {
-        return PathBuf::from(path);
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path) {
-        let candidate = dir.join("nats-server");
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "nats-server not found on PATH (nor $NATS_SERVER): run scripts/setup.sh, which \
-         installs the official nats-server binary these deploy tests start"
-    );
-}
-
-/// A port nobody listens on right now (the OS picks it; released before use, which is
-/// racy in theory and fine on a test machine).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding an ephemeral loopback port")
-        .port()
-}
-
-/// `n` distinct free ports: all bound at once, so no two calls can get the same port.
-pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral loopback port"))
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().expect("a bound port").port())
-        .collect()
-}
+use crate::paths::{deploy_dir, read};
 
 /// Rewrites every `<host>:<port>` in `text` whose host is `from_host` and whose port is a
 /// key of `ports` to `127.0.0.1:<new port>`. Scans whole port numbers, so a new port that
@@ -84,6 +31,18 @@ pub fn remap_addresses(text: &str, from_host: &str, ports: &HashMap<u16, u16>) -
     }
     out.push_str(rest);
     out
+}
+
+/// Whether `text` has `127.0.0.1:<port>` with exactly that port (a free port may start
+/// with the same digits, e.g. 42221).
+pub fn has_port(text: &str, port: u16) -> bool {
+    let needle = format!("127.0.0.1:{port}");
+    text.match_indices(&needle).any(|(at, _)| {
+        !text[at + needle.len()..]
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_digit())
+    })
 }
 
 /// `text` with `from` replaced by `to`, failing loudly when `from` is absent: a deploy
@@ -143,87 +102,6 @@ pub fn assert_mapping_on() {
         "deploy/nats/accounts.conf must switch the partition mapping on (one uncommented \
          `{MAPPING_LINE}` in the FUSEBOX account)"
     );
-}
-
-/// A running nats-server; killed (and reaped) on drop.
-pub struct NatsServer {
-    pub name: String,
-    pub client_port: u16,
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl NatsServer {
-    /// Starts `nats-server -c config`, its output in `<config>.log`, and waits until the
-    /// client port accepts connections.
-    pub fn start(name: &str, config: &Path, client_port: u16) -> NatsServer {
-        let log = config.with_extension("log");
-        let out = std::fs::File::create(&log).expect("creating the server log");
-        let child = Command::new(nats_server_bin())
-            .arg("-c")
-            .arg(config)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("log handle"))
-            .stderr(out)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting nats-server ({e}); run scripts/setup.sh"));
-        let mut server = NatsServer {
-            name: name.to_owned(),
-            client_port,
-            child: Some(child),
-            log,
-        };
-        server.wait_listening();
-        server
-    }
-
-    pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.client_port)
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn wait_listening(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!(
-                        "nats-server {} exited ({status}) at start-up; its log:\n{}",
-                        self.name,
-                        self.log_text()
-                    );
-                }
-            }
-            if TcpStream::connect(("127.0.0.1", self.client_port)).is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nats-server {} did not listen on {} within 15 s; its log:\n{}",
-                self.name,
-                self.client_port,
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGKILL: the crash case, no graceful shutdown, no goodbye to the cluster.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 /// Connects as `user` (password from deploy/nats/accounts.conf's placeholders), with an

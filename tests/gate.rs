@@ -1,10 +1,8 @@
 //! The gate over request/reply against a real nats-server and fuseboxd process.
 
-mod common;
-
-use common::*;
 use fusebox_client::Gate;
 use fusebox_core::Decision;
+use fusebox_e2e::*;
 
 async fn gate(client: &fusebox_client::FuseboxClient, event: &fusebox_core::Event) -> Decision {
     match client.gate(event).await {

@@ -3,78 +3,46 @@
 //! through the KV ledger, and across a SIGKILL of one daemon and the other's takeover —
 //! is the decision one offline engine gives for the same events in the same order.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use common::{client, event, expected, fixture, free_port, Daemon, FIXTURES};
 use fusebox_client::{FuseboxClient, Gate};
 use fusebox_core::{Action, Decision, Event};
+use fusebox_e2e::{
+    bin, client, event, expected, fixture, free_port, repo_dir, Daemon, NatsServer, FIXTURES,
+};
 use serde_json::json;
 
 const PARTITIONS: u32 = 4;
 
 /// nats-server with JetStream and deploy/nats/partitions.conf (its `8` set to 4).
-struct MappedNats {
-    child: Child,
-    port: u16,
-}
-
-impl MappedNats {
-    fn start(dir: &Path) -> MappedNats {
-        let shipped =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats/partitions.conf");
-        let mapping = std::fs::read_to_string(shipped)
-            .unwrap()
-            .replace("partition(8,", &format!("partition({PARTITIONS},"));
-        assert_eq!(
-            mapping.matches(&format!("partition({PARTITIONS},")).count(),
-            3
-        );
-        std::fs::write(dir.join("partitions.conf"), mapping).unwrap();
-        let port = free_port();
-        let conf = dir.join("nats.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?} }}\nmappings {{\n  include \"partitions.conf\"\n}}\n",
-                dir.join("js").display().to_string()
-            ),
-        )
-        .unwrap();
-        let child = Command::new("nats-server")
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server (install it with `bash scripts/setup.sh`)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        MappedNats { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for MappedNats {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn mapped_nats(dir: &Path) -> NatsServer {
+    let mapping = std::fs::read_to_string(repo_dir().join("deploy/nats/partitions.conf"))
+        .unwrap()
+        .replace("partition(8,", &format!("partition({PARTITIONS},"));
+    assert_eq!(
+        mapping.matches(&format!("partition({PARTITIONS},")).count(),
+        3
+    );
+    std::fs::write(dir.join("partitions.conf"), mapping).unwrap();
+    let port = free_port();
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?} }}\nmappings {{\n  include \"partitions.conf\"\n}}\n",
+            dir.join("js").display().to_string()
+        ),
+    )
+    .unwrap();
+    NatsServer::with_config("nats-server (mapped)", &conf, port)
 }
 
 fn cluster_config(dir: &Path, node: &str) -> PathBuf {
-    let base = common::write_config(dir);
+    let base = fusebox_e2e::write_config(dir);
     let mut doc: toml::Table = toml::from_str(&std::fs::read_to_string(&base).unwrap()).unwrap();
     let cluster: toml::Table = toml::from_str(&format!(
         "partitions = {PARTITIONS}\nnode_id = \"{node}\"\nlease_ms = 1000\nreplicas = 1\n"
@@ -186,7 +154,7 @@ fn started() -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_daemons_decide_like_one_engine_across_partitions_and_a_takeover() {
     let dir = tempfile::tempdir().unwrap();
-    let nats = MappedNats::start(dir.path());
+    let nats = mapped_nats(dir.path());
     let d1_config = cluster_config(dir.path(), "d1");
     let d2_config = cluster_config(dir.path(), "d2");
     let mut d1 = Daemon::start(&nats.url(), &d1_config, &dir.path().join("d1")).await;
@@ -357,7 +325,7 @@ async fn two_daemons_decide_like_one_engine_across_partitions_and_a_takeover() {
     cluster.insert("node_id".into(), toml::Value::String("d3".into()));
     let wrong_n = dir.path().join("fusebox-d3.toml");
     std::fs::write(&wrong_n, toml::to_string(&doc).unwrap()).unwrap();
-    let refused = Command::new(env!("CARGO_BIN_EXE_fuseboxd"))
+    let refused = Command::new(bin("fuseboxd"))
         .arg("--config")
         .arg(&wrong_n)
         .args([
@@ -430,7 +398,7 @@ async fn two_daemons_decide_like_one_engine_across_partitions_and_a_takeover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_daemon_stops_on_sigterm_while_nats_is_unreachable() {
     let dir = tempfile::tempdir().unwrap();
-    let nats = MappedNats::start(dir.path());
+    let nats = mapped_nats(dir.path());
     let config = cluster_config(dir.path(), "alone");
     let mut daemon = Daemon::start(&nats.url(), &config, &dir.path().join("alone")).await;
     wait_until_served(&[&daemon]).await;

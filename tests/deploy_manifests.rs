@@ -2,13 +2,11 @@
 //! no Kubernetes): checked as far as a tool or a parser can check them, and against the
 //! rest of the repo (config keys, NATS users, file references), so they cannot drift.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use common::{deploy_dir, read, repo_dir};
+use fusebox_e2e::{deploy_dir, deploy_nats, read, repo_dir};
 use serde_norway::Value;
 
 /// Every `section.key` path of a TOML document (tables recursed, arrays are leaves).
@@ -69,7 +67,7 @@ fn check_fusebox_toml(what: &str, text: &str) {
     assert_eq!(nats["user"].as_str(), Some("fuseboxd"), "{what}");
     assert_eq!(
         nats["password"].as_str(),
-        Some(common::placeholder_password("fuseboxd").as_str()),
+        Some(deploy_nats::placeholder_password("fuseboxd").as_str()),
         "{what}: the fuseboxd password of deploy/nats/accounts.conf"
     );
     let listen = doc["metrics"]["listen"].as_str().expect("[metrics].listen");
@@ -225,7 +223,7 @@ fn systemd_unit_is_hardened_and_verifies() {
     let unit = dir.path().join("fuseboxd.service");
     std::fs::write(
         &unit,
-        common::replace_required(
+        deploy_nats::replace_required(
             &text,
             "/usr/local/bin/fuseboxd",
             &stub.display().to_string(),
@@ -473,7 +471,7 @@ fn k8s_nats_config_matches_deploy_nats_and_passes_nats_server_t() {
     }
     // `-t`: parse and validate the whole config (includes, accounts, mappings,
     // JetStream, cluster) and exit, without binding ports or resolving the routes.
-    let out = Command::new(common::nats_server_bin())
+    let out = Command::new(fusebox_e2e::nats::nats_server_bin())
         .arg("-t")
         .arg("-c")
         .arg(dir.path().join("nats.conf"))

