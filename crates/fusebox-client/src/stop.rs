@@ -8,7 +8,7 @@
 //! consumer, no stream creation (tenants have neither). The wire form is shared with the
 //! Python client and the MCP gateway; ARCHITECTURE.md ("The kill switch") has it.
 
-use async_nats::{RequestErrorKind, StatusCode, Subscriber};
+use async_nats::{StatusCode, Subscriber};
 use fusebox_core::Decision;
 use fusebox_nats::subjects;
 use futures_util::StreamExt;
@@ -58,24 +58,7 @@ impl FuseboxClient {
         run: &str,
     ) -> Result<Option<Decision>, ClientError> {
         let subject = subjects::stop_lookup(tenant, run);
-        let request = async_nats::Request::new().timeout(Some(self.options.timeout));
-        let reply = self
-            .nats
-            .send_request(subject.clone(), request)
-            .await
-            .map_err(|err| match err.kind() {
-                RequestErrorKind::TimedOut => ClientError::Timeout {
-                    subject: subject.clone(),
-                    timeout_ms: self.options.timeout.as_millis() as u64,
-                },
-                RequestErrorKind::NoResponders => ClientError::NoResponders {
-                    subject: subject.clone(),
-                },
-                _ => ClientError::Request {
-                    subject: subject.clone(),
-                    detail: err.to_string(),
-                },
-            })?;
+        let reply = self.raw_request(&subject, Vec::new()).await?;
         match reply.status {
             None => decode(&subject, &reply.payload).map(Some),
             Some(StatusCode::NOT_FOUND) => Ok(None),
@@ -104,16 +87,16 @@ impl FuseboxClient {
     /// subscription (a stop published from then on reaches it).
     async fn subscribe_stops(&self, tenant: &str, run: &str) -> Result<Subscriber, ClientError> {
         let subject = subjects::stop(tenant, run);
-        let failed = |err: &dyn std::fmt::Display| ClientError::Request {
-            subject: subject.clone(),
-            detail: err.to_string(),
-        };
-        let live = self
-            .nats
-            .subscribe(subject.clone())
-            .await
-            .map_err(|e| failed(&e))?;
-        self.nats.flush().await.map_err(|e| failed(&e))?;
+        let started = std::time::Instant::now();
+        let live =
+            self.nats
+                .subscribe(subject.clone())
+                .await
+                .map_err(|e| ClientError::Request {
+                    subject: subject.clone(),
+                    detail: e.to_string(),
+                })?;
+        self.confirm_subscribed(&subject, started).await?;
         Ok(live)
     }
 
