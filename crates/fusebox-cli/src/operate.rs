@@ -161,6 +161,8 @@ pub fn run(target: &Target, op: Op) -> Result<(), String> {
                     .tail(tenant.as_deref(), run.as_deref())
                     .await
                     .map_err(|e| e.to_string())?;
+                // Subscribed (and not refused): from here on nothing is missed.
+                eprintln!("following decisions (Ctrl-C to stop)");
                 while let Some(decision) = tail.next().await {
                     print_decision(&decision, target.json)?;
                 }
