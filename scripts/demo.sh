@@ -94,11 +94,11 @@ PY=.venv/bin/python
 [ -x "$PY" ] || { echo "no $PY: scripts/setup.sh makes the venv with clients/python" >&2; exit 1; }
 
 say "three agents: a Rust one and a Python (OpenAI Agents SDK) one loop on the same search, a Rust one pages through a listing"
-"$BIN/examples/demo_agent" --nats "$NATS_URL" --mode loop --run research-42 --instance "us-east-1/$INSTANCE" &
+"$BIN/examples/demo_agent" --nats-url "$NATS_URL" --mode loop --run research-42 --instance "us-east-1/$INSTANCE" &
 LOOP=$!
 "$PY" clients/python/examples/openai_agents_runaway.py --nats "$NATS_URL" --run research-py-9 2>"$WORK/python-agent.log" &
 PYLOOP=$!
-"$BIN/examples/demo_agent" --nats "$NATS_URL" --mode paginate --run triage-7 &
+"$BIN/examples/demo_agent" --nats-url "$NATS_URL" --mode paginate --run triage-7 &
 PAGE=$!
 wait "$LOOP" "$PAGE"
 wait "$PYLOOP" || { cat "$WORK/python-agent.log" >&2; echo "the Python agent was not stopped" >&2; exit 1; }

@@ -8,41 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fusebox_e2e::deploy_nats::{self, connect, expect_error, expect_no_error, NatsConfigDir};
-use fusebox_e2e::NatsServer;
+use fusebox_e2e::secured::start_single;
 use futures_util::StreamExt;
 
 const SHORT: Duration = Duration::from_millis(300);
 const ERROR_WAIT: Duration = Duration::from_secs(3);
-
-/// single.conf in a temp dir: client and monitoring ports on free loopback ports, the
-/// JetStream store in the temp dir. Everything else is the file as shipped, including
-/// the partition mapping (on).
-fn start_single() -> (NatsConfigDir, NatsServer) {
-    deploy_nats::assert_mapping_on();
-    let conf = NatsConfigDir::copy();
-    let [client, http] = fusebox_e2e::free_ports(2)[..] else {
-        unreachable!("two ports")
-    };
-    let ports = HashMap::from([(4222, client), (8222, http)]);
-    let store = conf.dir.path().join("jetstream");
-    conf.edit("single.conf", |text| {
-        for addr in ["0.0.0.0:4222", "0.0.0.0:8222"] {
-            assert!(
-                text.contains(addr),
-                "single.conf no longer listens on {addr}"
-            );
-        }
-        let text = deploy_nats::remap_addresses(text, "0.0.0.0", &ports);
-        deploy_nats::replace_required(
-            &text,
-            "\"/var/lib/nats/jetstream\"",
-            &format!("{:?}", store.display().to_string()),
-            "single.conf store_dir",
-        )
-    });
-    let server = NatsServer::with_config("single", &conf.path("single.conf"), client);
-    (conf, server)
-}
 
 fn event(id: &str, tenant: &str, run: &str, seq: u64, body: &str) -> String {
     format!(

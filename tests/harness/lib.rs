@@ -18,6 +18,7 @@ pub mod paths;
 pub mod ports;
 pub mod proc;
 pub mod prometheus;
+pub mod secured;
 
 pub use cluster::{ClusterDaemon, NatsCluster};
 pub use daemon::{client, write_config, Daemon, Setup};
@@ -28,3 +29,4 @@ pub use paths::{bin, deploy_dir, on_path, read, repo_dir};
 pub use ports::{free_port, free_ports};
 pub use proc::Proc;
 pub use prometheus::Prometheus;
+pub use secured::SecuredStack;

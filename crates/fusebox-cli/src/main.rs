@@ -30,7 +30,11 @@ use fusebox_core::Preset;
 #[command(
     name = "fusebox",
     after_help = "Commands that talk to a running fuseboxd (runs, run, cancel, resume, tail, bench) \
-                  use --nats-url or $FUSEBOX_NATS_URL (default nats://127.0.0.1:4222).",
+                  connect as fuseboxd does: --config FILE ($FUSEBOX_CONFIG) reads its [nats] section \
+                  (urls, user/password, token, nkey_seed_file, creds_file, tls_*, inbox_prefix), and \
+                  --nats-url, --nats-user, --nats-password, --nats-token, --nats-nkey-seed-file, \
+                  --nats-creds-file, --nats-tls-* (each also as $FUSEBOX_NATS_…) override it. \
+                  Default: nats://127.0.0.1:4222 without credentials.",
     version,
     about = "Guard fleets of AI agents against runaway tool loops and forgotten cloud instances.",
     long_about = "fusebox decides, at the tool-execution boundary, whether an agent's next tool call \
@@ -43,16 +47,13 @@ struct Cli {
     command: Command,
 }
 
-/// How operator commands reach fuseboxd.
+/// How operator commands reach fuseboxd: the NATS connection settings fuseboxd itself
+/// takes (a config file's [nats], flags, environment), as the `operator` user of
+/// deploy/nats/accounts.conf or any user with its permissions.
 #[derive(clap::Args)]
 struct Remote {
-    /// NATS server fuseboxd listens on.
-    #[arg(
-        long,
-        env = "FUSEBOX_NATS_URL",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    nats_url: String,
+    #[command(flatten)]
+    nats: fusebox_client::NatsArgs,
     /// How long to wait for fuseboxd's answer.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     timeout: Duration,
@@ -333,7 +334,7 @@ enum Command {
 
 fn operate(remote: Remote, op: operate::Op) -> Result<ExitCode, String> {
     let target = operate::Target {
-        nats_url: remote.nats_url,
+        nats: remote.nats.settings().map_err(|e| e.to_string())?,
         timeout: remote.timeout,
         json: remote.json,
     };

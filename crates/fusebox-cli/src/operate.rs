@@ -4,13 +4,13 @@
 use std::io::{self, Write};
 use std::time::Duration;
 
-use fusebox_client::{parse_run_ref, ClientOptions, FuseboxClient};
+use fusebox_client::{parse_run_ref, ClientOptions, FuseboxClient, NatsSettings};
 use fusebox_core::Decision;
 use serde::Serialize;
 
 /// Where fuseboxd is, and how to print.
 pub struct Target {
-    pub nats_url: String,
+    pub nats: NatsSettings,
     pub timeout: Duration,
     pub json: bool,
 }
@@ -69,9 +69,9 @@ pub fn run(target: &Target, op: Op) -> Result<(), String> {
             timeout: target.timeout,
             ..ClientOptions::default()
         };
-        let client = FuseboxClient::connect(&target.nats_url, options)
+        let client = FuseboxClient::connect_with(&target.nats, options)
             .await
-            .map_err(|e| format!("cannot reach NATS at {}: {e}", target.nats_url))?;
+            .map_err(|e| e.to_string())?;
         let split = |reference: &str| parse_run_ref(reference).map_err(|e| e.to_string());
         match op {
             Op::Runs => {
@@ -162,6 +162,8 @@ pub fn run(target: &Target, op: Op) -> Result<(), String> {
                     .tail(tenant.as_deref(), run.as_deref())
                     .await
                     .map_err(|e| e.to_string())?;
+                // Subscribed (and not refused): from here on nothing is missed.
+                eprintln!("following decisions (Ctrl-C to stop)");
                 while let Some(decision) = tail.next().await {
                     print_decision(&decision, target.json)?;
                 }

@@ -3,21 +3,20 @@
 //! `--mode loop`: searches the same thing again and again (the classic stuck agent).
 //! `--mode paginate`: walks the pages of a listing, each new, then finishes.
 //!
-//! Tool calls go through the gate (request/reply); results are reported to JetStream;
-//! a watcher task listens on the run's kill switch. Every event carries `seq`, so the
-//! daemon applies the two paths in order.
+//! The run handle (`FuseboxClient::start_run`) owns the envelope — ids, `seq`, `ts_ms`,
+//! `run_started` — and the kill switch: the agent only says which tool it wants and
+//! what came back. Tool calls go through the gate; results go inline as well (the
+//! handle's default), so the guard answers each in order.
 //!
 //! `--instance REGION/ID`: the run reports an EC2 instance it launched (`instance_launched`)
 //! right after `run_started`, so the daemon's cloud watchdog tears it down once the run
 //! ends, should the agent itself never get to it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use fusebox_client::{ClientOptions, FuseboxClient, Gate};
-use fusebox_core::{parse_event, Event};
+use fusebox_client::{ClientOptions, FuseboxClient, Gate, NatsArgs, RunHandle, RunOptions};
+use fusebox_core::event::{InstanceLaunched, Output, ResultKind, ToolResult};
 use serde_json::{json, Value};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -28,8 +27,9 @@ enum Mode {
 
 #[derive(Debug, Parser)]
 struct Args {
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
-    nats: String,
+    /// How to reach NATS (the same flags and environment as the `fusebox` CLI).
+    #[command(flatten)]
+    nats: NatsArgs,
     #[arg(long, value_enum)]
     mode: Mode,
     #[arg(long, default_value = "demo")]
@@ -45,39 +45,18 @@ struct Args {
 }
 
 struct Agent {
-    client: FuseboxClient,
-    tenant: String,
-    run: String,
-    seq: u64,
+    run: RunHandle,
     tag: &'static str,
 }
 
 impl Agent {
-    fn event(&mut self, body: Value) -> Event {
-        self.seq += 1;
-        let ts_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
-        let mut event = json!({"v":1,"id":format!("{}-{}", self.run, self.seq),"tenant":self.tenant,
-            "run":self.run,"seq":self.seq,"ts_ms":ts_ms});
-        event
-            .as_object_mut()
-            .unwrap()
-            .extend(body.as_object().unwrap().clone());
-        parse_event(event.to_string().as_bytes()).expect("a valid event")
-    }
-
     fn say(&self, line: impl AsRef<str>) {
-        println!("[{} {}] {}", self.tag, self.run, line.as_ref());
+        println!("[{} {}] {}", self.tag, self.run.run(), line.as_ref());
     }
 
-    /// Gates one call; returns whether the tool may run.
-    async fn call(&mut self, tool: &str, args: Value) -> bool {
-        let call_id = format!("c{}", self.seq + 1);
-        let event =
-            self.event(json!({"type":"tool_call","call_id":call_id,"tool":tool,"args":args}));
-        let gate = self.client.gate(&event).await;
+    /// Gates one call; returns its call id when the tool may run.
+    async fn call(&self, tool: &str, args: Value) -> Option<String> {
+        let (call_id, gate) = self.run.call(tool, args.clone()).await;
         match &gate {
             Gate::Decided(d) => {
                 let why = d.message.as_deref().unwrap_or("");
@@ -88,12 +67,21 @@ impl Agent {
                 self.say(format!("gate unanswered ({error}): not running the tool"))
             }
         }
-        gate.may_run()
+        gate.may_run().then_some(call_id)
     }
 
-    async fn report(&mut self, body: Value) {
-        let event = self.event(body);
-        if let Err(err) = self.client.report(&event).await {
+    async fn succeeded(&self, call_id: String, tool: &str, output: Value) {
+        let result = ToolResult {
+            call_id,
+            tool: tool.to_owned(),
+            kind: ResultKind::Success,
+            code: None,
+            retry_after_ms: None,
+            terminal: None,
+            output: Some(Output::Json(output)),
+            progress: None,
+        };
+        if let Err(err) = self.run.tool_result(result).await {
             self.say(format!("report failed: {err}"));
         }
     }
@@ -102,51 +90,40 @@ impl Agent {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let client = FuseboxClient::connect(&args.nats, ClientOptions::default()).await?;
-    let tag = match args.mode {
-        Mode::Loop => "looping agent",
-        Mode::Paginate => "paging agent ",
+    let client =
+        FuseboxClient::connect_with(&args.nats.settings()?, ClientOptions::default()).await?;
+    let (tag, agent_name) = match args.mode {
+        Mode::Loop => ("looping agent", "researcher"),
+        Mode::Paginate => ("paging agent ", "triager"),
     };
-    let stopped = Arc::new(AtomicBool::new(false));
-    let mut watch = client.watch_stop(&args.tenant, &args.run).await?;
-    let flag = stopped.clone();
-    let run = args.run.clone();
-    tokio::spawn(async move {
-        if let Some(Ok(stop)) = watch.next().await {
-            let report = stop.report.as_ref();
-            println!(
-                "[kill switch  {run}] STOP received: {} / {} — {}",
-                report.map_or("?", |r| r.terminal_state.as_str()),
-                report.map_or("?", |r| r.reason.as_str()),
-                stop.message.as_deref().unwrap_or("")
-            );
-            flag.store(true, Ordering::SeqCst);
-        }
-    });
-    let mut agent = Agent {
-        client,
-        tenant: args.tenant,
-        run: args.run,
-        seq: 0,
-        tag,
-    };
-    let agent_name = match args.mode {
-        Mode::Loop => "researcher",
-        Mode::Paginate => "triager",
-    };
-    agent
-        .report(json!({"type":"run_started","agent":agent_name}))
-        .await;
+    // Watches the kill switch (a stop kept from before included), then run_started.
+    let run = client
+        .start_run(
+            &args.tenant,
+            &args.run,
+            RunOptions {
+                agent: Some(agent_name.to_owned()),
+                ..RunOptions::default()
+            },
+        )
+        .await?;
+    let agent = Agent { run, tag };
     if let Some((region, id)) = args.instance.as_deref().and_then(|i| i.split_once('/')) {
-        agent
-            .report(json!({"type":"instance_launched","provider":"ec2","region":region,"instance_id":id}))
-            .await;
+        let launched = InstanceLaunched {
+            provider: "ec2".to_owned(),
+            region: region.to_owned(),
+            instance_id: id.to_owned(),
+            max_lifetime_s: None,
+        };
+        if let Err(err) = agent.run.instance_launched(launched).await {
+            agent.say(format!("report failed: {err}"));
+        }
         agent.say(format!(
             "launched EC2 instance {id} in {region} (reported to the guard)"
         ));
     }
     let mut step = 0;
-    while step < args.max_iterations && !stopped.load(Ordering::SeqCst) {
+    while step < args.max_iterations && agent.run.stopped().is_none() {
         step += 1;
         let (tool, call_args, output) = match args.mode {
             Mode::Loop => (
@@ -160,27 +137,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 json!({"issues":[format!("ISSUE-{}", step * 10), format!("ISSUE-{}", step * 10 + 1)],"next": step < 7}),
             ),
             Mode::Paginate => {
-                agent
-                    .report(json!({"type":"run_finished","status":"all pages read"}))
-                    .await;
+                if let Err(err) = agent.run.finish(Some("all pages read".to_owned())).await {
+                    agent.say(format!("report failed: {err}"));
+                }
                 agent.say("finished: read 7 pages, run closed normally");
                 break;
             }
         };
-        if !agent.call(tool, call_args).await {
-            // Refused: do not run it; a real agent would change course here.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
+        // Refused: do not run it; a real agent would change course here.
+        if let Some(call_id) = agent.call(tool, call_args).await {
+            agent.succeeded(call_id, tool, output).await;
         }
-        let call_id = format!("c{}", agent.seq);
-        agent
-            .report(json!({"type":"tool_result","call_id":call_id,"tool":tool,"kind":"SUCCESS","output":output}))
-            .await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Give the kill switch a moment to arrive for the reader of the demo.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    if stopped.load(Ordering::SeqCst) {
+    if let Ok(stop) =
+        tokio::time::timeout(Duration::from_millis(300), agent.run.wait_stopped()).await
+    {
+        let report = stop.report.as_ref();
+        println!(
+            "[kill switch  {}] STOP received: {} / {} — {}",
+            agent.run.run(),
+            report.map_or("?", |r| r.terminal_state.as_str()),
+            report.map_or("?", |r| r.reason.as_str()),
+            stop.message.as_deref().unwrap_or("")
+        );
         agent.say("halted by the kill switch");
     }
     Ok(())

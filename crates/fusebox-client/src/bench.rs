@@ -200,6 +200,7 @@ pub async fn run(
     client: &FuseboxClient,
     options: &BenchOptions,
 ) -> Result<BenchReport, ClientError> {
+    let subscribed = std::time::Instant::now();
     let mut echo =
         client
             .nats
@@ -209,6 +210,7 @@ pub async fn run(
                 subject: ECHO_SUBJECT.to_owned(),
                 detail: err.to_string(),
             })?;
+    client.confirm_subscribed(ECHO_SUBJECT, subscribed).await?;
     let responder = client.nats.clone();
     let echo_task = tokio::spawn(async move {
         while let Some(message) = echo.next().await {

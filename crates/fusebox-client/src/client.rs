@@ -1,15 +1,17 @@
 //! Gate and report: the agent side.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, message::PublishMessage};
-use async_nats::{Client, RequestErrorKind};
+use async_nats::{Client, RequestErrorKind, ServerError};
 use fusebox_core::{Decision, Event};
 use fusebox_nats::subjects;
 use fusebox_nats::wire::{ErrorReply, WireError};
 use serde::de::DeserializeOwned;
 
 use crate::error::ClientError;
+use crate::settings::NatsSettings;
 
 /// What the agent does when the gate cannot be asked (timeout, no daemon, NATS down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,29 +73,87 @@ pub struct FuseboxClient {
     pub(crate) nats: Client,
     pub(crate) js: jetstream::Context,
     pub(crate) options: ClientOptions,
+    refusals: Refusals,
+}
+
+/// The server's latest permission refusal on this connection. A refused publish gets no
+/// reply, only an asynchronous `-ERR 'Permissions Violation for Publish to …'`; kept
+/// here, it turns the request's timeout into [`ClientError::PermissionDenied`], so a
+/// user with the wrong rights is told so instead of "no answer".
+#[derive(Clone, Default)]
+struct Refusals(Arc<Mutex<Option<(Instant, String)>>>);
+
+impl Refusals {
+    fn record(&self, error: &ServerError) {
+        if let ServerError::Other(text) = error {
+            if text.to_ascii_lowercase().contains("permissions violation") {
+                *self.0.lock().expect("not poisoned") = Some((Instant::now(), text.clone()));
+            }
+        }
+    }
+
+    /// A refusal that arrived after `since`.
+    fn since(&self, since: Instant) -> Option<String> {
+        let latest = self.0.lock().expect("not poisoned");
+        latest
+            .as_ref()
+            .filter(|(at, _)| *at >= since)
+            .map(|(_, text)| text.clone())
+    }
 }
 
 impl FuseboxClient {
+    /// Wraps a connection made elsewhere (permission refusals are then reported as
+    /// timeouts: only [`FuseboxClient::connect_with`] listens for them).
     pub fn new(nats: Client, options: ClientOptions) -> Self {
-        let js = jetstream::new(nats.clone());
-        FuseboxClient { nats, js, options }
+        FuseboxClient::with_refusals(nats, options, Refusals::default())
     }
 
-    /// Connects to NATS at `url` (plain, loopback-style). Otherwise build your own
-    /// `async_nats::Client` with credentials and TLS and use [`FuseboxClient::new`]; under
-    /// the per-tenant accounts of `deploy/nats/`, also give it
-    /// `custom_inbox_prefix("_INBOX.<tenant>")`, since a tenant may only receive replies
-    /// on its own inboxes.
+    fn with_refusals(nats: Client, options: ClientOptions, refusals: Refusals) -> Self {
+        let js = jetstream::new(nats.clone());
+        FuseboxClient {
+            nats,
+            js,
+            options,
+            refusals,
+        }
+    }
+
+    /// Connects to NATS at `url` with no credentials (loopback, tests); see
+    /// [`FuseboxClient::connect_with`] for everything else.
     pub async fn connect(url: &str, options: ClientOptions) -> Result<Self, ClientError> {
-        let nats = async_nats::ConnectOptions::new()
-            .connection_timeout(options.timeout)
-            .connect(url)
+        FuseboxClient::connect_with(&NatsSettings::url(url), options).await
+    }
+
+    /// Connects with `settings` (credentials, TLS, inbox prefix). Under the per-tenant
+    /// accounts of `deploy/nats/`, a tenant's agents set
+    /// `inbox_prefix = "_INBOX.<tenant>"`: a tenant may only receive replies on its own
+    /// inboxes. The first connect fails at once with the server's reason (bad
+    /// credentials, unreachable) instead of retrying; once connected, the client
+    /// reconnects on its own.
+    pub async fn connect_with(
+        settings: &NatsSettings,
+        options: ClientOptions,
+    ) -> Result<Self, ClientError> {
+        let servers = settings.servers()?;
+        let refusals = Refusals::default();
+        let recorder = refusals.clone();
+        let nats = settings
+            .connect_options(options.timeout)
+            .await?
+            .event_callback(move |event| {
+                if let async_nats::Event::ServerError(error) = &event {
+                    recorder.record(error);
+                }
+                async {}
+            })
+            .connect(servers)
             .await
             .map_err(|err| ClientError::Connect {
-                url: url.to_owned(),
+                url: settings.server_urls().join(", "),
                 detail: err.to_string(),
             })?;
-        Ok(FuseboxClient::new(nats, options))
+        Ok(FuseboxClient::with_refusals(nats, options, refusals))
     }
 
     pub fn options(&self) -> &ClientOptions {
@@ -164,26 +224,7 @@ impl FuseboxClient {
         subject: String,
         payload: Vec<u8>,
     ) -> Result<T, ClientError> {
-        let request = async_nats::Request::new()
-            .payload(payload.into())
-            .timeout(Some(self.options.timeout));
-        let reply = self
-            .nats
-            .send_request(subject.clone(), request)
-            .await
-            .map_err(|err| match err.kind() {
-                RequestErrorKind::TimedOut => ClientError::Timeout {
-                    subject: subject.clone(),
-                    timeout_ms: self.options.timeout.as_millis() as u64,
-                },
-                RequestErrorKind::NoResponders => ClientError::NoResponders {
-                    subject: subject.clone(),
-                },
-                _ => ClientError::Request {
-                    subject: subject.clone(),
-                    detail: err.to_string(),
-                },
-            })?;
+        let reply = self.raw_request(&subject, payload).await?;
         if let Ok(refused) = serde_json::from_slice::<ErrorReply>(&reply.payload) {
             return Err(ClientError::Refused(refused.error));
         }
@@ -191,5 +232,76 @@ impl FuseboxClient {
             subject,
             detail: err.to_string(),
         })
+    }
+
+    /// One request/reply with the configured timeout, the reply as it came; a timeout
+    /// after the server refused the request is [`ClientError::PermissionDenied`].
+    pub(crate) async fn raw_request(
+        &self,
+        subject: &str,
+        payload: Vec<u8>,
+    ) -> Result<async_nats::Message, ClientError> {
+        let started = Instant::now();
+        let request = async_nats::Request::new()
+            .payload(payload.into())
+            .timeout(Some(self.options.timeout));
+        self.nats
+            .send_request(subject.to_owned(), request)
+            .await
+            .map_err(|err| match err.kind() {
+                RequestErrorKind::TimedOut => self.unanswered(subject, started),
+                RequestErrorKind::NoResponders => ClientError::NoResponders {
+                    subject: subject.to_owned(),
+                },
+                _ => ClientError::Request {
+                    subject: subject.to_owned(),
+                    detail: err.to_string(),
+                },
+            })
+    }
+
+    /// Why a request sent at `started` got no answer: refused by the server, or a
+    /// timeout.
+    pub(crate) fn unanswered(&self, subject: &str, started: Instant) -> ClientError {
+        match self.refusals.since(started) {
+            Some(detail) => ClientError::PermissionDenied {
+                subject: subject.to_owned(),
+                detail,
+            },
+            None => ClientError::Timeout {
+                subject: subject.to_owned(),
+                timeout_ms: self.options.timeout.as_millis() as u64,
+            },
+        }
+    }
+
+    /// Makes sure the server has the subscriptions made since `started` (a flush) and
+    /// did not refuse one: a refused subscription would otherwise just stay silent.
+    /// The refusal comes before the flush's answer but reaches us through the
+    /// connection's event task, so it is given a moment to land.
+    pub(crate) async fn confirm_subscribed(
+        &self,
+        subject: &str,
+        started: Instant,
+    ) -> Result<(), ClientError> {
+        let failed = |detail: String| ClientError::Request {
+            subject: subject.to_owned(),
+            detail,
+        };
+        self.nats.flush().await.map_err(|e| failed(e.to_string()))?;
+        for attempt in 0..12 {
+            if let Some(detail) = self.refusals.since(started) {
+                return Err(ClientError::PermissionDenied {
+                    subject: subject.to_owned(),
+                    detail,
+                });
+            }
+            if attempt < 10 {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Ok(())
     }
 }

@@ -6,6 +6,8 @@ pub enum ClientError {
     Connect { url: String, detail: String },
     #[error("no answer from fuseboxd on {subject} within {timeout_ms} ms")]
     Timeout { subject: String, timeout_ms: u64 },
+    #[error("the NATS server refused {subject} to this user ({detail}); connect as a user permitted to (deploy/nats/accounts.conf)")]
+    PermissionDenied { subject: String, detail: String },
     #[error("no fuseboxd is listening on {subject}")]
     NoResponders { subject: String },
     #[error("NATS request on {subject} failed: {detail}")]

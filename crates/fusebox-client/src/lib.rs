@@ -8,8 +8,14 @@
 //!   [`GateOnError::Allow`].
 //! * [`FuseboxClient::report`]: everything else (results, progress, model turns) goes to
 //!   JetStream, deduplicated by event id.
-//! * [`FuseboxClient::watch_stop`]: the run's kill switch, including a stop published
-//!   before the watch began.
+//! * [`FuseboxClient::start_run`] → [`RunHandle`]: one run, its envelope (ids, `seq`,
+//!   `ts_ms`, `run_started`) owned by the handle, and its kill switch checked before the
+//!   first call.
+//! * [`FuseboxClient::watch_stop`], [`FuseboxClient::kept_stop`]: the run's kill switch,
+//!   including a stop published before the watch began, with only what a tenant user of
+//!   `deploy/nats/accounts.conf` may do.
+//! * [`NatsSettings`] / [`NatsArgs`]: every connection setting fuseboxd's `[nats]` takes,
+//!   for every client binary ([`FuseboxClient::connect_with`]).
 //! * Operator commands ([`FuseboxClient::runs`], [`FuseboxClient::run_status`],
 //!   [`FuseboxClient::cancel`], [`FuseboxClient::resume`], [`FuseboxClient::tail`],
 //!   [`FuseboxClient::ledger`], [`FuseboxClient::resolve`]) and the gate benchmark
@@ -20,12 +26,18 @@ mod client;
 mod error;
 mod ledger;
 mod ops;
+mod run;
+mod settings;
 mod stop;
 
 pub use client::{ClientOptions, FuseboxClient, Gate, GateOnError};
 pub use error::ClientError;
 pub use ledger::{LedgerView, Resolve};
 pub use ops::{parse_run_ref, DecisionTail, RunsListing};
+pub use run::{Delivery, RunHandle, RunOptions};
+#[cfg(feature = "clap")]
+pub use settings::NatsArgs;
+pub use settings::{NatsSettings, DEFAULT_URL};
 pub use stop::StopWatch;
 
 pub use fusebox_nats::wire::{LedgerItem, LedgerQuery, RunStatusReply, RunSummary, WireError};

@@ -91,6 +91,7 @@ impl FuseboxClient {
             subject: subject.clone(),
             detail,
         };
+        let started = std::time::Instant::now();
         let inbox = self.nats().new_inbox();
         let mut answers = self
             .nats()
@@ -102,10 +103,7 @@ impl FuseboxClient {
             .await
             .map_err(|e| failed(e.to_string()))?;
         let deadline = tokio::time::Instant::now() + self.options().timeout;
-        let timed_out = || ClientError::Timeout {
-            subject: subject.clone(),
-            timeout_ms: self.options().timeout.as_millis() as u64,
-        };
+        let timed_out = || self.unanswered(&subject, started);
         let mut partitions: BTreeMap<u32, Vec<RunSummary>> = BTreeMap::new();
         let mut expected = None;
         loop {
@@ -210,14 +208,16 @@ impl FuseboxClient {
             (Some(tenant), None) => format!("fusebox.decisions.{tenant}.*"),
             (None, _) => subjects::DECISIONS_FILTER.to_owned(),
         };
+        let started = std::time::Instant::now();
         let subscriber =
             self.nats
                 .subscribe(subject.clone())
                 .await
                 .map_err(|err| ClientError::Request {
-                    subject,
+                    subject: subject.clone(),
                     detail: err.to_string(),
                 })?;
+        self.confirm_subscribed(&subject, started).await?;
         Ok(DecisionTail { subscriber })
     }
 

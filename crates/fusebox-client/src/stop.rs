@@ -1,68 +1,111 @@
-//! The kill switch, seen from a worker: `fusebox.stop.<tenant>.<run>` through the
-//! `FUSEBOX_STOPS` stream, starting from the stop kept there, so a worker that
-//! subscribes after its run was stopped still learns it at once.
+//! The kill switch, seen from a worker: the stop kept on `FUSEBOX_STOPS` for its run,
+//! and the live stops on `fusebox.stop.<tenant>.<run>`.
+//!
+//! Only what a tenant user of `deploy/nats/accounts.conf` may do is used: a core
+//! subscription to its own stop subject and a JetStream *direct get* of that subject's
+//! last message (`$JS.API.DIRECT.GET.FUSEBOX_STOPS.fusebox.stop.<tenant>.<run>`), which
+//! names the run in the subject, so the per-tenant allow-list keeps tenants apart. No
+//! consumer, no stream creation (tenants have neither). The wire form is shared with the
+//! Python client and the MCP gateway; ARCHITECTURE.md ("The kill switch") has it.
 
-use async_nats::jetstream::consumer::pull::{Ordered, OrderedConfig};
-use async_nats::jetstream::consumer::DeliverPolicy;
+use async_nats::{StatusCode, Subscriber};
 use fusebox_core::Decision;
-use fusebox_nats::{setup, subjects};
+use fusebox_nats::subjects;
 use futures_util::StreamExt;
 
 use crate::client::FuseboxClient;
 use crate::error::ClientError;
 
-/// Stop decisions (each carrying its `report`) of one run, the kept one first.
+/// Stop decisions (each carrying its `report`) of one run: the kept one first, then the
+/// live ones. A stop published while the watch started may come twice (kept and live);
+/// a run is stopped by the first.
 pub struct StopWatch {
-    messages: Ordered,
+    kept: Option<Decision>,
+    live: Subscriber,
 }
 
 impl StopWatch {
+    /// The stop that was kept when the watch began, until [`StopWatch::next`] hands it out.
+    pub fn kept(&self) -> Option<&Decision> {
+        self.kept.as_ref()
+    }
+
     /// The next stop; `None` when the watch ended (the connection closed).
     pub async fn next(&mut self) -> Option<Result<Decision, ClientError>> {
-        let message = match self.messages.next().await? {
-            Ok(message) => message,
-            Err(err) => {
-                return Some(Err(ClientError::JetStream {
-                    what: "stop watch".to_owned(),
-                    detail: err.to_string(),
-                }))
-            }
-        };
-        Some(
-            serde_json::from_slice(&message.payload).map_err(|err| ClientError::BadAnswer {
-                subject: message.subject.to_string(),
-                detail: err.to_string(),
-            }),
-        )
+        if let Some(kept) = self.kept.take() {
+            return Some(Ok(kept));
+        }
+        let message = self.live.next().await?;
+        Some(decode(&message.subject, &message.payload))
     }
 }
 
+fn decode(subject: &str, payload: &[u8]) -> Result<Decision, ClientError> {
+    serde_json::from_slice(payload).map_err(|err| ClientError::BadAnswer {
+        subject: subject.to_owned(),
+        detail: err.to_string(),
+    })
+}
+
 impl FuseboxClient {
-    /// Watches the run's kill switch.
+    /// The stop kept for the run, if any: `Ok(None)` when the run was never stopped or a
+    /// `resume` cleared it. An error (timeout, no responders: `FUSEBOX_STOPS` missing or
+    /// without `allow_direct`, i.e. no current fuseboxd has started yet) means *unknown*,
+    /// never "not stopped": treat it like an unanswered gate.
+    pub async fn kept_stop(
+        &self,
+        tenant: &str,
+        run: &str,
+    ) -> Result<Option<Decision>, ClientError> {
+        let subject = subjects::stop_lookup(tenant, run);
+        let reply = self.raw_request(&subject, Vec::new()).await?;
+        match reply.status {
+            None => decode(&subject, &reply.payload).map(Some),
+            Some(StatusCode::NOT_FOUND) => Ok(None),
+            Some(status) => Err(ClientError::BadAnswer {
+                subject,
+                detail: format!(
+                    "status {status} {}",
+                    reply.description.as_deref().unwrap_or("")
+                ),
+            }),
+        }
+    }
+
+    /// Live stops only, for when the kept one cannot be looked up and the caller chose
+    /// to go on regardless ([`crate::GateOnError::Allow`]).
+    pub(crate) async fn watch_live_stops(
+        &self,
+        tenant: &str,
+        run: &str,
+    ) -> Result<StopWatch, ClientError> {
+        let live = self.subscribe_stops(tenant, run).await?;
+        Ok(StopWatch { kept: None, live })
+    }
+
+    /// Subscribes to the run's stop subject and waits until the server has the
+    /// subscription (a stop published from then on reaches it).
+    async fn subscribe_stops(&self, tenant: &str, run: &str) -> Result<Subscriber, ClientError> {
+        let subject = subjects::stop(tenant, run);
+        let started = std::time::Instant::now();
+        let live =
+            self.nats
+                .subscribe(subject.clone())
+                .await
+                .map_err(|e| ClientError::Request {
+                    subject: subject.clone(),
+                    detail: e.to_string(),
+                })?;
+        self.confirm_subscribed(&subject, started).await?;
+        Ok(live)
+    }
+
+    /// Watches the run's kill switch, starting with the stop kept from before the watch:
+    /// subscribes live first and makes sure the server has the subscription (flush), then
+    /// looks the kept stop up, so no stop falls between the two.
     pub async fn watch_stop(&self, tenant: &str, run: &str) -> Result<StopWatch, ClientError> {
-        let jetstream_error = |what: &str, err: &dyn std::fmt::Display| ClientError::JetStream {
-            what: what.to_owned(),
-            detail: err.to_string(),
-        };
-        // Same config as the daemon's, so creating it here is a no-op when it exists and
-        // lets a worker start watching before the daemon ever ran.
-        let stream = self
-            .js
-            .get_or_create_stream(setup::stops_stream_config())
-            .await
-            .map_err(|e| jetstream_error("stop stream", &e))?;
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                filter_subject: subjects::stop(tenant, run),
-                deliver_policy: DeliverPolicy::LastPerSubject,
-                ..OrderedConfig::default()
-            })
-            .await
-            .map_err(|e| jetstream_error("stop consumer", &e))?;
-        let messages = consumer
-            .messages()
-            .await
-            .map_err(|e| jetstream_error("stop consumer", &e))?;
-        Ok(StopWatch { messages })
+        let live = self.subscribe_stops(tenant, run).await?;
+        let kept = self.kept_stop(tenant, run).await?;
+        Ok(StopWatch { kept, live })
     }
 }

@@ -52,6 +52,10 @@ pub struct Placement {
 }
 
 /// One message per run subject: the latest stop report is what a late subscriber needs.
+/// `allow_direct` lets a worker read it with a direct get of its own subject
+/// (`$JS.API.DIRECT.GET.FUSEBOX_STOPS.fusebox.stop.<tenant>.<run>`), the one JetStream
+/// request a tenant is permitted: the subject names the run, so a subject allow-list
+/// keeps tenants apart, and no consumer is needed.
 pub fn stops_stream_config() -> stream::Config {
     stream::Config {
         name: subjects::STOPS_STREAM.to_owned(),
@@ -60,6 +64,7 @@ pub fn stops_stream_config() -> stream::Config {
         retention: RetentionPolicy::Limits,
         max_messages_per_subject: 1,
         discard: DiscardPolicy::Old,
+        allow_direct: true,
         ..Default::default()
     }
 }
@@ -91,7 +96,9 @@ pub async fn ensure(js: &Context, placement: &Placement) -> Result<(), SetupErro
 }
 
 /// Gets `want.name`, creating it when absent; an existing stream must carry exactly our
-/// subjects and per-subject limit.
+/// subjects and per-subject limit. The one setting changed in place is `allow_direct`,
+/// switched on when we want it and it is off (a stream made before workers read stops
+/// by direct get): it only adds a way to read, and loses nothing.
 pub async fn ensure_stream(
     js: &Context,
     want: stream::Config,
@@ -127,6 +134,20 @@ pub async fn ensure_stream(
                         have.max_messages_per_subject, want.max_messages_per_subject
                     ),
                 });
+            }
+            if want.allow_direct && !have.allow_direct {
+                tracing::info!(stream = %want.name, "turning on allow_direct");
+                let name = want.name.clone();
+                js.update_stream(stream::Config {
+                    allow_direct: true,
+                    ..have
+                })
+                .await
+                .map_err(|e| request(format!("turning on allow_direct failed: {e}")))?;
+                return js
+                    .get_stream(&name)
+                    .await
+                    .map_err(|e| request(e.to_string()));
             }
             Ok(stream)
         }

@@ -40,6 +40,14 @@ pub fn stop(tenant: &str, run: &str) -> String {
     format!("fusebox.stop.{tenant}.{run}")
 }
 
+/// Where a worker looks up the stop kept for its run: a JetStream direct get of the last
+/// message on its own stop subject (empty request body; `404` = no stop kept). The run is
+/// in the subject, so a tenant's allow-list
+/// `$JS.API.DIRECT.GET.FUSEBOX_STOPS.fusebox.stop.<tenant>.>` admits only its own runs.
+pub fn stop_lookup(tenant: &str, run: &str) -> String {
+    format!("$JS.API.DIRECT.GET.{STOPS_STREAM}.{}", stop(tenant, run))
+}
+
 pub fn dlq(tenant: &str) -> String {
     format!("fusebox.dlq.{tenant}")
 }
@@ -210,6 +218,10 @@ mod tests {
         assert_eq!(run_of("fusebox.events.acme.r1.x", "events"), None);
         assert_eq!(run_of("fusebox.gate.acme.r1", "events"), None);
         assert_eq!(tenant_of("fusebox.events.acme.r1.x"), Some("acme"));
+        assert_eq!(
+            stop_lookup("acme", "r1"),
+            "$JS.API.DIRECT.GET.FUSEBOX_STOPS.fusebox.stop.acme.r1"
+        );
     }
 
     #[test]
