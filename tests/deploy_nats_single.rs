@@ -3,11 +3,11 @@
 //! daemon's own service code, the mapping itself, and partition-scoped services as
 //! cluster mode runs them.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fusebox_e2e::deploy_nats::{self, connect, expect_error, expect_no_error, NatsConfigDir};
+use fusebox_e2e::deploy_nats::{self, connect, expect_error, expect_no_error};
 use fusebox_e2e::secured::start_single;
 use futures_util::StreamExt;
 

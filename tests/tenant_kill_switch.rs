@@ -11,7 +11,6 @@ use fusebox_client::{ClientError, Gate, RunOptions};
 use fusebox_core::Action;
 use fusebox_e2e::deploy_nats::{connect, expect_error, expect_no_error};
 use fusebox_e2e::SecuredStack;
-use futures_util::StreamExt;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(10);

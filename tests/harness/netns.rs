@@ -41,6 +41,8 @@ pub struct Netns {
 }
 
 impl Netns {
+    // No Default: making a namespace changes the host, so it is never done implicitly.
+    #[allow(clippy::new_without_default)]
     pub fn new() -> Netns {
         let name = unique("fbns");
         must(&["netns", "add", &name]);

@@ -63,7 +63,7 @@ fn child(dir: &Path, seed: u64) {
         rng ^= rng << 17;
         let mut batch: Vec<Event> = events.by_ref().take(1 + (rng % 64) as usize).collect();
         // Re-deliveries ride along now and then; they must not reach the log twice.
-        if let Some(again) = previous.take().filter(|_| rng % 3 == 0) {
+        if let Some(again) = previous.take().filter(|_| rng.is_multiple_of(3)) {
             batch.insert(0, again);
         }
         previous = batch.last().cloned();
@@ -100,7 +100,7 @@ fn crash_once(dir: &Path, roll: u64) -> Crash {
     });
     // One crash in five lands anywhere, start-up and recovery included; the others
     // while appending.
-    if roll % 5 != 0 {
+    if !roll.is_multiple_of(5) {
         let ready = received.recv_timeout(Duration::from_secs(20));
         assert_eq!(ready.as_deref(), Ok(READY), "the child did not start");
     }

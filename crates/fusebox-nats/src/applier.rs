@@ -333,7 +333,7 @@ impl<S: GuardStore> Applier<S> {
                 .flatten()
                 .filter(|origin| matches!(origin, Origin::Stream(_)))
                 .count();
-            if !self.backlog.as_ref().map_or(true, |b| b.drained(held)) {
+            if !self.backlog.as_ref().is_none_or(|b| b.drained(held)) {
                 tracing::debug!(%tenant, %run, missing_seq = seq, "gap timed out but the events stream has undelivered messages; waiting for them");
                 continue;
             }

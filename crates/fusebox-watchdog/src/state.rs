@@ -94,7 +94,7 @@ impl State {
 
     /// Arms an instance's timer unless an earlier one is armed already.
     pub fn arm_instance_at_most(&mut self, key: InstanceKey, at_ms: u64) {
-        if self.instance_at.get(&key).map_or(true, |&t| at_ms < t) {
+        if self.instance_at.get(&key).is_none_or(|&t| at_ms < t) {
             self.arm_instance(key, at_ms);
         }
     }

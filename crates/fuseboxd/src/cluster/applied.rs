@@ -348,7 +348,7 @@ impl Replay {
         // the kill switch.
         let mut open: BTreeSet<(String, String)> = runs
             .iter()
-            .filter(|(t, r)| store.engine().run(t, r).map_or(true, |run| run.is_open()))
+            .filter(|(t, r)| store.engine().run(t, r).is_none_or(|run| run.is_open()))
             .cloned()
             .collect();
         store.inner_mut().replaying = Some(adopted);
