@@ -319,8 +319,12 @@ async def test_every_event_type_of_the_contract_is_accepted(
         ),
         await run.progress(2, "cursor moved"),
         await run.compaction("context full"),
-        await run.instance_launched("i-0123456789abcdef0", region="us-east-1", max_lifetime_s=60),
     ]
+    # The stack's daemon runs no cloud watchdog: an instance it cannot watch is refused,
+    # never silently accepted, and the refused event leaves no gap in the run's seq.
+    with pytest.raises(Refused) as refused:
+        await run.instance_launched("i-0123456789abcdef0", region="us-east-1", max_lifetime_s=60)
+    assert refused.value.reason == "unwatched_provider"
     gate = await run.tool_call("search", args_hash="sha256:abc")
     assert gate.may_run
     results.append(
@@ -335,7 +339,7 @@ async def test_every_event_type_of_the_contract_is_accepted(
     )
     results.append(await run.finish("done"))
     assert all(d is not None for d in results)
-    assert run.seq == 10
+    assert run.seq == 9
     # After run_finished the latch answers every call with stop, reason run_closed.
     late = await run.tool_call("search", {"query": "y"})
     assert late.stopped and late.decision is not None and late.decision.reason == "run_closed"
