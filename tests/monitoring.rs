@@ -265,6 +265,30 @@ async fn every_dashboard_and_alert_expression_has_data_after_demo_load() {
     }
     assert!(stopped, "the runaway agent was never stopped");
 
+    // A long-running worker that only compacts: its context overflows, it compacts,
+    // overflows again … with nothing done in between, until the compaction guard stops
+    // it (the dashboard's "Compaction guard" panel and its alert).
+    let t = now_ms();
+    let mut thrashed = false;
+    for cycle in 1..=10u64 {
+        let turn = event(
+            json!({"v":1,"id":format!("worker-9-t{cycle}"),"tenant":"demo","run":"worker-9","seq":2 * cycle - 1,"ts_ms":t + 2 * cycle,
+            "type":"model_turn","stop_reason":"model_context_window_exceeded","usage":{"input_tokens":200_000}}),
+        );
+        let _ = client.gate(&turn).await;
+        let compaction = event(
+            json!({"v":1,"id":format!("worker-9-c{cycle}"),"tenant":"demo","run":"worker-9","seq":2 * cycle,"ts_ms":t + 2 * cycle + 1,
+            "type":"compaction","reason":"auto"}),
+        );
+        if let Gate::Decided(d) = client.gate(&compaction).await {
+            if d.action == Action::Stop {
+                thrashed = true;
+                break;
+            }
+        }
+    }
+    assert!(thrashed, "the compaction-only worker was never stopped");
+
     // A legitimate agent paging through a listing and finishing.
     for e in fixture("pagination-ok.jsonl") {
         assert!(
