@@ -15,7 +15,7 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "clients/python/examples"
 @pytest.mark.parametrize(
     ("script", "flags", "expected"),
     [
-        ("openai_agents_runaway.py", [], "STOPPED by fusebox after 5 executions"),
+        ("openai_agents_runaway.py", [], "STOPPED by fusebox after 3 executions"),
         ("langgraph_agent.py", ["--mode", "loop"], "STOPPED by fusebox: STOPPED_LOOP_GUARD"),
         ("langgraph_agent.py", ["--mode", "paginate"], "all pages read (12 tool answers)"),
         ("gate_by_hand.py", [], "stopped: STOPPED_LOOP_GUARD"),

@@ -94,10 +94,11 @@ async def test_the_same_write_with_one_op_key_is_done_once(
         email = {"message_id": "m-42", "to": "ops@example.com", "body": "disk full"}
         first = await client.call_tool("send_email", email)
         assert not first.is_error and "sent m-42" in text(first)
-        for _ in range(2):
-            again = await client.call_tool("send_email", email)
-            assert not again.is_error, text(again)
-            assert "sent m-42" in text(again), "the stored result is the answer"
+        # A retry gets the stored result; repeating it more is a loop of its own, which
+        # the guard refuses (never runs) like any other repeat.
+        again = await client.call_tool("send_email", email)
+        assert not again.is_error, text(again)
+        assert "sent m-42" in text(again), "the stored result is the answer"
         other = await client.call_tool("send_email", {**email, "message_id": "m-43"})
         assert "sent m-43" in text(other)
     assert [e["args"]["message_id"] for e in executions(count_file, "send_email")] == [
