@@ -109,6 +109,43 @@ pub enum Args {
     Hash(String),
 }
 
+/// Above this many bytes of JSON, an adapter that builds events from someone else's
+/// protocol (a hook, the MCP gateway) sends a value's SHA-256 instead of the value: a file
+/// written or read whole would otherwise push the event past the daemon's
+/// `max_event_bytes` and the call would be refused. Loop detection works on hashes alike
+/// (the same value always has the same hash).
+pub const INLINE_LIMIT: usize = 32 * 1024;
+
+/// The hash a value travels as (lowercase hex SHA-256 of its compact JSON) when that
+/// JSON is longer than [`INLINE_LIMIT`]; `None` when it travels inline.
+fn hash_if_large(value: &Value) -> Option<String> {
+    let bytes = serde_json::to_vec(value).expect("a JSON value serialises");
+    (bytes.len() > INLINE_LIMIT).then(|| hex_sha256(&bytes))
+}
+
+/// Lowercase hex SHA-256.
+pub fn hex_sha256(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl Args {
+    /// `args` inline, or `args_hash` above [`INLINE_LIMIT`].
+    pub fn inline_or_hash(value: Value) -> Args {
+        hash_if_large(&value).map_or(Args::Json(value), Args::Hash)
+    }
+}
+
+impl Output {
+    /// `output` inline, or `output_hash` above [`INLINE_LIMIT`].
+    pub fn inline_or_hash(value: Value) -> Output {
+        hash_if_large(&value).map_or(Output::Json(value), Output::Hash)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolCall {
     pub call_id: String,
@@ -312,5 +349,23 @@ impl Resolution {
             Resolution::Completed => "completed",
             Resolution::Released => "released",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn values_past_the_inline_limit_travel_as_their_hash() {
+        let big = json!({"content": "x".repeat(INLINE_LIMIT)});
+        let Args::Hash(hash) = Args::inline_or_hash(big.clone()) else {
+            panic!("a value past the limit travels as its hash");
+        };
+        assert_eq!(hash, hex_sha256(&serde_json::to_vec(&big).unwrap()));
+        assert_eq!(Output::inline_or_hash(big), Output::Hash(hash));
+        let small = json!({"command": "ls"});
+        assert_eq!(Args::inline_or_hash(small.clone()), Args::Json(small));
     }
 }

@@ -41,7 +41,7 @@ pub use decision::{
 pub use engine::Engine;
 pub use event::{Event, EventBody};
 pub use ledger::LedgerEntry;
-pub use parse::{parse_event, parse_event_bounded, EventError, RejectReason};
+pub use parse::{check_event, parse_event, parse_event_bounded, EventError, RejectReason};
 pub use policy::{Policy, PolicySet, Preset};
 pub use run::RunState;
 pub use sequencer::{Admission, Sequencer};

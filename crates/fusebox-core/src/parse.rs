@@ -132,6 +132,15 @@ pub fn parse_event_bounded(bytes: &[u8], max_bytes: usize) -> Result<Event, Even
     }
 }
 
+/// Whether the daemon accepts `event`, which a producer built rather than parsed: the
+/// checks of [`parse_event_bounded`], made on its wire form. An adapter translating
+/// another protocol (a hook payload, an MCP call) calls it to report a clear error of
+/// its own instead of sending what the daemon will refuse.
+pub fn check_event(event: &Event, max_bytes: usize) -> Result<(), EventError> {
+    let wire = serde_json::to_vec(event).expect("an event serialises");
+    parse_event_bounded(&wire, max_bytes).map(drop)
+}
+
 impl<'de> Deserialize<'de> for Event {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         WireEvent::deserialize(deserializer)?
