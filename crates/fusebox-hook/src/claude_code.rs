@@ -8,18 +8,13 @@
 //! runs again for the same moment sends the same id, and the daemon answers it from its
 //! dedup with the original decision instead of counting the call twice.
 
+use fusebox_core::event::hex_sha256;
 use fusebox_core::event::{
     Args, Compaction, Output, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
 };
-use fusebox_core::{Action, Decision, Event, EventBody};
+use fusebox_core::{check_event, Action, Decision, Event, EventBody};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
-
-/// Arguments and outputs above this size travel as their SHA-256 (`args_hash`,
-/// `output_hash`): a file written or read whole would otherwise push an event past the
-/// daemon's `max_event_bytes` and be refused. Loop detection works on hashes alike.
-const INLINE_LIMIT: usize = 32 * 1024;
 
 /// The hook events fusebox acts on. Anything else is answered with no opinion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +139,7 @@ pub fn event_for(
                 EventBody::ToolCall(ToolCall {
                     call_id: id.to_owned(),
                     tool: tool.to_owned(),
-                    args: args(input),
+                    args: Args::inline_or_hash(input),
                     op_key: None,
                     effect: None,
                 }),
@@ -177,7 +172,7 @@ pub fn event_for(
                     code,
                     retry_after_ms: failed.then_some(0),
                     terminal: None,
-                    output: Some(output_of(output)),
+                    output: Some(Output::inline_or_hash(output)),
                     progress: None,
                 }),
             )
@@ -212,28 +207,15 @@ pub fn event_for(
         ),
         HookEvent::Stop | HookEvent::Other => return Ok(None),
     };
+    // A payload the daemon would refuse (an empty tool name, an id past the contract's
+    // length) is this hook's error, said here, not a refusal from the guard.
+    check_event(&event, fusebox_core::parse::DEFAULT_MAX_EVENT_BYTES).map_err(|err| {
+        format!(
+            "cannot guard this {} payload: {}",
+            payload.hook_event_name, err.message
+        )
+    })?;
     Ok(Some(event))
-}
-
-fn args(input: Value) -> Args {
-    match serde_json::to_vec(&input) {
-        Ok(bytes) if bytes.len() > INLINE_LIMIT => Args::Hash(hex_sha256(&bytes)),
-        _ => Args::Json(input),
-    }
-}
-
-fn output_of(output: Value) -> Output {
-    match serde_json::to_vec(&output) {
-        Ok(bytes) if bytes.len() > INLINE_LIMIT => Output::Hash(hex_sha256(&bytes)),
-        _ => Output::Json(output),
-    }
-}
-
-fn hex_sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// A session id as a run id of the contract (`[A-Za-z0-9_-]{1,128}`). Claude Code's ids
@@ -406,12 +388,42 @@ mod tests {
         }
     }
 
+    fn pre_tool_use(input: Value) -> Result<Option<Event>, String> {
+        let payload = json!({"session_id": "s", "hook_event_name": "PreToolUse",
+            "tool_name": "Write", "tool_use_id": "toolu_1", "tool_input": input});
+        let payload = Payload::parse(payload.to_string().as_bytes()).unwrap();
+        event_for(&payload, "t", "r", "a", None, 1)
+    }
+
     #[test]
     fn large_inputs_travel_as_hashes() {
-        let big = json!({"content": "x".repeat(INLINE_LIMIT + 1)});
-        assert!(matches!(args(big.clone()), Args::Hash(h) if h.len() == 64));
-        assert!(matches!(output_of(big), Output::Hash(_)));
-        assert!(matches!(args(json!({"command": "ls"})), Args::Json(_)));
+        let big = json!({"content": "x".repeat(fusebox_core::event::INLINE_LIMIT + 1)});
+        let event = pre_tool_use(big).unwrap().unwrap();
+        assert!(
+            matches!(event.body, EventBody::ToolCall(ToolCall { args: Args::Hash(h), .. })
+            if h.len() == 64)
+        );
+        let small = pre_tool_use(json!({"command": "ls"})).unwrap().unwrap();
+        assert!(matches!(
+            small.body,
+            EventBody::ToolCall(ToolCall {
+                args: Args::Json(_),
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_payload_the_daemon_would_refuse_is_the_hooks_error() {
+        let payload = Payload::parse(
+            br#"{"session_id":"s","hook_event_name":"PreToolUse","tool_name":"","tool_use_id":"t1"}"#,
+        )
+        .unwrap();
+        let err = event_for(&payload, "t", "r", "a", None, 1).unwrap_err();
+        assert!(
+            err.contains("cannot guard this PreToolUse payload") && err.contains("`tool`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -7,7 +7,6 @@
 //! invocations; the event ids come from the payload, so a re-run hook is deduplicated
 //! by the daemon.
 
-mod claude_code;
 mod session_runs;
 mod settings;
 
@@ -20,7 +19,7 @@ use clap::{Subcommand, ValueEnum};
 use fusebox_client::{ClientOptions, Gate, GateOnError};
 
 use crate::connection::Connection;
-use claude_code::{Outcome, Payload};
+use fusebox_hook::claude_code::{self, Outcome, Payload};
 use session_runs::SessionRuns;
 
 #[derive(clap::Args)]

@@ -9,7 +9,7 @@ use std::fs;
 use std::io;
 use std::path::PathBuf;
 
-use super::claude_code::run_id;
+use fusebox_hook::claude_code::run_id;
 
 pub struct SessionRuns {
     dir: Option<PathBuf>,
