@@ -4,7 +4,8 @@
 
 use fusebox_client::Gate;
 use fusebox_core::decision::{Action, Decision, StopReport};
-use fusebox_core::event::{Effect, Output, ResultKind, ToolResult};
+use fusebox_core::event::{hex_sha256, Args, Effect, Output, ResultKind, ToolCall, ToolResult};
+use fusebox_core::parse::MAX_OP_KEY_LEN;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ToolAnnotations};
 use serde_json::Value;
 
@@ -46,7 +47,32 @@ pub fn op_key_of(
         Value::Null => return None,
         other => other.to_string(),
     };
-    Some(format!("{tool}:{key}"))
+    let key = format!("{tool}:{key}");
+    // The contract bounds an op_key; a longer one (a document as the key) travels as its
+    // hash, so the same operation still has the same key and the call is not refused.
+    if key.len() > MAX_OP_KEY_LEN {
+        return Some(format!("sha256:{}", hex_sha256(key.as_bytes())));
+    }
+    Some(key)
+}
+
+/// The `tool_call` the gateway gates: the call's arguments inline, or as their hash when
+/// they are large (a file written whole), so a big call is gated rather than refused.
+pub fn tool_call(
+    call_id: &str,
+    tool: &str,
+    arguments: Option<&JsonObject>,
+    op_key: Option<String>,
+    effect: Option<Effect>,
+) -> ToolCall {
+    let args = Value::Object(arguments.cloned().unwrap_or_default());
+    ToolCall {
+        call_id: call_id.to_owned(),
+        tool: tool.to_owned(),
+        args: Args::inline_or_hash(args),
+        op_key,
+        effect,
+    }
 }
 
 /// What the gateway does with a `tools/call` once the guard answered.
@@ -204,7 +230,7 @@ pub fn tool_result(
         code: failed.then(|| "tool_error".to_owned()),
         retry_after_ms: None,
         terminal: None,
-        output: Some(Output::Json(output_of(result))),
+        output: Some(Output::inline_or_hash(output_of(result))),
         progress: None,
     }
 }
@@ -220,7 +246,7 @@ pub fn failed_result(call_id: &str, tool: &str, code: &str, detail: &str) -> Too
         code: Some(code.to_owned()),
         retry_after_ms: None,
         terminal: None,
-        output: Some(Output::Json(Value::String(detail.to_owned()))),
+        output: Some(Output::inline_or_hash(Value::String(detail.to_owned()))),
         progress: None,
     }
 }
@@ -370,6 +396,34 @@ mod tests {
             op_key_of("w", None, Some(&args(json!({"path":"/a"})))),
             None
         );
+    }
+
+    #[test]
+    fn a_large_call_is_gated_by_hash_not_refused() {
+        let config = ToolConfig {
+            op_key_arg: Some("body".to_owned()),
+            ..ToolConfig::default()
+        };
+        let body = "x".repeat(fusebox_core::event::INLINE_LIMIT);
+        let args = json!({"body": body}).as_object().unwrap().clone();
+        let op_key = op_key_of("send", Some(&config), Some(&args)).unwrap();
+        assert!(op_key.starts_with("sha256:") && op_key.len() <= MAX_OP_KEY_LEN);
+        assert_eq!(
+            op_key_of("send", Some(&config), Some(&args)),
+            Some(op_key.clone())
+        );
+        let call = tool_call("c1", "send", Some(&args), Some(op_key), None);
+        assert!(matches!(call.args, Args::Hash(_)));
+        let event = fusebox_core::Event {
+            v: 1,
+            id: "e1".to_owned(),
+            tenant: "t".to_owned(),
+            run: "r".to_owned(),
+            seq: None,
+            ts_ms: 1,
+            body: fusebox_core::EventBody::ToolCall(call),
+        };
+        fusebox_core::check_event(&event, fusebox_core::parse::DEFAULT_MAX_EVENT_BYTES).unwrap();
     }
 
     #[test]

@@ -9,11 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::StatusCode;
 use fusebox_client::{FuseboxClient, Gate};
 use fusebox_core::decision::Decision;
-use fusebox_core::event::{Args, Effect, EventBody, RunFinished, RunStarted, ToolCall, ToolResult};
+use fusebox_core::event::{Effect, EventBody, RunFinished, RunStarted, ToolResult};
 use fusebox_core::Event;
 use futures_util::StreamExt;
 use rmcp::model::{CallToolResult, JsonObject};
-use serde_json::Value;
 
 use crate::mapping;
 
@@ -175,16 +174,9 @@ impl GuardedRun {
         op_key: Option<String>,
         effect: Option<Effect>,
     ) -> Gate {
-        let args = arguments.map_or(Value::Object(Default::default()), |a| {
-            Value::Object(a.clone())
-        });
-        let event = self.event(EventBody::ToolCall(ToolCall {
-            call_id: call_id.to_owned(),
-            tool: tool.to_owned(),
-            args: Args::Json(args),
-            op_key,
-            effect,
-        }));
+        let event = self.event(EventBody::ToolCall(mapping::tool_call(
+            call_id, tool, arguments, op_key, effect,
+        )));
         self.client.gate(&event).await
     }
 
