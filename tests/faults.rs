@@ -1,13 +1,14 @@
 //! Faults that are not a clean kill (issue 17 §3): a hung daemon (SIGSTOP past the
 //! clients' timeout), real network partitions (a network namespace and veth pairs the
-//! test makes: fuseboxd cut from NATS, an agent cut from NATS), a full disk under the
-//! data dir (a small tmpfs the test mounts), and steps of the daemon's own wall clock
-//! (libfaketime; the machine's clock is never touched). Each ends on the same checks
-//! (`Load::check`): the log passes `fusebox log verify`, nothing an agent was answered is
-//! missing from it, every answer equals what a full offline replay of the log decides,
-//! and no op_key was let run twice.
+//! test makes: fuseboxd cut from NATS, an agent cut from NATS), the data dir's disk
+//! stalling (fsfreeze), slow (its writes throttled by a blkio cgroup) and full (a small
+//! tmpfs the test mounts), and steps of the daemon's own wall clock (libfaketime; the
+//! machine's clock is never touched). Each ends on the same checks (`Load::check`): the
+//! log passes `fusebox log verify`, nothing an agent was answered is missing from it,
+//! every answer equals what a full offline replay of the log decides, and no op_key was
+//! let run twice.
 //!
-//! Needs root (netns, mount); CI runs as root.
+//! Needs root (netns, mount, cgroups); CI runs as root.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -57,8 +58,8 @@ struct Answer {
 #[derive(Default)]
 struct Observed {
     answers: Vec<Answer>,
-    /// The slowest answer.
-    slowest: Duration,
+    /// How long each answer took, in the order they came.
+    latencies: Vec<Duration>,
     /// Gates that went unanswered (the client denied), with how long each took.
     denied: Vec<Duration>,
 }
@@ -71,6 +72,7 @@ struct Summary {
     denied: usize,
     longest_denial: Duration,
     slowest_answer: Duration,
+    median_answer: Duration,
     logged: usize,
     executed_op_keys: usize,
 }
@@ -146,7 +148,7 @@ impl Load {
                         match client.gate(&e).await {
                             Gate::Decided(d) => {
                                 let mut observed = observed.lock().unwrap();
-                                observed.slowest = observed.slowest.max(asked.elapsed());
+                                observed.latencies.push(asked.elapsed());
                                 observed.answers.push(Answer {
                                     run: d.run.clone(),
                                     event_id: d.event_id.clone(),
@@ -203,9 +205,12 @@ impl Load {
             .lines()
             .map(|l| parse_event(l.as_bytes()).unwrap())
             .collect();
+        // The whole log is replayed (tenants share nothing, but it is the log); this
+        // load's answers are looked up among its own tenant's events.
         let replayed: BTreeMap<(String, String), Action> = events
             .iter()
             .zip(expected(config, &events))
+            .filter(|(e, _)| e.tenant == self.tenant)
             .map(|(e, d)| ((e.run.clone(), e.id.clone()), d.action))
             .collect();
         let observed = self.observed.lock().unwrap();
@@ -236,7 +241,8 @@ impl Load {
             answered: observed.answers.len(),
             denied: observed.denied.len(),
             longest_denial: observed.denied.iter().max().copied().unwrap_or_default(),
-            slowest_answer: observed.slowest,
+            slowest_answer: observed.latencies.iter().max().copied().unwrap_or_default(),
+            median_answer: median(&observed.latencies),
             logged: events.len(),
             executed_op_keys: ran.len(),
         }
@@ -255,6 +261,12 @@ async fn join(mut agents: tokio::task::JoinSet<()>, within: Duration) {
     })
     .await
     .expect("the agents finished in time");
+}
+
+fn median(samples: &[Duration]) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
 }
 
 fn assert_denials_bounded(summary: &Summary) {
@@ -386,6 +398,160 @@ async fn a_stalling_disk_bounds_gate_latency_by_the_stall_limit_and_loses_nothin
         "frozen disk: stall reported {said:?} after the freeze (stall_limit_ms = {}), \
          exit {status} after the thaw; {summary:?}",
         STALL_LIMIT.as_millis()
+    );
+}
+
+/// A disk made slow for the processes the test puts under it: a blkio cgroup of the
+/// test's own throttles their writes to the loop device behind a [`FreezableDisk`]
+/// (`blkio.throttle.write_iops_device` under cgroup v1, `io.max` under v2). A real block
+/// device that is slow, not a stall: every fsync still returns, later.
+struct SlowDisk {
+    cgroup: std::path::PathBuf,
+    /// Where the throttled processes go back to.
+    parent: std::path::PathBuf,
+    /// The loop device, `major:minor`.
+    device: String,
+}
+
+impl SlowDisk {
+    fn throttle(disk: &FreezableDisk, write_iops: u32) -> SlowDisk {
+        let out = Command::new("mountpoint")
+            .arg("-d")
+            .arg(&disk.mount)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mountpoint -d {:?}", disk.mount);
+        let device = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        let name = format!("fusebox-slow-{}", std::process::id());
+        let v1 = Path::new("/sys/fs/cgroup/blkio");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let (parent, setting, line) = if v1.join("blkio.throttle.write_iops_device").exists() {
+            (
+                v1.to_owned(),
+                "blkio.throttle.write_iops_device",
+                format!("{device} {write_iops}"),
+            )
+        } else if std::fs::read_to_string(v2.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "io"))
+        {
+            // The io controller must be on for the children of the root.
+            let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+io");
+            (
+                v2.to_owned(),
+                "io.max",
+                format!("{device} wiops={write_iops}"),
+            )
+        } else {
+            panic!("no blkio (cgroup v1) or io (cgroup v2) controller: cannot make a slow disk");
+        };
+        let cgroup = parent.join(name);
+        std::fs::create_dir_all(&cgroup).unwrap();
+        std::fs::write(cgroup.join(setting), &line)
+            .unwrap_or_else(|e| panic!("write {line:?} to {setting}: {e}"));
+        SlowDisk {
+            cgroup,
+            parent,
+            device,
+        }
+    }
+
+    /// Writes the throttle let through to the device so far: proof that the daemon's
+    /// writes went through it (v1 `blkio.throttle.io_serviced`, v2 `io.stat`'s `wios`).
+    fn writes(&self) -> u64 {
+        let v1 = std::fs::read_to_string(self.cgroup.join("blkio.throttle.io_serviced"));
+        if let Ok(stats) = v1 {
+            let prefix = format!("{} Write ", self.device);
+            return stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+                .unwrap_or(0);
+        }
+        let stats = std::fs::read_to_string(self.cgroup.join("io.stat")).unwrap_or_default();
+        stats
+            .lines()
+            .filter(|l| l.starts_with(&format!("{} ", self.device)))
+            .flat_map(|l| l.split_whitespace())
+            .find_map(|field| field.strip_prefix("wios=")?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Puts a process (all its threads) under the throttle.
+    fn add(&self, pid: u32) {
+        std::fs::write(self.cgroup.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for SlowDisk {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.cgroup.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = std::fs::write(self.parent.join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_disk_slows_answers_within_the_stall_limit_and_loses_nothing() {
+    const STALL_LIMIT: Duration = Duration::from_millis(2_000);
+    const WRITE_IOPS: u32 = 10;
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    set_daemon_option(
+        &config,
+        "stall_limit_ms",
+        toml::Value::Integer(STALL_LIMIT.as_millis() as i64),
+    );
+    let disk = FreezableDisk::mount(dir.path());
+    let data = disk.mount.clone();
+    let mut daemon = Daemon::start(&nats.url(), &config, &data).await;
+    // The same load twice, on the same daemon and disk: first as the disk is, then with
+    // its writes throttled to WRITE_IOPS per second for the daemon.
+    let mut baseline = Load::new("fast", 4, 20);
+    baseline.timeout = STALL_LIMIT * 3;
+    join(
+        baseline.start(&nats.url(), Duration::from_millis(20)),
+        Duration::from_secs(120),
+    )
+    .await;
+    let slow = SlowDisk::throttle(&disk, WRITE_IOPS);
+    slow.add(daemon.proc.pid());
+    let mut throttled = Load::new("slow", 4, 20);
+    throttled.timeout = STALL_LIMIT * 3;
+    join(
+        throttled.start(&nats.url(), Duration::from_millis(20)),
+        Duration::from_secs(240),
+    )
+    .await;
+    assert!(
+        daemon.proc.is_running(),
+        "a slow disk is not a stall: fuseboxd must keep serving\n{}",
+        daemon.logs()
+    );
+    let throttled_writes = slow.writes();
+    assert!(
+        throttled_writes > 0,
+        "the daemon's writes did not go through the throttle"
+    );
+    drop(slow);
+    assert!(daemon.terminate().success(), "{}", daemon.logs());
+    let fast = baseline.check(&config, &data);
+    let summary = throttled.check(&config, &data);
+    for (load, summary) in [(&baseline, &fast), (&throttled, &summary)] {
+        assert_eq!(summary.answered, load.expected_answers());
+        assert_eq!(summary.denied, 0, "{summary:?}");
+    }
+    assert!(
+        summary.slowest_answer <= STALL_LIMIT + SLACK,
+        "an answer took {:?} with stall_limit_ms = {}",
+        summary.slowest_answer,
+        STALL_LIMIT.as_millis()
+    );
+    eprintln!(
+        "slow disk ({WRITE_IOPS} write IOPS, {throttled_writes} writes throttled): median \
+         answer {:?} (as the disk is: {:?}), slowest {:?} ({:?}); {summary:?}",
+        summary.median_answer, fast.median_answer, summary.slowest_answer, fast.slowest_answer
     );
 }
 
