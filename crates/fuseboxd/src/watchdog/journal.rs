@@ -461,6 +461,115 @@ mod tests {
         assert_eq!(instance_ids(&opened.facts).len(), LIVE as usize);
     }
 
+    const CHILD: &str = "FUSEBOX_JOURNAL_KILL_CHILD";
+
+    /// The child of the kill test: runs the workload from where the journal stands,
+    /// compacting every few steps, and prints each step once it is journaled. Never returns.
+    fn child(dir: &Path) -> ! {
+        let opened = Journal::open_with(dir, 1).unwrap();
+        let next = instance_ids(&opened.facts).last().map_or(0, |n| n + 1);
+        let mut live: std::collections::BTreeMap<u64, Fact> = opened
+            .facts
+            .iter()
+            .filter(|f| matches!(f, Fact::InstanceLaunched(l) if l.ts_ms + LIVE >= next))
+            .map(|f| match f {
+                Fact::InstanceLaunched(l) => (l.ts_ms, f.clone()),
+                Fact::RunEnded(_) => unreachable!(),
+            })
+            .collect();
+        let journal = opened.journal;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "ready").unwrap();
+        for n in next.. {
+            step(&journal, n, &mut live);
+            writeln!(out, "{n}").unwrap();
+            out.flush().unwrap();
+            if n % 7 == 0 {
+                journal
+                    .compact(|| live.values().cloned().collect())
+                    .unwrap();
+            }
+        }
+        unreachable!()
+    }
+
+    /// SIGKILLs a child that appends and compacts, 40 times at pseudo-random moments:
+    /// after each kill the journal opens, holds every instance that was live at the last
+    /// acknowledged step, and counts every acknowledged termination.
+    #[test]
+    fn kills_mid_compaction_lose_no_acknowledged_fact() {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+        if let Ok(dir) = std::env::var(CHILD) {
+            child(Path::new(&dir));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut acked: Option<u64> = None;
+        let mut new_files_seen = 0;
+        let mut rng: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..40 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "watchdog::journal::tests::kills_mid_compaction_lose_no_acknowledged_fact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD, dir.path())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            // Wait for the child to be past its open, then let it run for 2–40 ms.
+            loop {
+                match lines.next() {
+                    // libtest has written "test <name> ... " without a newline first.
+                    Some(Ok(line)) if line.ends_with("ready") => break,
+                    Some(Ok(_)) => continue,
+                    other => panic!("child did not start: {other:?}"),
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2 + rng % 38));
+            child.kill().unwrap();
+            child.wait().unwrap();
+            for line in lines.map_while(Result::ok) {
+                if let Ok(n) = line.parse::<u64>() {
+                    acked = Some(n);
+                }
+            }
+            if dir.path().join(NEW_FILE_NAME).exists() {
+                new_files_seen += 1;
+            }
+            let opened = Journal::open_with(dir.path(), 1).unwrap();
+            assert!(!dir.path().join(NEW_FILE_NAME).exists());
+            let ids = instance_ids(&opened.facts);
+            if let Some(a) = acked {
+                let must: std::collections::BTreeSet<u64> =
+                    (a.saturating_sub(LIVE - 1)..=a).collect();
+                assert!(
+                    must.is_subset(&ids),
+                    "acknowledged live instances {must:?} lost; journal has {ids:?}"
+                );
+                assert!(
+                    opened.terminations as u64 >= (a + 1).saturating_sub(LIVE),
+                    "terminations counted {} < acknowledged {}",
+                    opened.terminations,
+                    (a + 1).saturating_sub(LIVE)
+                );
+            }
+        }
+        let a = acked.expect("the children acknowledged steps");
+        eprintln!("40 SIGKILLs, {} steps acknowledged, {new_files_seen} kills left an unfinished compaction", a + 1);
+        assert!(
+            a > 100,
+            "too few steps to have compacted under the kills: {a}"
+        );
+    }
+
     /// A compaction killed before its rename leaves a partial `.new` file beside the old
     /// journal: the old journal is read whole and the partial file removed.
     #[test]
