@@ -165,6 +165,7 @@ struct WireEvent {
     policy: Option<Value>,
     call_id: Option<String>,
     tool: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     args: Option<Value>,
     args_hash: Option<String>,
     op_key: Option<String>,
@@ -173,6 +174,7 @@ struct WireEvent {
     code: Option<String>,
     retry_after_ms: Option<u64>,
     terminal: Option<bool>,
+    #[serde(default, deserialize_with = "present")]
     output: Option<Value>,
     output_hash: Option<String>,
     progress: Option<u64>,
@@ -191,6 +193,14 @@ struct WireEvent {
     instance_id: Option<String>,
     max_lifetime_s: Option<u64>,
     resolution: Option<String>,
+}
+
+/// A field that is there, even as `null`: `args` and `output` are "any JSON", and `null`
+/// is one (a tool without arguments, a tool that answered nothing), not the field's
+/// absence. Serde's `Option` would read `null` as absent, so an event with `"args": null`
+/// was refused and `"output": null` lost, and a producer's event did not round-trip.
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
 }
 
 fn missing(field: &str, event_type: &str) -> EventError {
