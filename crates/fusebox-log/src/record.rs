@@ -146,6 +146,11 @@ pub struct Frame {
 /// damaged, and is refused before a buffer of the claimed size is allocated.
 const LZ4_MAX_RATIO: usize = 255;
 
+/// The fewest bytes an entry takes: three length prefixes and its one-byte kind. A
+/// frame that claims more entries than its bytes can hold is damaged, and is refused
+/// before room for them is reserved (a flipped header byte asked for 600 MB; fuzz).
+const MIN_ENTRY_BYTES: usize = 3 * 4 + 1;
+
 impl Frame {
     /// Decompresses a stored frame into this one and checks every length against the
     /// bytes there are. On an error the frame holds no entries.
@@ -169,6 +174,9 @@ impl Frame {
             .map_err(|e| format!("frame does not decompress: {e}"))?;
         if written != size {
             return Err(format!("frame decompresses to {written} bytes, not {size}"));
+        }
+        if count > size / MIN_ENTRY_BYTES {
+            return Err(format!("frame claims {count} entries in {size} bytes"));
         }
         let data = &self.data[..size];
         let mut rest = Parts { data, at: 0 };
@@ -442,5 +450,23 @@ mod tests {
         claims_4_gib.extend_from_slice(&[0x10, 0]);
         let err = decode_frame(&claims_4_gib).unwrap_err();
         assert!(err.contains("claims 4294967295 bytes"), "{err}");
+    }
+
+    /// fuzz/ (log_frame): a frame header claiming 40 million entries reserved room for
+    /// all of them before reading one.
+    #[test]
+    fn a_frame_claiming_more_entries_than_its_bytes_hold_is_refused_unread() {
+        let prune = LogOp::Prune {
+            runs: vec![RunRef {
+                tenant: "acme".into(),
+                run: "r".into(),
+            }],
+        };
+        let mut writer = FrameWriter::default();
+        writer.push_op(1, &prune).unwrap();
+        let mut frame = writer.into_frames().remove(0).1;
+        frame[..4].copy_from_slice(&40_000_000u32.to_le_bytes());
+        let err = decode_frame(&frame).unwrap_err();
+        assert!(err.contains("claims 40000000 entries"), "{err}");
     }
 }
