@@ -598,7 +598,10 @@ mod tests {
     /// committed, and so answered, after the partition's owner stopped serving it.
     #[test]
     fn requests_end_at_the_fence_and_a_renewal_moves_it() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // Multi-threaded, as the daemon's: a current-thread runtime's timers only run
+        // under its own `block_on`, not a handle's (the applier thread's).
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_time()
             .build()
             .unwrap();
