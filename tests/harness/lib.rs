@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod daemon;
 pub mod deploy_nats;
 pub mod engine;
+pub mod fleet;
 pub mod http;
 pub mod moto;
 pub mod nats;

@@ -78,6 +78,29 @@ impl NatsServer {
         server
     }
 
+    /// [`NatsServer::with_config`] inside the test's network namespace `ns`; ready once
+    /// `reachable` (an address of `ns` as the test sees it) answers on `port`.
+    pub fn with_config_in_netns(
+        name: &str,
+        config: &Path,
+        port: u16,
+        ns: &Netns,
+        reachable: IpAddr,
+    ) -> NatsServer {
+        let mut server = NatsServer {
+            name: name.to_owned(),
+            port,
+            args: vec!["-c".into(), config.as_os_str().to_owned()],
+            log: config.with_extension("log"),
+            _dir: None,
+            netns: Some(ns.name().to_owned()),
+            ready_at: SocketAddr::new(reachable, port),
+            proc: None,
+        };
+        server.spawn();
+        server
+    }
+
     /// `nats-server -js` inside the test's network namespace `ns`, on `port` of every
     /// address there; ready once `reachable` (an address of `ns` as the test sees it)
     /// answers. Clients reach it through the namespace's links, so cutting a link is a
@@ -120,8 +143,9 @@ impl NatsServer {
         self.proc = Some(proc);
     }
 
+    /// Its client URL as the test sees it (a server in a namespace: through its link).
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://{}", self.ready_at)
     }
 
     pub fn logs(&self) -> String {

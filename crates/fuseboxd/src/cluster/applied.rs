@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 use tokio::runtime::Handle;
 
 use super::store::PartitionStore;
-use super::{ClusterError, ATTEMPTS, RETRY_PAUSE};
+use super::{ClusterError, Fence, ATTEMPTS, RETRY_PAUSE};
 use crate::watchdog::FeedStore;
 
 pub const STREAM: &str = "FUSEBOX_APPLIED";
@@ -75,6 +75,11 @@ pub enum ReplicateError {
     Fenced(u32),
     #[error("replicating partition {partition} failed: {detail}")]
     Unavailable { partition: u32, detail: String },
+    /// The lease's fence passed with the batch unanswered: this daemon no longer serves
+    /// the partition (the batch may still have been stored; the next owner catches it
+    /// up).
+    #[error("replicating partition {0} not answered before the lease's fence; the partition is no longer served")]
+    PastFence(u32),
 }
 
 /// Appends a partition's committed batches, fenced on the last sequence it wrote.
@@ -84,17 +89,31 @@ pub struct Replicator {
     subject: String,
     last: u64,
     runtime: Handle,
+    /// No attempt goes on past it.
+    fence: Fence,
 }
 
 impl Replicator {
-    pub fn new(js: jetstream::Context, partition: u32, last: u64, runtime: Handle) -> Self {
+    pub fn new(
+        js: jetstream::Context,
+        partition: u32,
+        last: u64,
+        runtime: Handle,
+        fence: Fence,
+    ) -> Self {
         Replicator {
             js,
             partition,
             subject: subject(partition),
             last,
             runtime,
+            fence,
         }
+    }
+
+    /// The partition's fence (the shared ledger's requests for it stop there too).
+    pub fn fence(&self) -> &Fence {
+        &self.fence
     }
 
     /// Sets the subject sequence the next append expects (the last one caught up to).
@@ -107,9 +126,10 @@ impl Replicator {
         self.last
     }
 
-    /// Blocks (on the applier thread) until the batch is stored on a quorum. A retry
-    /// after a lost answer may find its own earlier copy stored and report `Fenced`:
-    /// the partition is then reopened and caught up, which reads that copy back.
+    /// Blocks (on the applier thread) until the batch is stored on a quorum, or the
+    /// lease's fence passes (`PastFence`). A retry after a lost answer may find its own
+    /// earlier copy stored and report `Fenced`: the partition is then reopened and
+    /// caught up, which reads that copy back.
     pub fn publish(
         &mut self,
         adopted: &[AdoptedOp],
@@ -124,12 +144,15 @@ impl Replicator {
             attempt += 1;
             let mut headers = HeaderMap::new();
             headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, self.last.to_string());
-            let sent = self.runtime.block_on(async {
+            let sent = self.fence.block_on(&self.runtime, async {
                 self.js
                     .publish_with_headers(self.subject.clone(), headers, body.clone())
                     .await?
                     .await
             });
+            let Some(sent) = sent else {
+                return Err(ReplicateError::PastFence(self.partition));
+            };
             match sent {
                 Ok(ack) => {
                     self.last = ack.sequence;

@@ -25,6 +25,7 @@ mod shared_ledger;
 mod store;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,7 @@ use fusebox_core::PolicySet;
 use fusebox_log::{Guard, GuardOptions, LogError};
 use fusebox_nats::subjects::{self, Scope};
 use fusebox_nats::{setup, Observer, Service, ServiceError, ServiceOptions};
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -265,6 +267,7 @@ async fn round(
             .map(|&(partition, lease)| within(bound, leases.renew(partition, lease))),
     )
     .await;
+    let mut gone = Vec::new();
     for ((partition, _), renewal) in held.into_iter().zip(renewals) {
         let entry = state.owned.get_mut(&partition).expect("listed");
         let lost = match renewal {
@@ -283,14 +286,20 @@ async fn round(
         let finished = entry.task.is_finished();
         if let Some(why) = lost {
             let entry = state.owned.remove(&partition).expect("listed");
-            give_up(shared, state, leases, partition, entry, Change::Lost(why)).await;
+            // Told to stop at once, so lost partitions drain side by side.
+            let _ = entry.stop.send(true);
+            gone.push((partition, entry, Some(why)));
         } else if finished {
             // The service stopped on its own: a fenced or failed batch. Give the
             // partition up; it is claimed afresh (reopened, caught up) by whoever
             // gets it next, this daemon included.
             let entry = state.owned.remove(&partition).expect("listed");
-            give_up(shared, state, leases, partition, entry, Change::Failed).await;
+            gone.push((partition, entry, None));
         }
+    }
+    for (partition, entry, lost) in gone {
+        let change = lost.map_or(Change::Failed, Change::Lost);
+        give_up(shared, state, leases, partition, entry, change).await;
     }
     let Some(live) = live else { return };
     let share = fair_share(shared.cluster.partitions, live);
@@ -328,8 +337,7 @@ async fn round(
                     partition,
                     Stopping {
                         stop: stopped,
-                        renewals,
-                        fence: fence(lease_time),
+                        fence: Fence::new(renewals, fence(lease_time)),
                     },
                 ));
                 state.owned.insert(
@@ -372,22 +380,54 @@ fn fence(lease: Duration) -> Duration {
     lease * 2 / 3
 }
 
+/// How long this daemon may still act for a partition: until [`fence`] after its
+/// lease's last renewal. The partition's service stops there, and so do its applier's
+/// JetStream requests (replication, shared ledger): a batch in flight is abandoned, not
+/// retried past it, so nothing is committed or answered for a partition after its owner
+/// stopped serving it, however long the owner stays cut off.
+#[derive(Clone)]
+pub struct Fence {
+    renewals: watch::Receiver<Instant>,
+    after: Duration,
+}
+
+impl Fence {
+    fn new(renewals: watch::Receiver<Instant>, after: Duration) -> Fence {
+        Fence { renewals, after }
+    }
+
+    fn deadline(&self) -> Instant {
+        *self.renewals.borrow() + self.after
+    }
+
+    /// The time left before the fence; `None` once it has passed.
+    pub fn left(&self) -> Option<Duration> {
+        Some(self.deadline().checked_duration_since(Instant::now())?).filter(|d| !d.is_zero())
+    }
+
+    /// Runs `request` on `runtime` (from a blocking thread) until it answers or the
+    /// fence passes (`None`).
+    pub fn block_on<T>(&self, runtime: &Handle, request: impl Future<Output = T>) -> Option<T> {
+        let left = self.left()?;
+        runtime.block_on(async { tokio::time::timeout(left, request).await.ok() })
+    }
+}
+
 /// When a partition's service must stop: told to, or its lease not renewed in time.
 struct Stopping {
     stop: watch::Receiver<bool>,
-    renewals: watch::Receiver<Instant>,
-    fence: Duration,
+    fence: Fence,
 }
 
 impl Stopping {
-    async fn until(mut self, partition: u32) {
+    async fn until(&mut self, partition: u32) {
         loop {
-            let deadline = *self.renewals.borrow() + self.fence;
+            let deadline = self.fence.deadline();
             tokio::select! {
                 _ = self.stop.wait_for(|stop| *stop) => return,
-                changed = self.renewals.changed() => if changed.is_err() { return },
+                changed = self.fence.renewals.changed() => if changed.is_err() { return },
                 _ = tokio::time::sleep_until(deadline.into()) => {
-                    if self.renewals.borrow().elapsed() >= self.fence {
+                    if self.fence.left().is_none() {
                         tracing::warn!(partition, "lease not renewed in time; stopped serving the partition");
                         return;
                     }
@@ -460,16 +500,51 @@ fn log_end(
 }
 
 /// Opens the partition's log, catches it up with the replicated stream, republishes
-/// the kill switch of runs the catch-up closed, and serves until told to stop.
+/// the kill switch of runs the catch-up closed, and serves until told to stop. Told to
+/// stop (or past the fence) before it serves, it gives up where it is: a catch-up or a
+/// start-up waiting on an unreachable JetStream must not hold up the loop that gives the
+/// partition up.
 async fn serve_partition(
     shared: Shared,
     js: jetstream::Context,
     ledger: Arc<SharedLedger>,
     totals: Arc<observe::Totals>,
     partition: u32,
-    stopping: Stopping,
+    mut stopping: Stopping,
 ) -> Result<(), ClusterError> {
     let started = Instant::now();
+    let fence = stopping.fence.clone();
+    let opening = open_partition(&shared, &js, ledger, totals, partition, fence);
+    let (service, caught) = tokio::select! {
+        opened = opening => opened?,
+        _ = stopping.until(partition) => {
+            tracing::info!(partition, "partition given up before it was served");
+            return Ok(());
+        }
+    };
+    shared.metrics.cluster_partition_change("claimed");
+    tracing::info!(
+        partition,
+        batches_read = caught.batches_read,
+        batches_caught_up = caught.batches_applied,
+        stops_republished = caught.stops.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "partition claimed"
+    );
+    service.run_until(stopping.until(partition)).await?;
+    Ok(())
+}
+
+/// Everything before serving a partition: its log opened and caught up, the stops the
+/// catch-up found republished, its service started.
+async fn open_partition(
+    shared: &Shared,
+    js: &jetstream::Context,
+    ledger: Arc<SharedLedger>,
+    totals: Arc<observe::Totals>,
+    partition: u32,
+    fence: Fence,
+) -> Result<(Service, applied::CaughtUp), ClusterError> {
     let dir = shared
         .data_dir
         .join("partitions")
@@ -479,11 +554,10 @@ async fn serve_partition(
     let guard = tokio::task::spawn_blocking(move || Guard::open(&dir, policies, options))
         .await
         .expect("log open task")?;
-    let replicator =
-        applied::Replicator::new(js.clone(), partition, 0, tokio::runtime::Handle::current());
+    let replicator = applied::Replicator::new(js.clone(), partition, 0, Handle::current(), fence);
     let store = PartitionStore::catching_up(guard, replicator, ledger, mark);
     let (mut store, caught) =
-        applied::catch_up(&js, partition, FeedStore::new(store, shared.facts.clone())).await?;
+        applied::catch_up(js, partition, FeedStore::new(store, shared.facts.clone())).await?;
     store.inner_mut().serve();
     store.inner_mut().replicator.continue_after(caught.last);
     for decision in &caught.stops {
@@ -512,15 +586,45 @@ async fn serve_partition(
         }),
     )
     .await?;
-    shared.metrics.cluster_partition_change("claimed");
-    tracing::info!(
-        partition,
-        batches_read = caught.batches_read,
-        batches_caught_up = caught.batches_applied,
-        stops_republished = caught.stops.len(),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "partition claimed"
-    );
-    service.run_until(stopping.until(partition)).await?;
-    Ok(())
+    Ok((service, caught))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request JetStream never answers (a daemon cut off from the quorum) is abandoned
+    /// at the fence, and none is started after it: a batch in flight cannot be
+    /// committed, and so answered, after the partition's owner stopped serving it.
+    #[test]
+    fn requests_end_at_the_fence_and_a_renewal_moves_it() {
+        // Multi-threaded, as the daemon's: a current-thread runtime's timers only run
+        // under its own `block_on`, not a handle's (the applier thread's).
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let (renewed, renewals) = watch::channel(Instant::now());
+        let fence = Fence::new(renewals, Duration::from_millis(300));
+        assert_eq!(fence.block_on(runtime.handle(), async { 7 }), Some(7));
+        let started = Instant::now();
+        let never = fence.block_on(runtime.handle(), std::future::pending::<()>());
+        let waited = started.elapsed();
+        assert_eq!(never, None);
+        assert!(fence.left().is_none());
+        assert!(waited < Duration::from_millis(1_000), "{waited:?}");
+        assert_eq!(fence.block_on(runtime.handle(), async { 7 }), None);
+        renewed.send_replace(Instant::now());
+        assert!(fence
+            .left()
+            .is_some_and(|left| left <= Duration::from_millis(300)));
+        assert_eq!(fence.block_on(runtime.handle(), async { 7 }), Some(7));
+    }
+
+    #[test]
+    fn the_fence_is_well_inside_the_lease() {
+        let lease = Duration::from_millis(2000);
+        assert!(fence(lease) + lease / 4 < lease);
+    }
 }

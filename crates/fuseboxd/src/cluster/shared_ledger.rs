@@ -26,7 +26,7 @@ use fusebox_log::AdoptedOp;
 use sha2::{Digest, Sha256};
 use tokio::runtime::Handle;
 
-use super::{bind_bucket, ClusterError, ATTEMPTS, RETRY_PAUSE};
+use super::{bind_bucket, ClusterError, Fence, ATTEMPTS, RETRY_PAUSE};
 
 pub const BUCKET: &str = "FUSEBOX_LEDGER";
 
@@ -36,6 +36,8 @@ pub enum ClaimError {
     Lost { tenant: String, op_key: String },
     #[error("the shared ledger is unavailable: {0}")]
     Unavailable(String),
+    #[error("the shared ledger did not answer before the lease's fence; the partition is no longer served")]
+    PastFence,
 }
 
 /// A key's KV name: the tenant, then a hash of the op_key (op_keys may hold characters
@@ -88,8 +90,8 @@ impl SharedLedger {
     }
 
     /// Reads a key with its revision (0 = never written).
-    fn read(&self, key: &str) -> Result<(Shared, u64), ClaimError> {
-        self.retrying(|| async {
+    fn read(&self, fence: &Fence, key: &str) -> Result<(Shared, u64), ClaimError> {
+        self.retrying(fence, || async {
             match self.kv.entry(key).await {
                 Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
                     let shared = serde_json::from_slice(&entry.value).unwrap_or_else(|err| {
@@ -112,9 +114,15 @@ impl SharedLedger {
 
     /// Writes `value` if the key is still at `revision` (0: absent): the new revision,
     /// or `Ok(None)` when another writer was first.
-    fn write(&self, key: &str, value: &Shared, revision: u64) -> Result<Option<u64>, ClaimError> {
+    fn write(
+        &self,
+        fence: &Fence,
+        key: &str,
+        value: &Shared,
+        revision: u64,
+    ) -> Result<Option<u64>, ClaimError> {
         let body: bytes::Bytes = serde_json::to_vec(value).expect("entries serialise").into();
-        self.retrying(|| async {
+        self.retrying(fence, || async {
             if revision == 0 {
                 match self.kv.create(key, body.clone()).await {
                     Err(err) if err.kind() == CreateErrorKind::AlreadyExists => Ok(None),
@@ -129,7 +137,9 @@ impl SharedLedger {
         })
     }
 
-    fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, ClaimError>
+    /// Runs `op` until it succeeds, for up to `ATTEMPTS` attempts, none of them past
+    /// the partition's fence.
+    fn retrying<T, F, Fut>(&self, fence: &Fence, mut op: F) -> Result<T, ClaimError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, String>>,
@@ -137,7 +147,10 @@ impl SharedLedger {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.runtime.block_on(op()) {
+            let Some(done) = fence.block_on(&self.runtime, op()) else {
+                return Err(ClaimError::PastFence);
+            };
+            match done {
                 Ok(value) => return Ok(value),
                 Err(err) if attempt < ATTEMPTS => {
                     tracing::warn!(%err, attempt, "shared ledger request failed; retrying");
@@ -155,6 +168,7 @@ impl SharedLedger {
     /// very same call.
     pub fn look_up(
         &self,
+        fence: &Fence,
         engine: &Engine,
         events: &[Event],
     ) -> Result<(Vec<AdoptedOp>, Seen), ClaimError> {
@@ -175,7 +189,7 @@ impl SharedLedger {
             if final_locally || seen.contains_key(&id) {
                 continue;
             }
-            let (shared, revision) = self.read(&kv_key(&event.tenant, op_key))?;
+            let (shared, revision) = self.read(fence, &kv_key(&event.tenant, op_key))?;
             seen.insert(id.clone(), revision);
             let ours = |run: &str, c: &str| {
                 (run == event.run && Some(c) == call_id)
@@ -206,6 +220,7 @@ impl SharedLedger {
     /// `ledger_resolve` writes the key as the engine now has it.
     pub fn claim(
         &self,
+        fence: &Fence,
         engine: &Engine,
         applied: &[Event],
         seen: &mut Seen,
@@ -226,7 +241,7 @@ impl SharedLedger {
             }
             let key = kv_key(&event.tenant, op_key);
             let mine: Shared = local.cloned();
-            let (shared, revision) = self.read(&key)?;
+            let (shared, revision) = self.read(fence, &key)?;
             if shared == mine {
                 continue;
             }
@@ -241,7 +256,7 @@ impl SharedLedger {
             if shared.is_some() && !decided_on {
                 return Err(lost());
             }
-            match self.write(&key, &mine, revision)? {
+            match self.write(fence, &key, &mine, revision)? {
                 Some(written) => {
                     seen.insert(id, written);
                 }
@@ -255,30 +270,30 @@ impl SharedLedger {
     /// local outcome back — a completion for good, or the key freed after a failure or
     /// when the call did not run. A failure here leaves the key in flight, which
     /// refuses rather than repeats.
-    pub fn settle(&self, engine: &Engine, touched: &[Touch]) {
+    pub fn settle(&self, fence: &Fence, engine: &Engine, touched: &[Touch]) {
         for (tenant, op_key, run, call_id) in touched {
             let key = kv_key(tenant, op_key);
             let local = engine.ledger().get(tenant, op_key);
             let settled = (|| {
-                let (shared, revision) = self.read(&key)?;
+                let (shared, revision) = self.read(fence, &key)?;
                 let was_ours = matches!(&shared, Some(LedgerEntry::InFlight { run: r, call_id: c, .. }) if r == run && c == call_id);
                 match local {
                     Some(
                         done @ LedgerEntry::Completed {
                             run: r, call_id: c, ..
                         },
-                    ) if r == run && c == call_id && (was_ours || shared.is_none()) => {
-                        self.write(&key, &Some(done.clone()), revision).map(drop)
-                    }
+                    ) if r == run && c == call_id && (was_ours || shared.is_none()) => self
+                        .write(fence, &key, &Some(done.clone()), revision)
+                        .map(drop),
                     // A PENDING answer renewed the lease: other daemons judge it by this.
                     Some(
                         renewed @ LedgerEntry::InFlight {
                             run: r, call_id: c, ..
                         },
-                    ) if r == run && c == call_id && was_ours && shared.as_ref() != local => {
-                        self.write(&key, &Some(renewed.clone()), revision).map(drop)
-                    }
-                    None if was_ours => self.write(&key, &None, revision).map(drop),
+                    ) if r == run && c == call_id && was_ours && shared.as_ref() != local => self
+                        .write(fence, &key, &Some(renewed.clone()), revision)
+                        .map(drop),
+                    None if was_ours => self.write(fence, &key, &None, revision).map(drop),
                     _ => Ok(()),
                 }
             })();

@@ -96,7 +96,7 @@ impl PartitionStore {
         engine: &Engine,
         applied: &[Event],
     ) -> Result<(), Refused> {
-        ledger.claim(engine, applied, &mut keys.seen)?;
+        ledger.claim(replicator.fence(), engine, applied, &mut keys.seen)?;
         replicator.publish(adopted, applied)?;
         for event in applied {
             let (call_id, op_key) = match &event.body {
@@ -140,7 +140,8 @@ impl GuardStore for PartitionStore {
                 .submit_batch_then(adopted, events, |_, _| Ok::<(), Infallible>(()))?;
             return Ok(submitted(outcomes));
         }
-        let (adopted, seen) = self.ledger.look_up(self.guard.engine(), &events)?;
+        let fence = self.replicator.fence();
+        let (adopted, seen) = self.ledger.look_up(fence, self.guard.engine(), &events)?;
         let mut keys = BatchKeys {
             seen,
             touched: Vec::new(),
@@ -157,7 +158,8 @@ impl GuardStore for PartitionStore {
                 })?;
         self.mark
             .committed(self.replicator.last(), self.guard.position());
-        self.ledger.settle(self.guard.engine(), &keys.touched);
+        self.ledger
+            .settle(self.replicator.fence(), self.guard.engine(), &keys.touched);
         Ok(submitted(outcomes))
     }
 
@@ -176,7 +178,8 @@ impl GuardStore for PartitionStore {
             })?;
         self.mark
             .committed(self.replicator.last(), self.guard.position());
-        self.ledger.settle(self.guard.engine(), &keys.touched);
+        self.ledger
+            .settle(self.replicator.fence(), self.guard.engine(), &keys.touched);
         Ok(decisions)
     }
 
