@@ -52,10 +52,10 @@ status=0
 printf '%-18s %12s %8s %8s %9s  %s\n' target execs cov ft seconds findings
 for target in "${targets[@]}"; do
     log=$root/fuzz/work/$target.log
-    execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -n 1 | awk '{print $2}')
+    execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | tail -n 1 | awk '{print $2}')
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | awk '{print $2}')
     ft=$(grep -o 'ft: [0-9]*' "$log" | tail -n 1 | awk '{print $2}')
-    took=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | tail -n 1 | awk '{print $2}')
+    took=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | tail -n 1 | awk '{print $2}')
     if [ -n "${execs:-}" ] && [ -n "${took:-}" ] && [ "$took" -gt 0 ]; then
         took=$((execs / took))
     fi
