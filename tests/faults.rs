@@ -590,6 +590,51 @@ impl PartitionedNats {
     }
 }
 
+/// A fault held in the middle of a load: when it starts, how long it holds, what makes
+/// and mends it, and what it is called in the messages.
+struct Fault<'a> {
+    name: &'a str,
+    after: Duration,
+    held: Duration,
+    /// Given the daemon under test (the one fault that acts on it signals it).
+    make: Box<dyn FnOnce(&Daemon) + 'a>,
+    mend: Box<dyn FnOnce(&Daemon) + 'a>,
+}
+
+/// Runs `load` on `url` through `fault`, then stops the daemon and checks: every agent
+/// was denied while the fault held and (beyond a request in flight as it began) none was
+/// answered, nothing is lost, and every denial came within the clients' timeout.
+async fn ride_out(
+    load: &Load,
+    url: &str,
+    daemon: &mut Daemon,
+    config: &Path,
+    data: &Path,
+    pause: Duration,
+    fault: Fault<'_>,
+) {
+    let agents = load.start(url, pause);
+    tokio::time::sleep(fault.after).await;
+    (fault.make)(daemon);
+    let before = load.answered();
+    tokio::time::sleep(fault.held).await;
+    let during = load.answered() - before;
+    let denied = load.denied();
+    (fault.mend)(daemon);
+    join(agents, Duration::from_secs(120)).await;
+    assert!(daemon.terminate().success(), "{}", daemon.logs());
+    let summary = load.check(config, data);
+    assert_eq!(summary.answered, load.expected_answers());
+    let name = fault.name;
+    assert!(
+        denied >= load.runs,
+        "every agent was denied while {name}: {denied}"
+    );
+    assert!(during <= load.runs, "{during} answers while {name}");
+    assert_denials_bounded(&summary);
+    eprintln!("{name} for {:?}: {summary:?}", fault.held);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_daemon_is_denied_meanwhile_then_resumes_losing_nothing() {
     let nats = NatsServer::start();
@@ -597,30 +642,25 @@ async fn a_hung_daemon_is_denied_meanwhile_then_resumes_losing_nothing() {
     let config = write_config(dir.path());
     let data = dir.path().join("data");
     let mut daemon = Daemon::start(&nats.url(), &config, &data).await;
+    let fault = Fault {
+        name: "the daemon was stopped (SIGSTOP)",
+        after: Duration::from_millis(700),
+        held: TIMEOUT * 4,
+        make: Box::new(|daemon| daemon.proc.signal("STOP")),
+        mend: Box::new(|daemon| daemon.proc.signal("CONT")),
+    };
     let load = Load::new("hung", 6, 40);
-    let agents = load.start(&nats.url(), Duration::from_millis(15));
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let before = load.answered();
-    daemon.proc.signal("STOP");
-    tokio::time::sleep(TIMEOUT * 4).await;
-    let during = load.answered() - before;
-    let denied = load.denied();
-    daemon.proc.signal("CONT");
-    join(agents, Duration::from_secs(90)).await;
-    assert!(daemon.terminate().success(), "{}", daemon.logs());
-    let summary = load.check(&config, &data);
-    assert_eq!(summary.answered, load.expected_answers());
-    assert!(
-        denied >= load.runs,
-        "every agent was denied while the daemon hung: {denied}"
-    );
-    // A request in flight as the daemon stopped may be answered just before; none after.
-    assert!(
-        during <= load.runs,
-        "{during} answers while the daemon was stopped"
-    );
-    assert_denials_bounded(&summary);
-    eprintln!("SIGSTOP {:?}: {summary:?}", TIMEOUT * 4);
+    let url = nats.url();
+    ride_out(
+        &load,
+        &url,
+        &mut daemon,
+        &config,
+        &data,
+        Duration::from_millis(15),
+        fault,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -630,29 +670,25 @@ async fn fuseboxd_cut_from_nats_mid_load_then_healed_loses_nothing() {
     let config = write_config(dir.path());
     let data = dir.path().join("data");
     let mut daemon = Daemon::start(&nats.daemon_url(), &config, &data).await;
+    let fault = Fault {
+        name: "the daemon was cut off",
+        after: Duration::from_millis(700),
+        held: TIMEOUT * 5,
+        make: Box::new(|_| nats.daemon_link.cut()),
+        mend: Box::new(|_| nats.daemon_link.heal()),
+    };
     let load = Load::new("cut", 6, 40);
-    let agents = load.start(&nats.agent_url(), Duration::from_millis(15));
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    nats.daemon_link.cut();
-    let before = load.answered();
-    tokio::time::sleep(TIMEOUT * 5).await;
-    let during = load.answered() - before;
-    let denied = load.denied();
-    nats.daemon_link.heal();
-    join(agents, Duration::from_secs(120)).await;
-    assert!(daemon.terminate().success(), "{}", daemon.logs());
-    let summary = load.check(&config, &data);
-    assert_eq!(summary.answered, load.expected_answers());
-    assert!(
-        denied >= load.runs,
-        "every agent was denied while cut off: {denied}"
-    );
-    assert!(
-        during <= load.runs,
-        "{during} answers while the daemon was cut off"
-    );
-    assert_denials_bounded(&summary);
-    eprintln!("daemon cut {:?}: {summary:?}", TIMEOUT * 5);
+    let url = nats.agent_url();
+    ride_out(
+        &load,
+        &url,
+        &mut daemon,
+        &config,
+        &data,
+        Duration::from_millis(15),
+        fault,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -662,29 +698,25 @@ async fn an_agent_cut_from_nats_is_denied_within_its_timeout() {
     let config = write_config(dir.path());
     let data = dir.path().join("data");
     let mut daemon = Daemon::start(&nats.daemon_url(), &config, &data).await;
+    let fault = Fault {
+        name: "the agents were cut off",
+        after: Duration::from_millis(500),
+        held: TIMEOUT * 4,
+        make: Box::new(|_| nats.agent_link.cut()),
+        mend: Box::new(|_| nats.agent_link.heal()),
+    };
     let load = Load::new("agentcut", 3, 30);
-    let agents = load.start(&nats.agent_url(), Duration::from_millis(20));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    nats.agent_link.cut();
-    let before = load.answered();
-    tokio::time::sleep(TIMEOUT * 4).await;
-    let during = load.answered() - before;
-    let denied = load.denied();
-    nats.agent_link.heal();
-    join(agents, Duration::from_secs(120)).await;
-    assert!(daemon.terminate().success(), "{}", daemon.logs());
-    let summary = load.check(&config, &data);
-    assert_eq!(summary.answered, load.expected_answers());
-    assert!(
-        denied >= load.runs,
-        "every cut-off agent was denied: {denied}"
-    );
-    assert!(
-        during <= load.runs,
-        "{during} answers reached cut-off agents"
-    );
-    assert_denials_bounded(&summary);
-    eprintln!("agent cut {:?}: {summary:?}", TIMEOUT * 4);
+    let url = nats.agent_url();
+    ride_out(
+        &load,
+        &url,
+        &mut daemon,
+        &config,
+        &data,
+        Duration::from_millis(20),
+        fault,
+    )
+    .await;
 }
 
 /// A tmpfs of `size` mounted for the test (its data dir's disk), unmounted on drop.
