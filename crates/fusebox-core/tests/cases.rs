@@ -17,6 +17,8 @@
 //! wait 5000                            advance the event clock, no event
 //! raw {"type":"…", …}                  any event; envelope fields filled in if absent
 //!                                      ("seq":null: none, as operator commands have)
+//! repeat 30 i … end                    the lines between, 30 times, `$i` = 0, 1, … 29
+//!                                      (blocks nest; each names its own variable)
 //! … -> block same_call_repeat          the expected action and (optionally) reason
 //! state STOPPED_LOOP_GUARD no_progress the current run's terminal state and reason
 //! ```
@@ -68,6 +70,67 @@ fn split_options(rest: &str) -> (Option<Value>, BTreeMap<String, String>, Vec<St
     (json_part, options, flags)
 }
 
+/// The case's lines with every `repeat N var … end` block written out, each line with
+/// its line number in the file.
+fn expand_repeats(text: &str) -> Vec<(usize, String)> {
+    fn block<'a>(
+        lines: &mut impl Iterator<Item = (usize, &'a str)>,
+        vars: &[(String, usize)],
+        out: &mut Vec<(usize, String)>,
+    ) {
+        while let Some((index, raw)) = lines.next() {
+            let line = index + 1;
+            let content = raw.trim();
+            // A block's own `end` was cut off with its body: this one has no `repeat`.
+            assert!(content != "end", "line {line}: `end` without `repeat`");
+            if let Some(rest) = content.strip_prefix("repeat ") {
+                let mut words = rest.split_whitespace();
+                let count: usize = words
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("line {line}: repeat needs a count"));
+                let var = words
+                    .next()
+                    .unwrap_or_else(|| panic!("line {line}: repeat needs a variable"))
+                    .to_owned();
+                let body: Vec<(usize, &str)> = {
+                    // The block's own lines, up to its matching `end`.
+                    let mut depth = 1;
+                    let mut body = Vec::new();
+                    for (i, l) in lines.by_ref() {
+                        let t = l.trim();
+                        if t.starts_with("repeat ") {
+                            depth += 1;
+                        } else if t == "end" {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        body.push((i, l));
+                    }
+                    assert!(depth == 0, "line {line}: repeat without `end`");
+                    body
+                };
+                for n in 0..count {
+                    let mut inner = vars.to_vec();
+                    inner.push((var.clone(), n));
+                    block(&mut body.iter().copied(), &inner, out);
+                }
+                continue;
+            }
+            let mut expanded = raw.to_owned();
+            for (name, value) in vars.iter().rev() {
+                expanded = expanded.replace(&format!("${name}"), &value.to_string());
+            }
+            out.push((line, expanded));
+        }
+    }
+    let mut out = Vec::new();
+    block(&mut text.lines().enumerate(), &[], &mut out);
+    out
+}
+
 fn parse_case(text: &str) -> (Preset, Vec<Step>) {
     let mut preset = Preset::Balanced;
     let mut run = "r1".to_owned();
@@ -78,8 +141,7 @@ fn parse_case(text: &str) -> (Preset, Vec<Step>) {
         last_call: BTreeMap::new(),
     };
     let mut steps = Vec::new();
-    for (index, raw) in text.lines().enumerate() {
-        let line = index + 1;
+    for (event_number, (line, raw)) in expand_repeats(text).into_iter().enumerate() {
         let content = raw.split(" #").next().unwrap_or("").trim();
         if content.is_empty() || content.starts_with('#') {
             continue;
@@ -241,7 +303,7 @@ fn parse_case(text: &str) -> (Preset, Vec<Step>) {
             event.insert("seq".into(), json!(*seq));
         }
         event.insert("v".into(), json!(1));
-        event.insert("id".into(), json!(format!("{run}-{line}")));
+        event.insert("id".into(), json!(format!("{run}-{event_number}")));
         event.insert("tenant".into(), json!("t"));
         event.insert("run".into(), json!(run));
         event.insert("ts_ms".into(), json!(clock.ts));
