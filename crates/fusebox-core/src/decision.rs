@@ -95,6 +95,9 @@ pub enum Reason {
     OperationOutcomeUnknown,
     PreconditionUnchanged,
     RetryTooSoon,
+    /// A call the tool told to wait (PENDING, or RETRYABLE with `retry_after_ms`) that
+    /// waited as told, still answered the same, past its per-call time budget.
+    WaitBudget,
     InvalidModelOutput,
     ModelRefusal,
     Cancelled,
@@ -130,6 +133,7 @@ impl Reason {
             Reason::OperationOutcomeUnknown => "operation_outcome_unknown",
             Reason::PreconditionUnchanged => "precondition_unchanged",
             Reason::RetryTooSoon => "retry_too_soon",
+            Reason::WaitBudget => "wait_budget",
             Reason::InvalidModelOutput => "invalid_model_output",
             Reason::ModelRefusal => "model_refusal",
             Reason::Cancelled => "cancelled",
@@ -143,7 +147,7 @@ impl Reason {
     }
 
     /// Every reason, for the vocabularies that must list them all (metrics labels).
-    pub const ALL: [Reason; 30] = [
+    pub const ALL: [Reason; 31] = [
         Reason::StepBudget,
         Reason::TimeBudget,
         Reason::TokenBudget,
@@ -165,6 +169,7 @@ impl Reason {
         Reason::OperationOutcomeUnknown,
         Reason::PreconditionUnchanged,
         Reason::RetryTooSoon,
+        Reason::WaitBudget,
         Reason::InvalidModelOutput,
         Reason::ModelRefusal,
         Reason::Cancelled,

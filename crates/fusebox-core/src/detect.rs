@@ -29,6 +29,9 @@ pub(crate) struct Call<'a> {
     pub tool_fp: u64,
     pub fp: Fingerprint,
     pub effect: Effect,
+    /// It waited as its last "wait" answer told it (PENDING, or RETRYABLE with
+    /// `retry_after_ms`): bounded by the wait budget, not by the repeat counts.
+    pub patient: bool,
     pub label: &'a dyn Fn() -> String,
 }
 
@@ -133,13 +136,13 @@ fn is_poll(result: Option<(Fingerprint, ResultKind)>) -> bool {
 
 fn exact_repeat(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     let policy = &run.policy;
-    if !policy.detectors.exact_repeat {
+    if !policy.detectors.exact_repeat || call.patient {
         return None;
     }
     let window = &run.detection.window;
-    // A call whose last answer was RETRYABLE is being retried as the error contract asked
-    // (the retry gate enforces the wait): it gets the read limit, three attempts by
-    // default — OpenHands stops at the third identical action that errors.
+    // A call whose last answer was RETRYABLE without a wait of the tool's own is being
+    // retried on the guard's backoff: it gets the read limit, three attempts by default
+    // — OpenHands stops at the third identical action that errors.
     let retrying = window
         .iter()
         .rev()
@@ -182,18 +185,37 @@ fn exact_repeat(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
 /// count it would reach. Runs even when the other detectors are off.
 pub(crate) fn post_compaction(run: &RunState, call: &Call<'_>) -> Option<u32> {
     let post = run.policy.post_compaction;
-    let watch = run.detection.compaction_watch.as_ref()?;
-    if !post.enabled || watch.remaining == 0 {
+    if !post.enabled {
         return None;
     }
-    let seen = watch
-        .triples
-        .iter()
-        .filter(|(tool, fp, _, _)| *tool == call.tool_fp && *fp == call.fp)
-        .map(|(_, _, _, n)| *n)
-        .max()?;
-    (seen + 1 >= post.repeat_limit).then_some(seen + 1)
+    let from_before = run
+        .detection
+        .compaction_watch
+        .as_ref()
+        .filter(|watch| watch.remaining > 0)
+        .and_then(|watch| {
+            watch
+                .triples
+                .iter()
+                .filter(|(tool, fp, _, _)| *tool == call.tool_fp && *fp == call.fp)
+                .map(|(_, _, _, n)| *n)
+                .max()
+        })
+        .filter(|seen| seen + 1 >= post.repeat_limit)
+        .map(|seen| seen + 1);
+    // Any call, seen before the compaction or not: the third identical (call, answer) in
+    // a row is the loop — OpenClaw's post-compaction guard aborts there.
+    let in_a_row = run
+        .detection
+        .compaction_tail
+        .as_ref()
+        .filter(|tail| tail.call == call.fp && tail.in_row + 1 >= POST_COMPACTION_IN_A_ROW)
+        .map(|tail| tail.in_row + 1);
+    from_before.or(in_a_row)
 }
+
+/// After a compaction, this many identical (call, answer) in a row stop the run.
+pub const POST_COMPACTION_IN_A_ROW: u32 = 3;
 
 fn ping_pong(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     let policy = &run.policy;
@@ -222,7 +244,8 @@ fn ping_pong(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
 
 fn poll_no_progress(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     let policy = &run.policy;
-    if !policy.detectors.poll_no_progress {
+    // A poll that waited as told is the wait budget's; only a hasty one is counted.
+    if !policy.detectors.poll_no_progress || call.patient {
         return None;
     }
     let window = &run.detection.window;
@@ -262,9 +285,14 @@ fn poll_no_progress(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     )
 }
 
+/// The same tool cycling through argument variants that come back interleaved, all with
+/// one answer. A variant counts its *visits*: calls of it that follow a call of another
+/// variant (the same call twice in a row is one visit, and `exact_repeat`'s). Two or more
+/// variants visited `churn_min_repeats` times make churn; a sweep that checks each target
+/// twice in a row visits each once.
 fn arg_churn(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     let policy = &run.policy;
-    if !policy.detectors.arg_churn {
+    if !policy.detectors.arg_churn || call.patient {
         return None;
     }
     let window = &run.detection.window;
@@ -276,15 +304,24 @@ fn arg_churn(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
         .find(|e| e.call == call.fp && e.result.is_some())?
         .result?;
     let mut variants: Vec<(Fingerprint, u32)> = Vec::new();
+    let mut calls = 0u32;
+    let mut previous = None;
+    let mut visit = |fp: Fingerprint, variants: &mut Vec<(Fingerprint, u32)>| {
+        let new_visit = previous != Some(fp);
+        previous = Some(fp);
+        match variants.iter_mut().find(|(v, _)| *v == fp) {
+            Some((_, n)) => *n += u32::from(new_visit),
+            None => variants.push((fp, 1)),
+        }
+    };
     for entry in window {
         let same_answer = matches!(entry.result, Some((fp, _)) if fp == answer);
         if entry.tool == call.tool_fp && same_answer && entry.outcome != Outcome::Refused {
-            match variants.iter_mut().find(|(fp, _)| *fp == entry.call) {
-                Some((_, n)) => *n += 1,
-                None => variants.push((entry.call, 1)),
-            }
+            calls += 1;
+            visit(entry.call, &mut variants);
         }
     }
+    visit(call.fp, &mut variants);
     let repeated = variants
         .iter()
         .filter(|(_, n)| *n >= policy.churn_min_repeats)
@@ -292,7 +329,7 @@ fn arg_churn(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     if repeated < 2 {
         return None;
     }
-    let count = variants.iter().map(|(_, n)| n).sum::<u32>() + 1;
+    let count = calls + 1;
     let evidence = 2 * policy.churn_min_repeats + 1;
     let level = level(
         count,

@@ -46,9 +46,10 @@ pub fn call_fingerprint_in(
     match args {
         Args::Json(value) => {
             buf.push(b'j');
-            let drop_key =
-                |key: &str, depth: usize| depth == 0 && ignore_args.iter().any(|k| k == key);
-            write_canonical(buf, value, &drop_key, None, 0);
+            let drop_key = |key: &str, depth: usize, _: &Value| {
+                depth == 0 && ignore_args.iter().any(|k| k == key)
+            };
+            write_canonical(buf, value, &drop_key, None, false, 0);
         }
         Args::Hash(hash) => {
             buf.push(b'h');
@@ -58,13 +59,85 @@ pub fn call_fingerprint_in(
     digest(buf)
 }
 
+/// The question a call asks: its canonical form with every free-text argument masked
+/// ([`is_free_text`]: two plain words or more, "title of song"), so that the wordings of
+/// one question ask the same. `None` when the arguments hold no free text: two calls
+/// that differ there differ in an identifier (an id, a path, a host, a flag, a command),
+/// which makes them a sweep, never a rewording.
+pub fn question_fingerprint_in(
+    buf: &mut Vec<u8>,
+    tool: &str,
+    args: &Args,
+    ignore_args: &[String],
+) -> Option<Fingerprint> {
+    let Args::Json(value) = args else {
+        return None;
+    };
+    let drop_key =
+        |key: &str, depth: usize, _: &Value| depth == 0 && ignore_args.iter().any(|k| k == key);
+    if !holds_free_text(value, &drop_key, 0) {
+        return None;
+    }
+    buf.clear();
+    buf.extend_from_slice(b"question\0");
+    write_str(buf, tool);
+    write_canonical(buf, value, &drop_key, None, true, 0);
+    Some(digest(buf))
+}
+
+/// Free text: a string of two or more plain words — letters, with an apostrophe or an
+/// inner hyphen, and the punctuation of a sentence around them. A digit, a slash, a
+/// leading dash, an underscore or a dot inside a word makes a token an identifier
+/// (`svc-0`, `src/`, `-rn`, `parse_event`, `a.rs`), and a string with one an argument of
+/// another kind: a command line, a path, a key.
+pub fn is_free_text(s: &str) -> bool {
+    let mut words = 0;
+    for token in s.split_whitespace() {
+        let word = token.trim_matches(|c: char| {
+            matches!(
+                c,
+                '"' | '\'' | '(' | ')' | '?' | '!' | '.' | ',' | ';' | ':'
+            )
+        });
+        let plain = !word.is_empty()
+            && !word.starts_with('-')
+            && word
+                .chars()
+                .all(|c| c.is_alphabetic() || c == '\'' || c == '-');
+        if !plain {
+            return false;
+        }
+        words += 1;
+    }
+    words >= 2
+}
+
+fn holds_free_text(
+    value: &Value,
+    drop_key: &dyn Fn(&str, usize, &Value) -> bool,
+    depth: usize,
+) -> bool {
+    match value {
+        Value::String(s) => is_free_text(s),
+        Value::Array(items) => items
+            .iter()
+            .any(|v| holds_free_text(v, drop_key, depth + 1)),
+        Value::Object(map) => map
+            .iter()
+            .any(|(k, v)| !drop_key(k, depth, v) && holds_free_text(v, drop_key, depth + 1)),
+        _ => false,
+    }
+}
+
 /// The identity of an answer: its kind, its code, and its output minus volatile keys,
-/// with the volatile tokens inside its strings masked (`text`).
+/// with the volatile tokens inside its strings masked (`text`). `is_volatile` sees each
+/// key with its value: some keys are volatile only for some values (a usage counter is
+/// a number; an epoch under `startedAt`).
 pub fn result_fingerprint(
     kind: ResultKind,
     code: Option<&str>,
     output: Option<&Output>,
-    is_volatile: &dyn Fn(&str) -> bool,
+    is_volatile: &dyn Fn(&str, &Value) -> bool,
     text: &TextMask<'_>,
 ) -> Fingerprint {
     result_fingerprint_in(&mut Vec::new(), kind, code, output, is_volatile, text)
@@ -76,7 +149,7 @@ pub fn result_fingerprint_in(
     kind: ResultKind,
     code: Option<&str>,
     output: Option<&Output>,
-    is_volatile: &dyn Fn(&str) -> bool,
+    is_volatile: &dyn Fn(&str, &Value) -> bool,
     text: &TextMask<'_>,
 ) -> Fingerprint {
     buf.clear();
@@ -86,7 +159,14 @@ pub fn result_fingerprint_in(
     match output {
         Some(Output::Json(value)) => {
             buf.push(b'j');
-            write_canonical(buf, value, &|key, _depth| is_volatile(key), Some(text), 0);
+            write_canonical(
+                buf,
+                value,
+                &|key, _depth, item| is_volatile(key, item),
+                Some(text),
+                false,
+                0,
+            );
         }
         Some(Output::Hash(hash)) => {
             buf.push(b'h');
@@ -127,8 +207,9 @@ fn write_masked_str(buf: &mut Vec<u8>, s: &str, text: &TextMask<'_>) {
 fn write_canonical(
     buf: &mut Vec<u8>,
     value: &Value,
-    drop_key: &dyn Fn(&str, usize) -> bool,
+    drop_key: &dyn Fn(&str, usize, &Value) -> bool,
     text: Option<&TextMask<'_>>,
+    mask_free_text: bool,
     depth: usize,
 ) {
     match value {
@@ -148,6 +229,7 @@ fn write_canonical(
                 buf.extend_from_slice(&n.as_f64().unwrap_or(f64::NAN).to_bits().to_le_bytes());
             }
         }
+        Value::String(s) if mask_free_text && is_free_text(s) => buf.push(b'q'),
         Value::String(s) => {
             buf.push(b's');
             match text {
@@ -158,7 +240,7 @@ fn write_canonical(
         Value::Array(items) => {
             buf.push(b'[');
             for item in items {
-                write_canonical(buf, item, drop_key, text, depth + 1);
+                write_canonical(buf, item, drop_key, text, mask_free_text, depth + 1);
             }
             buf.push(b']');
         }
@@ -171,9 +253,9 @@ fn write_canonical(
                 .zip(map.keys().skip(1))
                 .all(|(a, b)| a.as_bytes() < b.as_bytes());
             let mut write_entry = |key: &str, item: &Value| {
-                if !drop_key(key, depth) {
+                if !drop_key(key, depth, item) {
                     write_str(buf, key);
-                    write_canonical(buf, item, drop_key, text, depth + 1);
+                    write_canonical(buf, item, drop_key, text, mask_free_text, depth + 1);
                 }
             };
             if sorted {

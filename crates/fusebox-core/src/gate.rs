@@ -6,7 +6,9 @@ use crate::close::{self, decision, latched, Closing};
 use crate::decision::{Action, Decision, Detector, Reason, TerminalState};
 use crate::detect::{self, Call, Verdict};
 use crate::event::{Effect, Event, ToolCall};
-use crate::fingerprint::{call_fingerprint_in, tool_fingerprint};
+use crate::fingerprint::{
+    call_fingerprint_in, question_fingerprint_in, tool_fingerprint, Fingerprint,
+};
 use crate::ledger::{Ledger, LedgerEntry};
 use crate::message;
 use crate::policy::{Policy, StaleInFlight};
@@ -59,8 +61,14 @@ pub(crate) fn gate(
         .map(|t| t.ignore_args.as_slice())
         .unwrap_or_default();
     let fp = call_fingerprint_in(scratch, &call.tool, &call.args, ignore_args);
+    // Only a read's answer is judged by what it asked (rewording or sweep).
+    let question = match effect {
+        Effect::Read => question_fingerprint_in(scratch, &call.tool, &call.args, ignore_args),
+        Effect::Write => None,
+    };
     let tool_fp = tool_fingerprint(&call.tool);
     let label = || message::call_label(&call.tool, &call.args);
+    let waiting_since = waited_as_told(run, fp, event.ts_ms);
 
     // 4.2 Error contract: a retry before its time, or with its precondition unchanged.
     let mut refusal: Option<Verdict> = None;
@@ -93,6 +101,34 @@ pub(crate) fn gate(
         }
     }
 
+    // 4.2 A call that waits as the tool told it is bounded by time, not by a count.
+    let mut wait_warning = None;
+    if let (None, Some(since_ms)) = (&refusal, waiting_since) {
+        let budget_s = policy
+            .tool(&call.tool)
+            .and_then(|t| t.poll)
+            .and_then(|p| p.wait_budget_s)
+            .unwrap_or(policy.wait_budget_s);
+        let waited_ms = event.ts_ms.saturating_sub(since_ms);
+        let budget_ms = budget_s.saturating_mul(1000);
+        // Warned from three quarters of the budget: time to report, not to poll on.
+        if waited_ms >= budget_ms / 4 * 3 {
+            let blocked = waited_ms >= budget_ms;
+            let verdict = Verdict {
+                action: if blocked { Action::Block } else { Action::Warn },
+                reason: Reason::WaitBudget,
+                detector: None,
+                count: None,
+                message: message::wait_budget(&label(), waited_ms, budget_s, blocked),
+            };
+            if blocked {
+                refusal = Some(verdict);
+            } else {
+                wait_warning = Some(verdict);
+            }
+        }
+    }
+
     // 4.3 Loop detection.
     let mut warning = None;
     if refusal.is_none() {
@@ -101,6 +137,7 @@ pub(crate) fn gate(
             tool_fp,
             fp,
             effect,
+            patient: waiting_since.is_some(),
             label: &label,
         };
         if let Some(count) = detect::post_compaction(run, &view) {
@@ -118,7 +155,7 @@ pub(crate) fn gate(
         }
         match verdict {
             Some(v) if v.action == Action::Block => refusal = Some(v),
-            other => warning = other,
+            other => warning = other.or(wait_warning),
         }
     }
 
@@ -205,7 +242,10 @@ pub(crate) fn gate(
             call: fp,
             effect,
             op_key: call.op_key.clone(),
-            watched: run.detection.compaction_watch.is_some(),
+            watched: run.detection.compaction_watch.is_some()
+                || run.detection.compaction_tail.is_some(),
+            question,
+            patient: waiting_since.is_some(),
         },
     );
     if let Some(op_key) = &call.op_key {
@@ -233,6 +273,22 @@ pub(crate) fn gate(
         }
         None => decision(event, Some(&call.call_id), Action::Execute),
     }
+}
+
+/// Since when this call has been told to wait, when this attempt waited as told: the
+/// tool's own "wait" — a RETRYABLE answer with `retry_after_ms`, or a PENDING answer
+/// (at least `poll_min_interval_ms`) — and the agent honouring it. A retry that the
+/// guard's own backoff paced, or one after `retry_after_ms: 0`, was not told to wait.
+fn waited_as_told(run: &RunState, fp: Fingerprint, ts_ms: u64) -> Option<u64> {
+    let detection = &run.detection;
+    if let Some(gate) = detection.retry_gates.iter().find(|g| g.call == fp) {
+        return (gate.told && ts_ms >= gate.not_before_ms).then_some(gate.since_ms);
+    }
+    detection
+        .poll_clocks
+        .iter()
+        .find(|c| c.call == fp && ts_ms >= c.patient_from_ms)
+        .map(|c| c.since_ms)
 }
 
 /// Has an operation in flight since `since_ms` gone without a word for longer than the

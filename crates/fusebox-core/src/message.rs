@@ -130,8 +130,30 @@ pub fn wait_for_precondition(code: Option<&str>) -> String {
     format!("precondition not met{code}; the same call is refused until something changes.")
 }
 
-pub fn poll_bounded(wait_ms: u64, left: u32) -> String {
-    format!("still pending; poll again in {wait_ms} ms ({left} more identical answers before polling is blocked).")
+pub fn poll_bounded(wait_ms: u64, left: u32, budget_s: u64) -> String {
+    format!(
+        "still pending; poll again in {wait_ms} ms or later. Polls that wait that long may go on for {} while the answer stays the same; quicker ones are blocked after {left} more identical answers.",
+        minutes(budget_s)
+    )
+}
+
+pub fn wait_budget(label: &str, waited_ms: u64, budget_s: u64, blocked: bool) -> String {
+    let waited = minutes(waited_ms / 1000);
+    let budget = minutes(budget_s);
+    if blocked {
+        format!("{label} has waited {waited} for the same answer, its whole wait budget of {budget}; stop waiting and report it as stuck, or ask for help.")
+    } else {
+        format!("{label} has waited {waited} of its {budget} wait budget for the same answer; plan for it not to finish, and report it if it does not.")
+    }
+}
+
+/// `45 s`, `12 min`, `2 h 5 min`.
+fn minutes(seconds: u64) -> String {
+    match seconds {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7200 => format!("{} min", s / 60),
+        s => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
 }
 
 pub fn operation_in_flight(op_key: &str) -> String {

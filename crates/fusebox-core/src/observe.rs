@@ -12,12 +12,13 @@ use crate::ledger::Ledger;
 use crate::message;
 use crate::policy::{is_default_volatile, Policy};
 use crate::run::{
-    short, CompactionWatch, Outcome, PendingCall, PreconditionGate, RetryGate, RunState, RunStatus,
+    short, short_pair, CompactionTail, CompactionWatch, Outcome, PendingCall, PollClock,
+    PreconditionGate, RetryGate, RunState, RunStatus, PAIR_MEMORY,
 };
-use crate::volatile::{same_key, MaskSet, TextMask};
+use crate::volatile::{
+    is_epoch_number, is_time_key, is_usage_counter_key, masks_epochs, same_key, MaskSet, TextMask,
+};
 
-/// Suggested wait between polls when neither the tool nor its policy says.
-pub const DEFAULT_POLL_WAIT_MS: u64 = 1000;
 /// Retry backoff without `retry_after_ms`: 1 s, doubling, at most a minute.
 const BACKOFF_BASE_MS: u64 = 1000;
 const BACKOFF_MAX_MS: u64 = 60_000;
@@ -32,12 +33,45 @@ pub const ONE_OFF_CREDIT: u32 = 2;
 /// The model turn a context-window overflow ends with (guard contract §2).
 const CONTEXT_WINDOW_EXCEEDED: &str = "model_context_window_exceeded";
 
-fn is_volatile(key: &str, policy: &Policy, tool: &str) -> bool {
-    is_default_volatile(key)
-        || policy.volatile_result_keys.iter().any(|k| same_key(key, k))
-        || policy
-            .tool(tool)
-            .is_some_and(|t| t.volatile_result_keys.iter().any(|k| same_key(key, k)))
+/// Which keys of one tool's output are runtime metadata, resolved once per result: the
+/// built-in keys, the run's and the tool's lists, usage counters (unless the tool's
+/// counts are its content) and epoch numbers under time keys (unless the tool switched
+/// the epoch mask off).
+struct Volatility<'a> {
+    run_keys: &'a [String],
+    tool_keys: &'a [String],
+    usage: bool,
+    epochs: bool,
+}
+
+impl<'a> Volatility<'a> {
+    fn of(policy: &'a Policy, tool: &str, mask: &TextMask<'_>) -> Self {
+        let own = policy.tool(tool);
+        Volatility {
+            run_keys: &policy.volatile_result_keys,
+            tool_keys: own.map_or(&[], |t| t.volatile_result_keys.as_slice()),
+            usage: own.and_then(|t| t.volatile_usage).unwrap_or(true),
+            epochs: masks_epochs(mask.masks),
+        }
+    }
+
+    fn is_volatile(&self, key: &str, value: &serde_json::Value) -> bool {
+        if is_default_volatile(key)
+            || self.run_keys.iter().any(|k| same_key(key, k))
+            || self.tool_keys.iter().any(|k| same_key(key, k))
+        {
+            return true;
+        }
+        match value {
+            serde_json::Value::Number(n) => {
+                (self.usage && is_usage_counter_key(key))
+                    || (self.epochs && is_time_key(key) && is_epoch_number(n))
+            }
+            // A sub-agent's report carries its `usage` object beside its content.
+            serde_json::Value::Object(_) => self.usage && key.eq_ignore_ascii_case("usage"),
+            _ => false,
+        }
+    }
 }
 
 /// The masking of volatile tokens inside a tool's output strings: the tool's own mask set
@@ -123,13 +157,15 @@ fn answer(
             &[],
         )
     });
+    let mask = text_mask(&policy, &result.tool);
+    let volatility = Volatility::of(&policy, &result.tool, &mask);
     let result_fp = result_fingerprint_in(
         scratch,
         kind,
         result.code.as_deref(),
         result.output.as_ref(),
-        &|key| is_volatile(key, &policy, &result.tool),
-        &text_mask(&policy, &result.tool),
+        &|key, value| volatility.is_volatile(key, value),
+        &mask,
     );
     let tool_fp = tool_fingerprint(&result.tool);
 
@@ -145,17 +181,28 @@ fn answer(
     }
 
     let mut one_off = false;
+    // A result of a call the guard never gated has an identity made up for it: a new
+    // pair every time, which must not pass for a sweep.
+    let gated = pending.is_some();
+    let question = pending.as_ref().and_then(|p| p.question);
+    let version_moved = result
+        .progress
+        .map(|version| run.progress_version.is_none_or(|last| version > last));
     let progress = !kind.is_error()
-        && match result.progress {
-            Some(version) => run.progress_version.is_none_or(|last| version > last),
+        && match version_moved {
+            Some(moved) => moved,
             None => {
-                let novel = novel(run, kind, effect, call_fp, result_fp);
+                let novel = novel(run, kind, effect, call_fp, result_fp, question, gated);
                 let of_the_run = novel && progress_of_the_run(run, call_fp, pending.as_ref());
                 one_off = novel && !of_the_run;
                 of_the_run
             }
         };
-    remember(run, kind, effect, call_fp, result_fp);
+    // The same "wait" answer to a call that waited as told: the wait budget's, neither
+    // progress nor a repeat.
+    let waited_as_told = pending.as_ref().is_some_and(|p| p.patient)
+        && matches!(kind, ResultKind::Pending | ResultKind::Retryable);
+    remember(run, kind, effect, call_fp, result_fp, question);
     if let Some(entry) = pending.as_ref().and_then(|p| {
         run.detection
             .window
@@ -179,12 +226,20 @@ fn answer(
         // Neither progress nor a repeat: the loop around it keeps its counts.
         let outcomes = &mut run.detection.no_progress_outcomes;
         *outcomes = outcomes.saturating_sub(ONE_OFF_CREDIT);
+    } else if waited_as_told {
+        // Waiting is the work, as the tool said: bounded by the wait budget at the gate.
     } else {
         // A PENDING that repeats is the poll detector's; it still feeds the breaker.
         if kind != ResultKind::Pending {
             run.detection.no_progress_streak += 1;
         }
         run.detection.no_progress_outcomes += 1;
+    }
+    if pending.as_ref().is_some_and(|p| p.watched) {
+        watch_tail(run, call_fp, result_fp, kind, version_moved == Some(true));
+    }
+    if kind != ResultKind::Pending {
+        run.detection.poll_clocks.retain(|c| c.call != call_fp);
     }
     // The watch is for successes: errors and PENDING have their own detectors.
     let compaction_loop = pending
@@ -245,10 +300,35 @@ fn answer(
         }
         ResultKind::Pending => {
             let poll = policy.tool(&result.tool).and_then(|t| t.poll);
+            // The wait that makes the next poll patient, and the one the guard suggests:
+            // the tool's (or its policy's), never below the policy's minimum interval.
             let wait_ms = result
                 .retry_after_ms
                 .or(poll.and_then(|p| p.wait_ms))
-                .unwrap_or(DEFAULT_POLL_WAIT_MS);
+                .unwrap_or(0)
+                .max(policy.poll_min_interval_ms);
+            // The retry gate of an earlier RETRYABLE answer gives way to the poll.
+            run.detection.retry_gates.retain(|g| g.call != call_fp);
+            let budget_s = poll
+                .and_then(|p| p.wait_budget_s)
+                .unwrap_or(policy.wait_budget_s);
+            let clocks = &mut run.detection.poll_clocks;
+            let since_ms = clocks
+                .iter()
+                .find(|c| c.call == call_fp && c.result == result_fp)
+                .map_or(event.ts_ms, |c| c.since_ms);
+            clocks.retain(|c| c.call != call_fp);
+            if clocks.len() == GATES_MAX {
+                clocks.remove(0);
+            }
+            clocks.push(PollClock {
+                call: call_fp,
+                result: result_fp,
+                since_ms,
+                patient_from_ms: event.ts_ms.saturating_add(wait_ms),
+            });
+            let budget_left_s =
+                budget_s.saturating_sub(event.ts_ms.saturating_sub(since_ms) / 1000);
             let critical = poll
                 .and_then(|p| p.critical_threshold)
                 .unwrap_or(policy.critical_threshold);
@@ -263,6 +343,7 @@ fn answer(
             decided.message = Some(message::poll_bounded(
                 wait_ms,
                 critical.saturating_sub(answers),
+                budget_left_s,
             ));
             decided
         }
@@ -271,18 +352,34 @@ fn answer(
 }
 
 /// Novelty, for results that carry no progress version: a read that returned something
-/// not seen before in this run, or a write that changed something it had not changed
-/// before.
+/// not seen before in this run, or a call never made before (of a question never asked
+/// before) that answered; a write that changed something it had not changed before.
 fn novel(
     run: &RunState,
     kind: ResultKind,
     effect: Effect,
     call_fp: Fingerprint,
     result_fp: Fingerprint,
+    question: Option<Fingerprint>,
+    gated: bool,
 ) -> bool {
+    let detection = &run.detection;
     match (kind, effect) {
         (ResultKind::Success | ResultKind::Pending, Effect::Read) => {
-            !run.detection.seen_results.contains(short(result_fp))
+            if !detection.seen_results.contains(short(result_fp)) {
+                return true;
+            }
+            if !gated
+                || detection
+                    .seen_pairs
+                    .contains(short_pair(call_fp, result_fp))
+            {
+                return false;
+            }
+            // A call never made before, answered as another was: a sweep's step (30
+            // health checks answering ok) — unless it rewords a question already answered
+            // so (a flailing search), which is no new knowledge.
+            !question.is_some_and(|q| detection.seen_questions.contains(short_pair(q, result_fp)))
         }
         (ResultKind::Success, Effect::Write) => {
             !run.detection.succeeded_writes.contains(short(call_fp))
@@ -312,12 +409,49 @@ fn remember(
     effect: Effect,
     call_fp: Fingerprint,
     result_fp: Fingerprint,
+    question: Option<Fingerprint>,
 ) {
+    let detection = &mut run.detection;
     if matches!(kind, ResultKind::Success | ResultKind::Pending) {
-        run.detection.seen_results.insert(short(result_fp));
+        detection.seen_results.insert(short(result_fp));
+        if effect == Effect::Read {
+            detection
+                .seen_pairs
+                .insert_within(short_pair(call_fp, result_fp), PAIR_MEMORY);
+            if let Some(question) = question {
+                detection
+                    .seen_questions
+                    .insert_within(short_pair(question, result_fp), PAIR_MEMORY);
+            }
+        }
     }
     if kind == ResultKind::Success && effect == Effect::Write {
         run.detection.succeeded_writes.insert(short(call_fp));
+    }
+}
+
+/// Follows the same (call, answer) in a row after a compaction: a success extends or
+/// starts the streak; anything else, or progress by version, ends it.
+fn watch_tail(
+    run: &mut RunState,
+    call: Fingerprint,
+    result: Fingerprint,
+    kind: ResultKind,
+    version_moved: bool,
+) {
+    let Some(tail) = run.detection.compaction_tail.as_mut() else {
+        return;
+    };
+    tail.remaining = tail.remaining.saturating_sub(1);
+    if kind != ResultKind::Success || version_moved {
+        tail.in_row = 0;
+    } else if tail.in_row > 0 && (tail.call, tail.result) == (call, result) {
+        tail.in_row += 1;
+    } else {
+        (tail.call, tail.result, tail.in_row) = (call, result, 1);
+    }
+    if tail.remaining == 0 {
+        run.detection.compaction_tail = None;
     }
 }
 
@@ -384,6 +518,10 @@ fn retry_after(
         .saturating_mul(1u64 << (attempts - 1).min(16))
         .min(BACKOFF_MAX_MS);
     let wait_ms = result.retry_after_ms.unwrap_or(backoff);
+    let since_ms = gates
+        .iter()
+        .find(|g| g.call == call_fp)
+        .map_or(event.ts_ms, |g| g.since_ms);
     gates.retain(|g| g.call != call_fp);
     if gates.len() == GATES_MAX {
         gates.remove(0);
@@ -392,6 +530,8 @@ fn retry_after(
         call: call_fp,
         not_before_ms: event.ts_ms.saturating_add(wait_ms),
         attempts,
+        since_ms,
+        told: result.retry_after_ms.is_some_and(|ms| ms > 0),
     });
     let mut decided = decision(event, Some(&result.call_id), Action::RetryAfter);
     decided.wait_ms = Some(wait_ms);
@@ -480,6 +620,12 @@ pub(crate) fn compaction(run: &mut RunState, event: &Event, compaction: &Compact
         run.detection.compaction_watch = Some(CompactionWatch {
             remaining: post.window_size,
             triples: Vec::new(),
+        });
+        run.detection.compaction_tail = Some(CompactionTail {
+            remaining: post.window_size,
+            call: 0,
+            result: 0,
+            in_row: 0,
         });
     }
     // The compaction that answers an overflow closes the cycle the overflow opened.

@@ -82,6 +82,17 @@ pub struct Policy {
     /// What a call gets for an `op_key` whose lease ran out.
     #[serde(default = "default_stale_in_flight")]
     pub stale_in_flight: StaleInFlight,
+    /// The shortest wait between two polls of a PENDING call that counts as waiting as
+    /// told: polls that wait at least this long (and at least the `retry_after_ms` the
+    /// tool gave) are bounded by `wait_budget_s` instead of by a count; faster ones are
+    /// counted. It is also the wait the guard suggests when the tool gave none.
+    #[serde(default = "default_poll_min_interval_ms")]
+    pub poll_min_interval_ms: u64,
+    /// Seconds one call may keep getting the same "wait" answer (PENDING, or RETRYABLE
+    /// with `retry_after_ms`) while it waits as told, before it is refused
+    /// (`wait_budget`); warned from three quarters of it.
+    #[serde(default = "default_wait_budget_s")]
+    pub wait_budget_s: u64,
     /// Added to [`DEFAULT_VOLATILE_RESULT_KEYS`], never replacing them; matched across
     /// case and separator styles like them.
     pub volatile_result_keys: Vec<String>,
@@ -176,6 +187,14 @@ pub enum StaleInFlight {
     Retry,
 }
 
+fn default_poll_min_interval_ms() -> u64 {
+    Policy::default().poll_min_interval_ms
+}
+
+fn default_wait_budget_s() -> u64 {
+    Policy::default().wait_budget_s
+}
+
 fn default_in_flight_lease_minutes() -> u64 {
     Policy::default().in_flight_lease_minutes
 }
@@ -203,6 +222,11 @@ pub struct ToolPolicy {
     pub volatile_text: Option<ToolVolatileText>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub poll: Option<PollPolicy>,
+    /// Whether the usage and statistics counters in this tool's results (token and
+    /// tool-use counts, durations, a `usage` object) are runtime metadata, as they are by
+    /// default; `false` for a tool whose counts are its content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volatile_usage: Option<bool>,
 }
 
 /// For tools that are polled (job status, build state): their own thresholds for the
@@ -216,6 +240,9 @@ pub struct PollPolicy {
     pub critical_threshold: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
+    /// This tool's own `wait_budget_s` (a build or a training job may take hours).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_budget_s: Option<u64>,
 }
 
 /// A named starting point for a policy.
@@ -278,6 +305,12 @@ impl Preset {
             in_flight_lease_minutes: 15,
             // A blind retry may send the email twice.
             stale_in_flight: StaleInFlight::NeedsHuman,
+            // Faster than every 2 s is a hot loop whatever the tool says (80 polls of a
+            // queue in 96 s); a CI poll every 30 s is waiting as told.
+            poll_min_interval_ms: 2000,
+            // CI runs, builds and training jobs take 10–60 minutes: a patient poll may
+            // wait as long as the run's own time budget.
+            wait_budget_s: 3600,
             volatile_result_keys: Vec::new(),
             volatile_text: VolatileText {
                 mask: Mask::ALL.to_vec(),
@@ -309,6 +342,7 @@ impl Preset {
             Preset::Strict => Policy {
                 max_steps: 20,
                 max_duration_s: 900,
+                wait_budget_s: 600,
                 max_tokens: 2_000_000,
                 max_cost_usd: 5.0,
                 max_model_turns: 40,
@@ -340,6 +374,7 @@ impl Preset {
             Preset::Lenient => Policy {
                 max_steps: 2000,
                 max_duration_s: 4 * 3600,
+                wait_budget_s: 2 * 3600,
                 max_tokens: 100_000_000,
                 max_cost_usd: 100.0,
                 max_model_turns: 2000,
@@ -568,6 +603,13 @@ impl Policy {
             needed.max(2),
             "every window-based limit must fit in the window",
         );
+        if self.wait_budget_s == 0 {
+            warnings.push(
+                "wait_budget_s raised from 0 to 1: a budget of 0 would refuse every patient poll"
+                    .to_owned(),
+            );
+            self.wait_budget_s = 1;
+        }
         if self.max_compactions == 0 {
             warnings.push(
                 "max_compactions raised from 0 to 1: a budget of 0 would stop every run that compacts"

@@ -20,6 +20,10 @@ use crate::policy::Policy;
 /// again, which a loop cannot exploit without also tripping the step and no-progress
 /// budgets.
 pub const NOVELTY_MEMORY: usize = 64;
+/// How many (call, answer) pairs — and (question, answer) pairs — a run remembers: a
+/// sweep's every call is a new pair, so this bounds the cycle a loop through distinct
+/// calls would need to look new again (a cycle of 256 calls trips the step budget first).
+pub const PAIR_MEMORY: usize = 256;
 /// Fired guards and completed operations kept for the stop report (the newest).
 pub const REPORT_LIST_MAX: usize = 32;
 /// Distinct compaction reasons counted for the stop report; later ones count as `other`.
@@ -95,10 +99,23 @@ pub struct Detection {
     /// Tools the tool side answered `unknown_tool` for.
     pub unknown_tools_reported: Vec<u64>,
     pub seen_results: Ring,
+    /// (call, answer) pairs of reads: a call never made before that answers is new
+    /// knowledge even when the answer equals another call's (a sweep).
+    pub seen_pairs: Ring,
+    /// (question, answer) pairs of reads whose arguments hold free text: a new wording
+    /// of a question already answered the same is a rewording, not new knowledge.
+    pub seen_questions: Ring,
     pub succeeded_writes: Ring,
     pub retry_gates: Vec<RetryGate>,
     pub precondition_gates: Vec<PreconditionGate>,
+    /// Calls whose last answer was PENDING: since when, and from when a poll waited as
+    /// told.
+    pub poll_clocks: Vec<PollClock>,
     pub compaction_watch: Option<CompactionWatch>,
+    /// The same (call, answer) in a row after a compaction; unlike the watch, progress
+    /// found by novelty does not end it (a loop that starts after the compaction begins
+    /// with a new answer).
+    pub compaction_tail: Option<CompactionTail>,
     /// Compaction cycles (a compaction, or a context-window overflow not followed by
     /// one) since the last progress: `compaction_thrash`.
     pub compaction_streak: u32,
@@ -199,6 +216,12 @@ pub struct PendingCall {
     pub op_key: Option<String>,
     /// Gated after the last compaction: its result is watched.
     pub watched: bool,
+    /// The call's question: its fingerprint with free text masked, when its arguments
+    /// hold any (`fingerprint::question_fingerprint_in`).
+    pub question: Option<Fingerprint>,
+    /// It came after waiting as its last "wait" answer told it: its answer, if the same
+    /// again, is neither progress nor a repeat.
+    pub patient: bool,
 }
 
 /// A RETRYABLE answer: the same call may not run again before `not_before_ms`.
@@ -207,6 +230,21 @@ pub struct RetryGate {
     pub call: Fingerprint,
     pub not_before_ms: u64,
     pub attempts: u32,
+    /// The first RETRYABLE answer of this streak: what the wait budget counts from.
+    pub since_ms: u64,
+    /// The tool itself said how long to wait (`retry_after_ms` > 0): a retry after that
+    /// wait is what the error contract asked for.
+    pub told: bool,
+}
+
+/// A call answered PENDING: the same answer since `since_ms`; a poll at or after
+/// `patient_from_ms` waited as told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PollClock {
+    pub call: Fingerprint,
+    pub result: Fingerprint,
+    pub since_ms: u64,
+    pub patient_from_ms: u64,
 }
 
 /// A PRECONDITION answer: the same call may not run again before progress.
@@ -224,6 +262,16 @@ pub struct CompactionWatch {
     pub triples: Vec<(u64, Fingerprint, Fingerprint, u32)>,
 }
 
+/// After a compaction, the next `remaining` results are watched for the same (call,
+/// answer) `in_row` times in a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionTail {
+    pub remaining: u32,
+    pub call: Fingerprint,
+    pub result: Fingerprint,
+    pub in_row: u32,
+}
+
 /// A fixed-capacity memory of 64-bit fingerprints, oldest forgotten first.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Ring {
@@ -235,12 +283,17 @@ impl Ring {
         self.items.contains(&fp)
     }
 
-    /// Remembers `fp`; returns whether it was new.
+    /// Remembers `fp` among the last [`NOVELTY_MEMORY`]; returns whether it was new.
     pub fn insert(&mut self, fp: u64) -> bool {
+        self.insert_within(fp, NOVELTY_MEMORY)
+    }
+
+    /// Remembers `fp` among the last `capacity`; returns whether it was new.
+    pub fn insert_within(&mut self, fp: u64, capacity: usize) -> bool {
         if self.contains(fp) {
             return false;
         }
-        if self.items.len() == NOVELTY_MEMORY {
+        if self.items.len() >= capacity {
             self.items.pop_front();
         }
         self.items.push_back(fp);
@@ -251,6 +304,11 @@ impl Ring {
 /// Short form of a fingerprint for the novelty rings.
 pub fn short(fp: Fingerprint) -> u64 {
     (fp >> 64) as u64
+}
+
+/// Short form of a pair of fingerprints (a call and its answer) for the pair rings.
+pub fn short_pair(a: Fingerprint, b: Fingerprint) -> u64 {
+    short(a) ^ (b as u64).rotate_left(17)
 }
 
 impl RunState {
@@ -343,7 +401,8 @@ impl Detection {
         self.precondition_gates.clear();
         self.compaction_streak = 0;
         self.overflow_open = false;
-        // The run recovered from its compaction: later repeats are plain repeats.
+        // The run recovered from its compaction: later repeats are plain repeats. (The
+        // tail of identical calls is the result's to end: see `observe::watch_tail`.)
         self.compaction_watch = None;
     }
 
@@ -351,10 +410,14 @@ impl Detection {
     pub(crate) fn reset(&mut self) {
         let serial = self.next_serial;
         let seen = std::mem::take(&mut self.seen_results);
+        let pairs = std::mem::take(&mut self.seen_pairs);
+        let questions = std::mem::take(&mut self.seen_questions);
         let writes = std::mem::take(&mut self.succeeded_writes);
         *self = Detection {
             next_serial: serial,
             seen_results: seen,
+            seen_pairs: pairs,
+            seen_questions: questions,
             succeeded_writes: writes,
             ..Detection::default()
         };

@@ -68,6 +68,136 @@ fn is_default_volatile_bytes(key: &[u8]) -> bool {
     )
 }
 
+/// The words of a key: split at separators (`_ - . space`) and where a lower-case letter
+/// or a digit meets an upper-case one (`totalToolUseCount` → total, tool, use, count;
+/// `STARTED_AT` → STARTED, AT). Compared with [`word_is`], ignoring ASCII case.
+fn key_words(key: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut start = 0;
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < key.len() {
+            let b = key[i];
+            if is_separator(b) {
+                let word = &key[start..i];
+                i += 1;
+                start = i;
+                if !word.is_empty() {
+                    return Some(word);
+                }
+                continue;
+            }
+            let camel = i > start
+                && b.is_ascii_uppercase()
+                && (key[i - 1].is_ascii_lowercase() || key[i - 1].is_ascii_digit());
+            if camel {
+                let word = &key[start..i];
+                start = i;
+                i += 1;
+                return Some(word);
+            }
+            i += 1;
+        }
+        let word = &key[start..];
+        start = key.len();
+        (!word.is_empty()).then_some(word)
+    })
+}
+
+fn word_is(word: &[u8], any_of: &[&str]) -> bool {
+    any_of
+        .iter()
+        .any(|w| word.eq_ignore_ascii_case(w.as_bytes()))
+}
+
+/// Units a duration's key may end with (`elapsedSeconds`, `wall_time_ms`).
+const TIME_UNITS: &[&str] = &[
+    "ms", "s", "sec", "secs", "seconds", "us", "ns", "millis", "micros", "nanos", "minutes",
+];
+
+/// Keys of the usage and statistics counters a tool's report carries beside its content
+/// (guard contract §4.3): token counts (`input_tokens`, `totalTokens`, `token_count`),
+/// tool-use counts (`totalToolUseCount`, `tool_uses`, `num_tool_calls`) and durations
+/// (`totalDurationMs`, `duration_api_ms`, `latencySeconds`, `wall_time_ms`). Only for
+/// numbers: `tokens: ["a", "b"]` from a tokenizer, or `tool_calls: [...]`, is content.
+/// `durations` and `elapsed_total_pages` are not counters (other words).
+pub fn is_usage_counter_key(key: &str) -> bool {
+    let mut words = [&[][..]; 8];
+    let mut n = 0;
+    for word in key_words(key.as_bytes()) {
+        if n == words.len() {
+            return false;
+        }
+        words[n] = word;
+        n += 1;
+    }
+    let words = &words[..n];
+    let Some(last) = words.last() else {
+        return false;
+    };
+    if word_is(last, &["tokens"]) {
+        return true;
+    }
+    let pair = |first: &[&str], second: &[&str]| {
+        words
+            .windows(2)
+            .any(|w| word_is(w[0], first) && word_is(w[1], second))
+    };
+    if pair(&["token", "tokens"], &["count", "counts", "used", "total"]) {
+        return true;
+    }
+    if pair(&["tool"], &["use", "uses", "call", "calls"])
+        && word_is(last, &["count", "counts", "uses", "calls", "total"])
+    {
+        return true;
+    }
+    if words.iter().any(|w| word_is(w, &["duration", "latency"])) {
+        return true;
+    }
+    // `elapsedSeconds`, `wall_time_ms`, `cpuTimeMs`: a span of time measured, by its unit.
+    n >= 2 && word_is(last, TIME_UNITS) && word_is(words[n - 2], &["elapsed", "time"])
+}
+
+/// Keys that name a point in time (guard contract §4.3): `*_at`, `*At`, `*_time`,
+/// `*Time`, `time`, in any spelling (`started_at`, `startedAt`, `STARTED-AT`,
+/// `endTime`). The value under one is volatile when it looks like a time: a time string
+/// is masked wherever it stands, and an epoch-looking number under such a key is too
+/// ([`is_epoch_number`]).
+pub fn is_time_key(key: &str) -> bool {
+    let mut count = 0;
+    let mut last: &[u8] = &[];
+    for word in key_words(key.as_bytes()) {
+        count += 1;
+        last = word;
+    }
+    (count >= 2 && word_is(last, &["at"])) || word_is(last, &["time"])
+}
+
+/// A JSON number that reads as epoch seconds, milliseconds, micro- or nanoseconds of this
+/// era, the way the `epoch` text mask reads digits (a fraction of seconds allowed).
+pub fn is_epoch_number(number: &serde_json::Number) -> bool {
+    let whole = match (number.as_u64(), number.as_f64()) {
+        (Some(u), _) => u,
+        (None, Some(f)) if f.is_finite() && f >= 1.0 => f.trunc() as u64,
+        _ => return false,
+    };
+    let mut digits = [0u8; 20];
+    let mut n = 0;
+    let mut rest = whole;
+    while rest > 0 {
+        digits[19 - n] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        n += 1;
+    }
+    let text = &digits[20 - n..];
+    epoch(text, 0, text.len()).is_some()
+}
+
+/// Whether the epoch text mask is in `set` (a tool that switched it off keeps epoch
+/// numbers under time keys too).
+pub fn masks_epochs(set: MaskSet) -> bool {
+    set.has(Mask::Epoch)
+}
+
 /// Whether `key` and `listed` name the same key in another spelling: equal once
 /// separators (`_ - . space`) are dropped and ASCII case is ignored. For users' lists.
 pub fn same_key(key: &str, listed: &str) -> bool {

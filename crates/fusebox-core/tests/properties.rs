@@ -267,7 +267,7 @@ proptest! {
             prop_assert_eq!(&buf[..], text.as_bytes());
         }
         let fp = |s: String| {
-            result_fingerprint(ResultKind::Pending, None, Some(&Output::Json(json!({"out": s}))), &|_| false, &mask)
+            result_fingerprint(ResultKind::Pending, None, Some(&Output::Json(json!({"out": s}))), &|_, _| false, &mask)
         };
         let a = fp(format!("{words} (pid {pid}, {secs}.5s)"));
         let b = fp(format!("{words} (pid {other_pid}, {}.25s)", secs + 1));

@@ -22,9 +22,11 @@ use crate::state::{LedgerTimes, LogState};
 /// 3: runs refer to a table of policies. 4: the sequencer keeps each id's position;
 /// no separate dedup index. 5: runs keep their compaction log and streak, and policies
 /// their compaction and volatile-text settings. 6: an op_key in flight keeps when it was
-/// last heard of (its lease), and policies carry the lease settings. A snapshot with
+/// last heard of (its lease), and policies carry the lease settings. 7: runs remember
+/// (call, answer) and (question, answer) pairs, poll clocks, the retry gates' start and
+/// the post-compaction tail; policies their wait settings. A snapshot with
 /// another tag is skipped (an older one, or a full replay, does the job).
-const MAGIC: &[u8; 8] = b"FBSNAP6\n";
+const MAGIC: &[u8; 8] = b"FBSNAP7\n";
 const HEADER: usize = MAGIC.len() + 32;
 
 #[derive(Serialize)]

@@ -62,6 +62,7 @@ pub const REASONS: &[&str] = &[
     "operation_outcome_unknown",
     "precondition_unchanged",
     "retry_too_soon",
+    "wait_budget",
     "invalid_model_output",
     "model_refusal",
     "cancelled",
