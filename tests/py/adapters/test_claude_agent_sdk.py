@@ -271,9 +271,9 @@ async def test_a_loop_that_goes_on_after_a_compaction_is_stopped(
 
     report = guard.run.stopped
     assert report is not None
-    # The search after the compaction was never seen before it, so this is an ordinary
-    # loop to the guard: refused from its fourth identical call, then stopped.
+    # The search after the compaction was never seen before it; the third identical call
+    # in a row after a compaction is the loop, refused before it runs.
     assert report.terminal_state is TerminalState.STOPPED_LOOP_GUARD, report
-    assert report.reason == "consecutive_blocks", report
+    assert report.reason == "compaction_loop_persisted", report
     assert log.count("open_page") == 1
-    assert log.count("search") == 3
+    assert log.count("search") == 2
