@@ -26,6 +26,7 @@ from support.guard import (
     RUNAWAY_EXECUTIONS,
     TENANT,
     ToolLog,
+    assert_closed,
     bare_nats,
     fresh_run,
     fusebox_cancel,
@@ -240,6 +241,35 @@ def test_pagination_of_twelve_pages_finishes_untouched(stack: Stack, mode: str) 
     assert counters["model_turns"] == PAGES + 1
     assert counters["tokens"] == (PAGES + 1) * 175
     assert counters["steps"] == PAGES and counters["calls_refused"] == 0
+    assert_closed(stack, guard.run.id, "completed")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_that_fails_closes_its_run_as_failed(stack: Stack, mode: str) -> None:
+    from langgraph.errors import GraphRecursionError
+
+    run_id = fresh_run(f"lc-{mode}-fails")
+    model = ScriptedChatModel(scenario="pagination")
+    prompt = {"messages": [HumanMessage("go")]}
+    # Too few graph steps for 12 pages: the graph raises before its end.
+    config = {"recursion_limit": 5}
+    if mode == "sync":
+        with SyncFusebox.connect(stack.nats_url, tenant=TENANT) as fb:
+            guard = FuseboxMiddleware(fb.start_run(run_id))
+            agent = create_agent(model, make_tools(ToolLog()), middleware=[guard])
+            with pytest.raises(GraphRecursionError):
+                guard.invoke(agent, prompt, config)
+    else:
+
+        async def main() -> None:
+            async with await Fusebox.connect(stack.nats_url, tenant=TENANT) as afb:
+                guard = FuseboxMiddleware(await afb.start_run(run_id))
+                agent = create_agent(model, make_tools(ToolLog()), middleware=[guard])
+                with pytest.raises(GraphRecursionError):
+                    await guard.ainvoke(agent, prompt, config)
+
+        asyncio.run(main())
+    assert_closed(stack, run_id, "failed: GraphRecursionError")
 
 
 @pytest.mark.parametrize("mode", MODES)
