@@ -140,7 +140,9 @@ def drive(
         with SyncFusebox.connect(url, tenant=TENANT, **connect) as fb:
             guard = FuseboxCapability(fb.start_run(run_id), op_key=op_key_for(run_id))
             try:
-                outcome.output = agent(guard).run_sync("go", usage_limits=usage_limits).output
+                outcome.output = guard.run_agent_sync(
+                    agent(guard), "go", usage_limits=usage_limits
+                ).output
             except Exception as err:
                 ended(err)
         return outcome
@@ -150,7 +152,8 @@ def drive(
             run = await afb.start_run(run_id)
             guard = FuseboxCapability(run, op_key=op_key_for(run_id))
             try:
-                outcome.output = (await agent(guard).run("go", usage_limits=usage_limits)).output
+                result = await guard.run_agent(agent(guard), "go", usage_limits=usage_limits)
+                outcome.output = result.output
             except Exception as err:
                 ended(err)
             await run.close()

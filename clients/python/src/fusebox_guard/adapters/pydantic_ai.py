@@ -3,7 +3,7 @@ fuseboxd, as a capability.
 
     guard = FuseboxCapability(run)
     agent = Agent(model, tools=[search], capabilities=[guard])
-    result = await agent.run("find the weather")     # or agent.run_sync(...)
+    result = await guard.run_agent(agent, "find the weather")   # or guard.run_agent_sync(...)
     # RunStopped on a stop, with the conversation so far in `.history`
 
 - `wrap_tool_execute` asks the gate before the tool runs. `block` (and the guard
@@ -19,20 +19,23 @@ fuseboxd, as a capability.
   there (a budget) cancels the run before its tools run. `before_model_request`: a run
   stopped meanwhile (`fusebox cancel`, the kill switch) is cancelled before the model
   is asked again.
-- `wrap_run`: the run's cancellation by the guard comes out as `RunStopped`; a run that
-  ends is closed (`run_finished`: completed, or failed with the error) unless
-  `finish=False` (a conversation that goes on in the same fusebox run).
+- `wrap_run`: a run that ends is closed (`run_finished`: completed, or failed with the
+  error, a cancellation too) unless `finish=False` (a conversation that goes on in the
+  same fusebox run). `run_agent` / `run_agent_sync` are `agent.run` / `agent.run_sync`
+  with the guard's cancellation raised as `RunStopped`; called directly, `agent.run`
+  raises Pydantic AI's `RunCancelled` on a stop (the same history in `all_messages()`).
 
 Output tools (the run's final answer) are the framework's own and are not gated.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from pydantic_ai import ModelResponse, RunContext, ToolCallPart, ToolDefinition
+from pydantic_ai import Agent, ModelResponse, RunContext, ToolCallPart, ToolDefinition
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.capabilities.abstract import (
     ValidatedToolArgs,
@@ -79,19 +82,34 @@ class FuseboxCapability(AbstractCapability[Any]):
 
     # --- the run -----------------------------------------------------------------------
 
+    async def run_agent(self, agent: Agent[Any, Any], *args: Any, **kwargs: Any) -> Any:
+        """`await agent.run(...)` with the guard's stop as `RunStopped` (its `history`:
+        the messages so far); `agent.run` itself raises Pydantic AI's `RunCancelled`."""
+        try:
+            return await agent.run(*args, **kwargs)
+        except RunCancelled as err:
+            raise self._stopped(err) from None
+
+    def run_agent_sync(self, agent: Agent[Any, Any], *args: Any, **kwargs: Any) -> Any:
+        """`agent.run_sync(...)`, the same way."""
+        try:
+            return agent.run_sync(*args, **kwargs)
+        except RunCancelled as err:
+            raise self._stopped(err) from None
+
+    def _stopped(self, err: RunCancelled) -> Exception:
+        stopped = self.run.stop_decision
+        if stopped is None:
+            return err  # cancelled by someone else
+        return RunStopped(stopped.report, stopped, history=err.all_messages())
+
     async def wrap_run(
         self, ctx: RunContext[Any], *, handler: WrapRunHandler
     ) -> AgentRunResult[Any]:
+        """Closes the run as the agent run ends (the guard's own stop closed it already)."""
         try:
             result = await handler()
-        except RunCancelled as err:
-            stopped = self.run.stop_decision
-            if stopped is None:
-                if self.finish:
-                    await finish_run(self._bridge, err)
-                raise
-            raise RunStopped(stopped.report, stopped, history=err.all_messages()) from None
-        except Exception as err:
+        except (Exception, asyncio.CancelledError) as err:
             if self.finish:
                 await finish_run(self._bridge, err)
             raise
