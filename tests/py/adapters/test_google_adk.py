@@ -53,15 +53,20 @@ class ScriptedLlm(BaseLlm):
     scenario: str
     seen: list[LlmRequest] = Field(default_factory=list)
     fail_at: int | None = None
+    #: Hand the task to this sub-agent first (`transfer_to_agent`), then play nothing.
+    delegate_to: str | None = None
 
     async def generate_content_async(
         self, llm_request: LlmRequest, stream: bool = False
     ) -> AsyncGenerator[LlmResponse, None]:
         self.seen.append(llm_request)
-        turn = sum(1 for c in llm_request.contents if c.role == "model")
+        # Its own turns: a sub-agent's request also holds the other agents' turns.
+        turn = len(self.seen) - 1
         if turn == self.fail_at:
             raise RuntimeError("the model is gone")
         calls = next_calls(self.scenario, turn)
+        if self.delegate_to is not None:
+            calls = [("transfer_to_agent", {"agent_name": self.delegate_to})] if turn == 0 else None
         if calls is None:
             parts = [types.Part(text="done")]
         else:
@@ -306,3 +311,31 @@ def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
     assert log.count("search") == RUNAWAY_EXECUTIONS
     refused = [a for a in outcome.answers().values() if "error" in a]
     assert refused and all("fusebox" in a["error"] for a in refused), refused
+
+
+def test_every_agent_of_a_multi_agent_app_is_gated_by_the_one_plugin(stack: Stack) -> None:
+    """The root agent hands the task to a sub-agent, which runs away: the runner's plugin
+    gates the sub-agent's calls too, and the stop ends the whole invocation."""
+    log = ToolLog()
+    worker_model = ScriptedLlm(scenario="runaway")
+    worker = LlmAgent(name="worker", model=worker_model, tools=list(make_tools(log)))
+    root_model = ScriptedLlm(scenario="runaway", delegate_to="worker")
+    root = LlmAgent(name="root", model=root_model, sub_agents=[worker])
+
+    async def main() -> RunStopped:
+        async with await Fusebox.connect(stack.nats_url, tenant=TENANT) as fb:
+            guard = FuseboxPlugin(await fb.start_run(fresh_run("adk-multi")))
+            app = App(name="fusebox_test", root_agent=root, plugins=[guard])
+            runner = InMemoryRunner(app=app)
+            await runner.session_service.create_session(
+                app_name="fusebox_test", user_id="u", session_id="multi"
+            )
+            message = types.Content(role="user", parts=[types.Part(text="go")])
+            with pytest.raises(RunStopped) as stopped:
+                await guard.run_async(runner, user_id="u", session_id="multi", new_message=message)
+            return stopped.value
+
+    stopped = asyncio.run(main())
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    assert stopped.report is not None and stopped.report.state_name == "STOPPED_LOOP_GUARD"
+    assert len(root_model.seen) == 1  # the root was not asked again after the stop

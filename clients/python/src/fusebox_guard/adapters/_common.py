@@ -42,6 +42,8 @@ class Bridge:
         self.run = as_run(run)
         self.op_key = op_key
         self.effects = dict(effects or {})
+        #: `run_finished` was sent (an adapter with two ways to end sends it once).
+        self.finished = False
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         return run_on(self.run.loop, coro)
@@ -107,8 +109,9 @@ async def finish_run(bridge: Bridge, error: BaseException | None = None) -> None
     time budget, a false `time_budget` stop). Never raises for the guard's sake: the
     agent's own answer or error is what the caller gets."""
     status = finished_status(error)
-    if status is None or bridge.run.stopped is not None:
+    if status is None or bridge.finished or bridge.run.stopped is not None:
         return
+    bridge.finished = True
     try:
         await bridge.acall(bridge.run.finish(status))
     except FuseboxError as err:
@@ -118,8 +121,9 @@ async def finish_run(bridge: Bridge, error: BaseException | None = None) -> None
 def finish_run_sync(bridge: Bridge, error: BaseException | None = None) -> None:
     """`finish_run` from sync code."""
     status = finished_status(error)
-    if status is None or bridge.run.stopped is not None:
+    if status is None or bridge.finished or bridge.run.stopped is not None:
         return
+    bridge.finished = True
     try:
         bridge.call(bridge.run.finish(status))
     except FuseboxError as err:

@@ -18,10 +18,10 @@ tool call gated by fuseboxd, sync and async (neither path delegates to the other
   state's `fusebox_stop`) and `before_model` jumps to the end before the model is called
   again. The kill switch (`fusebox cancel`) ends it the same way at the next step.
 - `after_model`: the last AI message's `usage_metadata` → `model_turn`.
-- `after_agent`: the agent reached its end without a stop → `run_finished` completed;
-  `guard.invoke(agent, …)` / `await guard.ainvoke(agent, …)` also close the run as
-  failed (with the error) when the graph raises. A hand-built graph has no
-  `after_agent`: close its run with `run.finish("completed")`.
+- `after_agent`: the agent reached its end without a stop → `run_finished` completed.
+  `guard.invoke(graph, …)` / `await guard.ainvoke(graph, …)` close the run as it ends
+  for any graph (a hand-built one has no `after_agent`): completed, or failed with the
+  error when the graph raises.
 - `GuardedSummarization`: the summarization middleware, reporting each summary as a
   `compaction`.
 """
@@ -132,23 +132,30 @@ class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
         return None
 
     def invoke(self, agent: Any, input: Any, config: Any = None, **kwargs: Any) -> Any:
-        """`agent.invoke(...)` that also closes the run as failed (with the error) when
-        the graph raises; a graph that ends closes it as completed (`after_agent`)."""
+        """`agent.invoke(...)` that closes the run as it ends: completed (what
+        `after_agent` does for `create_agent`; a hand-built graph has no such hook), or
+        failed with the error when the graph raises."""
         try:
-            return agent.invoke(input, config, **kwargs)
+            state = agent.invoke(input, config, **kwargs)
         except Exception as err:
             if self.finish:
                 finish_run_sync(self._bridge, err)
             raise
+        if self.finish:
+            finish_run_sync(self._bridge)
+        return state
 
     async def ainvoke(self, agent: Any, input: Any, config: Any = None, **kwargs: Any) -> Any:
-        """`await agent.ainvoke(...)`, closing the run as failed when the graph raises."""
+        """`await agent.ainvoke(...)`, closing the run the same way."""
         try:
-            return await agent.ainvoke(input, config, **kwargs)
+            state = await agent.ainvoke(input, config, **kwargs)
         except Exception as err:
             if self.finish:
                 await finish_run(self._bridge, err)
             raise
+        if self.finish:
+            await finish_run(self._bridge)
+        return state
 
     def _end_if_stopped(self) -> dict[str, Any] | None:
         report = self.run.stopped
