@@ -24,6 +24,13 @@ app gated by fuseboxd, as a runner plugin.
 
 A plugin is the runner's, so every agent of a multi-agent app (sub-agents, agents as
 tools) is gated by the same run.
+
+Live mode (`runner.run_live`, read off ADK 2.13's source): live tool calls go through
+the same plugin tool callbacks, so each is gated and refused alike, and after a stop
+every further call is refused by the run's latch; but the live flow reads
+`end_invocation` only when the session starts, so a stop does not close a live session
+(close its `LiveRequestQueue` once `run.wait_stopped()` returns), and live usage is not
+reported.
 """
 
 from __future__ import annotations
@@ -121,9 +128,14 @@ class FuseboxPlugin(BasePlugin):
     async def after_model_callback(
         self, *, callback_context: CallbackContext, llm_response: LlmResponse
     ) -> LlmResponse | None:
-        if llm_response.partial or self.run.stopped is not None:
-            # A streamed fragment (its usage comes with the whole response), or the
-            # guard's own answer for the model of a stopped run.
+        if (
+            llm_response.partial
+            or self.run.stopped is not None
+            or callback_context._invocation_context.live_request_queue is not None
+        ):
+            # A streamed fragment (its usage comes with the whole response), the guard's
+            # own answer for the model of a stopped run, or live mode (where ADK calls
+            # this to screen transcriptions, not once per model response).
             return None
         parts = llm_response.content.parts if llm_response.content else None
         calls = any(part.function_call is not None for part in parts or [])
