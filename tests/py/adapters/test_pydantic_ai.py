@@ -162,6 +162,20 @@ def drive(
     return outcome
 
 
+def assert_history_valid(messages: list[ModelMessage]) -> None:
+    """Every tool call id of the history is answered (a dangling one makes the provider
+    refuse the history when it is sent again)."""
+    asked = {c.tool_call_id for m in messages if isinstance(m, ModelResponse) for c in m.tool_calls}
+    answered = {
+        p.tool_call_id
+        for m in messages
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, ToolReturnPart)
+    }
+    assert asked <= answered, f"unanswered call ids: {asked - answered}"
+
+
 def contents(outcome: Outcome) -> list[str]:
     """Every tool result the model read, in order."""
     return [str(part.content) for part in outcome.script.returns().values()]
@@ -191,6 +205,8 @@ def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     blocked = returns[RUNAWAY_EXECUTIONS]
     assert str(blocked.content).startswith("fusebox blocked search"), blocked
     assert blocked.outcome == "failed", blocked
+    assert "fusebox stopped this run" in str(returns[-1].content)
+    assert_history_valid(history)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -301,3 +317,4 @@ def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
         if isinstance(part, ToolReturnPart) and part.outcome != "success"
     ]
     assert refused and all("fusebox" in str(p.content) for p in refused), refused
+    assert_history_valid(outcome.stopped.history)

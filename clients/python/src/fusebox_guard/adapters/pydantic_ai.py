@@ -31,11 +31,11 @@ Output tools (the run's final answer) are the framework's own and are not gated.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from pydantic_ai import Agent, ModelResponse, RunContext, ToolCallPart, ToolDefinition
+from pydantic_ai import Agent, ModelMessage, ModelResponse, RunContext, ToolCallPart, ToolDefinition
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.capabilities.abstract import (
     ValidatedToolArgs,
@@ -43,6 +43,7 @@ from pydantic_ai.capabilities.abstract import (
     WrapToolExecuteHandler,
 )
 from pydantic_ai.exceptions import ModelRetry, RunCancelled, ToolFailed
+from pydantic_ai.messages import ModelRequest, ModelRequestPart, ToolReturnPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_core import to_jsonable_python
@@ -51,7 +52,7 @@ from ..errors import FuseboxError, RunStopped
 from ..gate import Gate
 from ..run import Run
 from ..sync import SyncRun
-from ..types import Action, Effect, ResultKind, Usage
+from ..types import Action, Decision, Effect, ResultKind, Usage
 from ._common import Bridge, OpKeyFn, finish_run, is_stop, jsonable, report_failed
 
 
@@ -101,7 +102,7 @@ class FuseboxCapability(AbstractCapability[Any]):
         stopped = self.run.stop_decision
         if stopped is None:
             return err  # cancelled by someone else
-        return RunStopped(stopped.report, stopped, history=err.all_messages())
+        return RunStopped(stopped.report, stopped, history=_answered(err.all_messages(), stopped))
 
     async def wrap_run(
         self, ctx: RunContext[Any], *, handler: WrapRunHandler
@@ -207,6 +208,27 @@ def _refused(ctx: RunContext[Any], gate: Gate) -> Any:
     if gate.stopped:
         ctx.cancel()
     raise ToolFailed(gate.model_text or f"fusebox refused {gate.tool}.")
+
+
+def _answered(history: Sequence[ModelMessage], stop: Decision) -> list[ModelMessage]:
+    """The history with a result for every call of its last response: the calls the
+    cancellation caught before they were answered are answered with the stop (a
+    dangling call id makes the provider refuse the history when it is sent again)."""
+    messages = list(history)
+    last = messages[-1] if messages else None
+    if not isinstance(last, ModelResponse) or not last.tool_calls:
+        return messages
+    parts: list[ModelRequestPart] = [
+        ToolReturnPart(
+            tool_name=call.tool_name,
+            content=Gate(call.tool_call_id, call.tool_name, decision=stop).model_text,
+            tool_call_id=call.tool_call_id,
+            outcome="failed",
+        )
+        for call in last.tool_calls
+    ]
+    messages.append(ModelRequest(parts=parts))
+    return messages
 
 
 def _json(value: Any) -> Any:
