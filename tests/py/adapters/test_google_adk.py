@@ -124,6 +124,16 @@ class Outcome:
         texts = [p.text for e in self.events if e.content for p in e.content.parts or [] if p.text]
         return texts[-1] if texts else None
 
+    def assert_history_valid(self) -> None:
+        """Every function call of the invocation has a response for its id."""
+        asked = {
+            str(part.function_call.id)
+            for event in self.events
+            for part in (event.content.parts or [] if event.content else [])
+            if part.function_call is not None
+        }
+        assert asked <= set(self.answers()), f"unanswered call ids: {asked - set(self.answers())}"
+
     def answers(self) -> dict[str, dict[str, Any]]:
         """Every tool call's result in the invocation (what the model reads), by call id."""
         return {
@@ -215,6 +225,8 @@ def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     read = outcome.answers()
     assert read[f"call_{RUNAWAY_EXECUTIONS - 1}_0"]["fusebox_warning"]
     assert read[f"call_{RUNAWAY_EXECUTIONS}_0"]["error"].startswith("fusebox blocked search")
+    assert "fusebox stopped this run" in list(read.values())[-1]["error"]
+    outcome.assert_history_valid()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -311,6 +323,7 @@ def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
     assert log.count("search") == RUNAWAY_EXECUTIONS
     refused = [a for a in outcome.answers().values() if "error" in a]
     assert refused and all("fusebox" in a["error"] for a in refused), refused
+    outcome.assert_history_valid()
 
 
 def test_every_agent_of_a_multi_agent_app_is_gated_by_the_one_plugin(stack: Stack) -> None:
