@@ -151,11 +151,13 @@ def drive(
     log: ToolLog,
     *,
     run_id: str | None = None,
+    ledger_of: str | None = None,
     on_tool: Callable[[str], Callable[[int], None]] | None = None,
     fail_at: int | None = None,
     **connect: Any,
 ) -> Outcome:
-    """Runs the scenario's agent behind a run; its final text, or how it ended."""
+    """Runs the scenario's agent behind a run; its final text, or how it ended.
+    `ledger_of`: the run whose op_keys its side effects use (default: its own)."""
     run_id = run_id or fresh_run(f"adk-{mode}-{scenario}")
     model = ScriptedLlm(scenario=scenario, fail_at=fail_at)
     outcome = Outcome(run_id, model)
@@ -185,7 +187,7 @@ def drive(
 
     if mode == "sync":
         with SyncFusebox.connect(url, tenant=TENANT, **connect) as fb:
-            guard = FuseboxPlugin(fb.start_run(run_id), op_key=op_key_for(run_id))
+            guard = FuseboxPlugin(fb.start_run(run_id), op_key=op_key_for(ledger_of or run_id))
             runner, kwargs = runner_for(guard)
             asyncio.run(session(runner, kwargs))
             try:
@@ -197,7 +199,7 @@ def drive(
     async def main() -> None:
         async with await Fusebox.connect(url, tenant=TENANT, **connect) as afb:
             run = await afb.start_run(run_id)
-            guard = FuseboxPlugin(run, op_key=op_key_for(run_id))
+            guard = FuseboxPlugin(run, op_key=op_key_for(ledger_of or run_id))
             runner, kwargs = runner_for(guard)
             await session(runner, kwargs)
             try:
@@ -270,7 +272,9 @@ def test_side_effect_with_one_op_key_runs_once_across_a_retry_and_two_runs(
     run_id = fresh_run(f"adk-{mode}-email")
     first = drive(stack.nats_url, "retry_side_effect", mode, log, run_id=run_id)
     # The same op_keys from a second run (a restarted worker): the ledger outlives runs.
-    second = drive(stack.nats_url, "retry_side_effect", mode, log, run_id=f"{run_id}-again")
+    second = drive(
+        stack.nats_url, "retry_side_effect", mode, log, run_id=f"{run_id}-again", ledger_of=run_id
+    )
     assert first.text == second.text == "done"
     assert log.count("send_email") == 1
     # The retry was answered with the stored result, under its own call id.

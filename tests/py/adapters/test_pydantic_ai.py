@@ -117,11 +117,13 @@ def drive(
     log: ToolLog,
     *,
     run_id: str | None = None,
+    ledger_of: str | None = None,
     on_tool: Callable[[str], Callable[[int], None]] | None = None,
     usage_limits: UsageLimits | None = None,
     **connect: Any,
 ) -> Outcome:
-    """Runs the scenario's agent behind a run; what it answered, or how it ended."""
+    """Runs the scenario's agent behind a run; what it answered, or how it ended.
+    `ledger_of`: the run whose op_keys its side effects use (default: its own)."""
     run_id = run_id or fresh_run(f"pai-{mode}-{scenario}")
     script = Script(scenario)
     outcome = Outcome(run_id, script)
@@ -138,7 +140,7 @@ def drive(
 
     if mode == "sync":
         with SyncFusebox.connect(url, tenant=TENANT, **connect) as fb:
-            guard = FuseboxCapability(fb.start_run(run_id), op_key=op_key_for(run_id))
+            guard = FuseboxCapability(fb.start_run(run_id), op_key=op_key_for(ledger_of or run_id))
             try:
                 outcome.output = guard.run_agent_sync(
                     agent(guard), "go", usage_limits=usage_limits
@@ -150,7 +152,7 @@ def drive(
     async def main() -> None:
         async with await Fusebox.connect(url, tenant=TENANT, **connect) as afb:
             run = await afb.start_run(run_id)
-            guard = FuseboxCapability(run, op_key=op_key_for(run_id))
+            guard = FuseboxCapability(run, op_key=op_key_for(ledger_of or run_id))
             try:
                 result = await guard.run_agent(agent(guard), "go", usage_limits=usage_limits)
                 outcome.output = result.output
@@ -255,7 +257,9 @@ def test_side_effect_with_one_op_key_runs_once_across_a_retry_and_two_runs(
     run_id = fresh_run(f"pai-{mode}-email")
     first = drive(stack.nats_url, "retry_side_effect", mode, log, run_id=run_id)
     # The same op_keys from a second run (a restarted worker): the ledger outlives runs.
-    second = drive(stack.nats_url, "retry_side_effect", mode, log, run_id=f"{run_id}-again")
+    second = drive(
+        stack.nats_url, "retry_side_effect", mode, log, run_id=f"{run_id}-again", ledger_of=run_id
+    )
     assert first.output == second.output == "done"
     assert log.count("send_email") == 1
     # The retry was answered with the stored result, under its own call id, as a success.
