@@ -194,7 +194,8 @@ def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     report = outcome.stopped.report
     assert report is not None and report.state_name == "STOPPED_LOOP_GUARD"
     # The history up to the stop is kept: the warning with the last executed result,
-    # then the blocks' messages, as failed results (the retry budget is not spent).
+    # then the blocks' messages, as failed results. Not retries: a tool has 1 retry by
+    # default, so two blocks in a row would have ended the run with an error.
     history = outcome.stopped.history
     returns = [
         part

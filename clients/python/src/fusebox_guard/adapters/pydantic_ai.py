@@ -89,19 +89,26 @@ class FuseboxCapability(AbstractCapability[Any]):
         try:
             return await agent.run(*args, **kwargs)
         except RunCancelled as err:
-            raise self._stopped(err) from None
+            stop = self._stop_of(err)
+            if stop is None:
+                raise
+            raise stop from None
 
     def run_agent_sync(self, agent: Agent[Any, Any], *args: Any, **kwargs: Any) -> Any:
         """`agent.run_sync(...)`, the same way."""
         try:
             return agent.run_sync(*args, **kwargs)
         except RunCancelled as err:
-            raise self._stopped(err) from None
+            stop = self._stop_of(err)
+            if stop is None:
+                raise
+            raise stop from None
 
-    def _stopped(self, err: RunCancelled) -> Exception:
+    def _stop_of(self, err: RunCancelled) -> RunStopped | None:
+        """The guard's stop behind a cancellation (None: someone else cancelled)."""
         stopped = self.run.stop_decision
         if stopped is None:
-            return err  # cancelled by someone else
+            return None
         return RunStopped(stopped.report, stopped, history=_answered(err.all_messages(), stopped))
 
     async def wrap_run(
@@ -166,7 +173,7 @@ class FuseboxCapability(AbstractCapability[Any]):
         try:
             result = await handler(args)
         except (ModelRetry, ToolFailed) as err:
-            await self._report_error(call_id, tool, getattr(err, "message", str(err)))
+            await self._report_error(call_id, tool, err.message)
             raise
         except Exception as err:
             await self._report_error(call_id, tool, f"{type(err).__name__}: {err}")
