@@ -152,6 +152,7 @@ def drive(
     *,
     run_id: str | None = None,
     ledger_of: str | None = None,
+    policy: dict[str, Any] | None = None,
     on_tool: Callable[[str], Callable[[int], None]] | None = None,
     fail_at: int | None = None,
     **connect: Any,
@@ -187,7 +188,9 @@ def drive(
 
     if mode == "sync":
         with SyncFusebox.connect(url, tenant=TENANT, **connect) as fb:
-            guard = FuseboxPlugin(fb.start_run(run_id), op_key=op_key_for(ledger_of or run_id))
+            guard = FuseboxPlugin(
+                fb.start_run(run_id, policy=policy), op_key=op_key_for(ledger_of or run_id)
+            )
             runner, kwargs = runner_for(guard)
             asyncio.run(session(runner, kwargs))
             try:
@@ -198,7 +201,7 @@ def drive(
 
     async def main() -> None:
         async with await Fusebox.connect(url, tenant=TENANT, **connect) as afb:
-            run = await afb.start_run(run_id)
+            run = await afb.start_run(run_id, policy=policy)
             guard = FuseboxPlugin(run, op_key=op_key_for(ledger_of or run_id))
             runner, kwargs = runner_for(guard)
             await session(runner, kwargs)
@@ -356,3 +359,14 @@ def test_every_agent_of_a_multi_agent_app_is_gated_by_the_one_plugin(stack: Stac
     assert log.count("search") == RUNAWAY_EXECUTIONS
     assert stopped.report is not None and stopped.report.state_name == "STOPPED_LOOP_GUARD"
     assert len(root_model.seen) == 1  # the root was not asked again after the stop
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_usage_reaches_the_token_budget(stack: Stack, mode: str) -> None:
+    # 175 tokens a response: the third crosses 500, and its calls do not run.
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "pagination", mode, log, policy={"max_tokens": 500})
+    assert outcome.stopped is not None, outcome
+    assert outcome.stopped.report is not None
+    assert outcome.stopped.report.reason == "token_budget"
+    assert log.count("list_issues") == 2

@@ -118,6 +118,7 @@ def drive(
     *,
     run_id: str | None = None,
     ledger_of: str | None = None,
+    policy: dict[str, Any] | None = None,
     on_tool: Callable[[str], Callable[[int], None]] | None = None,
     usage_limits: UsageLimits | None = None,
     **connect: Any,
@@ -140,7 +141,9 @@ def drive(
 
     if mode == "sync":
         with SyncFusebox.connect(url, tenant=TENANT, **connect) as fb:
-            guard = FuseboxCapability(fb.start_run(run_id), op_key=op_key_for(ledger_of or run_id))
+            guard = FuseboxCapability(
+                fb.start_run(run_id, policy=policy), op_key=op_key_for(ledger_of or run_id)
+            )
             try:
                 outcome.output = guard.run_agent_sync(
                     agent(guard), "go", usage_limits=usage_limits
@@ -151,7 +154,7 @@ def drive(
 
     async def main() -> None:
         async with await Fusebox.connect(url, tenant=TENANT, **connect) as afb:
-            run = await afb.start_run(run_id)
+            run = await afb.start_run(run_id, policy=policy)
             guard = FuseboxCapability(run, op_key=op_key_for(ledger_of or run_id))
             try:
                 result = await guard.run_agent(agent(guard), "go", usage_limits=usage_limits)
@@ -323,3 +326,14 @@ def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
     ]
     assert refused and all("fusebox" in str(p.content) for p in refused), refused
     assert_history_valid(outcome.stopped.history)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_usage_reaches_the_token_budget(stack: Stack, mode: str) -> None:
+    # 175 tokens a response: the third crosses 500, and its calls do not run.
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "pagination", mode, log, policy={"max_tokens": 500})
+    assert outcome.stopped is not None, outcome
+    assert outcome.stopped.report is not None
+    assert outcome.stopped.report.reason == "token_budget"
+    assert log.count("list_issues") == 2
