@@ -5,6 +5,8 @@ really executed."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from support.guard import (
     RUNAWAY_EXECUTIONS,
     TENANT,
     ToolLog,
+    assert_closed,
     bare_nats,
     fresh_run,
     list_issues_output,
@@ -157,6 +160,17 @@ async def test_pagination_of_twelve_pages_finishes_untouched(stack: Stack, tmp_p
     assert isinstance(result, ResultMessage) and result.result == "done"
     assert guard.run.stopped is None
     assert not any("fusebox" in r.content for r in api.tool_results())
+    await asyncio.to_thread(assert_closed, stack, guard.run.id, "completed")
+
+
+async def test_an_agent_that_fails_closes_its_run_as_failed(stack: Stack, tmp_path: Path) -> None:
+    guard, api, log = await guarded(stack, "pagination", tmp_path)
+    opts = dataclasses.replace(options(api, tmp_path, make_server(log)), max_turns=2)
+    with api:
+        result = await guard.run_agent("list all issues", opts)
+    # The CLI ends a session out of turns with an error result, not an exception.
+    assert result is not None and result.is_error, result
+    await asyncio.to_thread(assert_closed, stack, guard.run.id, "failed: AgentFailed")
 
 
 async def test_side_effect_with_one_op_key_runs_once_across_a_retry(

@@ -26,6 +26,7 @@ from support.guard import (
     RUNAWAY_EXECUTIONS,
     TENANT,
     ToolLog,
+    assert_closed,
     bare_nats,
     fresh_run,
     fusebox_cancel,
@@ -181,7 +182,7 @@ def drive(
         try:
             run = fb.start_run(run_id, agent="triager")
             guard = FuseboxMiddleware(run, op_key=op_key_for(run_id))
-            state = build(guard).invoke(prompt, config)
+            state = guard.invoke(build(guard), prompt, config)
         finally:
             fb.close()
         return state, guard
@@ -190,7 +191,7 @@ def drive(
         async with await Fusebox.connect(url, tenant=TENANT, **connect) as afb:
             arun = await afb.start_run(run_id, agent="triager")
             guard = FuseboxMiddleware(arun, op_key=op_key_for(run_id))
-            state = await build(guard).ainvoke(prompt, config)
+            state = await guard.ainvoke(build(guard), prompt, config)
             await arun.close()
             return state, guard
 
@@ -240,6 +241,45 @@ def test_pagination_of_twelve_pages_finishes_untouched(stack: Stack, mode: str) 
     assert counters["model_turns"] == PAGES + 1
     assert counters["tokens"] == (PAGES + 1) * 175
     assert counters["steps"] == PAGES and counters["calls_refused"] == 0
+    assert_closed(stack, guard.run.id, "completed")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_hand_built_graph_closes_its_run_through_the_guards_invoke(
+    stack: Stack, mode: str
+) -> None:
+    log = ToolLog()
+    state, guard = drive(stack.nats_url, "pagination", mode, log, graph="tool_node")
+    assert state["messages"][-1].content == "done"
+    assert_closed(stack, guard.run.id, "completed")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_that_fails_closes_its_run_as_failed(stack: Stack, mode: str) -> None:
+    from langgraph.errors import GraphRecursionError
+
+    run_id = fresh_run(f"lc-{mode}-fails")
+    model = ScriptedChatModel(scenario="pagination")
+    prompt = {"messages": [HumanMessage("go")]}
+    # Too few graph steps for 12 pages: the graph raises before its end.
+    config = {"recursion_limit": 5}
+    if mode == "sync":
+        with SyncFusebox.connect(stack.nats_url, tenant=TENANT) as fb:
+            guard = FuseboxMiddleware(fb.start_run(run_id))
+            agent = create_agent(model, make_tools(ToolLog()), middleware=[guard])
+            with pytest.raises(GraphRecursionError):
+                guard.invoke(agent, prompt, config)
+    else:
+
+        async def main() -> None:
+            async with await Fusebox.connect(stack.nats_url, tenant=TENANT) as afb:
+                guard = FuseboxMiddleware(await afb.start_run(run_id))
+                agent = create_agent(model, make_tools(ToolLog()), middleware=[guard])
+                with pytest.raises(GraphRecursionError):
+                    await guard.ainvoke(agent, prompt, config)
+
+        asyncio.run(main())
+    assert_closed(stack, run_id, "failed: GraphRecursionError")
 
 
 @pytest.mark.parametrize("mode", MODES)

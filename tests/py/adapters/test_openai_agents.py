@@ -27,6 +27,7 @@ from support.guard import (
     RUNAWAY_EXECUTIONS,
     TENANT,
     ToolLog,
+    assert_closed,
     bare_nats,
     fresh_run,
     fusebox_cancel,
@@ -170,6 +171,19 @@ async def test_pagination_of_twelve_pages_finishes_untouched(stack: Stack) -> No
     assert counters["model_turns"] == PAGES + 1
     assert counters["tokens"] == (PAGES + 1) * 150
     assert counters["steps"] == PAGES and counters["calls_refused"] == 0
+    await asyncio.to_thread(assert_closed, stack, guard.run.id, "completed")
+    await fb.close()
+
+
+@pytest.mark.asyncio
+async def test_an_agent_that_fails_closes_its_run_as_failed(stack: Stack) -> None:
+    from agents.exceptions import MaxTurnsExceeded
+
+    fb, guard = await guarded(stack, "pagination")
+    agent = guard.protect(make_agent(scripted("pagination"), ToolLog()))
+    with pytest.raises(MaxTurnsExceeded):
+        await guard.run_agent(agent, "list all issues", max_turns=2)
+    await asyncio.to_thread(assert_closed, stack, guard.run.id, "failed: MaxTurnsExceeded")
     await fb.close()
 
 

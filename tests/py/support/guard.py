@@ -140,3 +140,13 @@ def run_status(stack: Stack, run: str) -> dict[str, Any]:
     )
     status: dict[str, Any] = json.loads(out.stdout.splitlines()[0])
     return status
+
+
+def assert_closed(stack: Stack, run: str, status: str = "completed") -> None:
+    """The run is closed in the daemon (not left `open` for its time budget to stop) by
+    the adapter's `run_finished`, whose status begins with `status`."""
+    reply = run_status(stack, run)
+    summary, report = reply["summary"], reply.get("report") or {}
+    assert summary["open"] is False, summary
+    assert summary["terminal_state"] == "COMPLETED", summary
+    assert str(report.get("detail", "")).startswith(status), report

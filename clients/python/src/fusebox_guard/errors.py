@@ -3,6 +3,9 @@ one that is absent and one that refused the event."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from .types import Decision, StopReport
 
 
@@ -68,8 +71,17 @@ class RunStopped(FuseboxError):
     """The guard stopped the run. Adapters raise it to end the framework's run; it
     carries the stop report an operator acts on."""
 
-    def __init__(self, report: StopReport | None, decision: Decision | None = None) -> None:
+    def __init__(
+        self,
+        report: StopReport | None,
+        decision: Decision | None = None,
+        *,
+        history: Sequence[Any] = (),
+    ) -> None:
         what = report.summary() if report is not None else "stopped"
         super().__init__(f"fusebox stopped the run: {what}")
         self.report = report
         self.decision = decision
+        #: The conversation up to the stop, where the framework hands it over (Pydantic
+        #: AI's messages: pass them as `message_history` to go on after a resume).
+        self.history = list(history)

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from ..errors import FuseboxError
+from ..errors import FuseboxError, RunStopped
 from ..run import Run
 from ..sync import SyncRun, await_on, run_on
 from ..types import Decision, Effect
@@ -16,6 +16,9 @@ from ..types import Decision, Effect
 T = TypeVar("T")
 
 log = logging.getLogger("fusebox_guard")
+
+#: The longest `run_finished` status sent: an error's text past it is cut.
+MAX_STATUS_CHARS = 500
 
 #: The business-operation identity of a side-effecting call, from the tool and its args.
 OpKeyFn = Callable[[str, Any], "str | None"]
@@ -39,6 +42,8 @@ class Bridge:
         self.run = as_run(run)
         self.op_key = op_key
         self.effects = dict(effects or {})
+        #: `run_finished` was sent (an adapter with two ways to end sends it once).
+        self.finished = False
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         return run_on(self.run.loop, coro)
@@ -86,3 +91,40 @@ def report_failed(what: str, err: FuseboxError) -> None:
 
 def is_stop(decision: Decision | None) -> bool:
     return decision is not None and decision.action.value == "stop"
+
+
+def finished_status(error: BaseException | None) -> str | None:
+    """The `run_finished` status of an agent that ended: `completed` on a final answer,
+    `failed: <error>` on an exception, None after the guard's own stop (the daemon closed
+    that run already)."""
+    if error is None:
+        return "completed"
+    if isinstance(error, RunStopped):
+        return None
+    return f"failed: {type(error).__name__}: {error}"[:MAX_STATUS_CHARS]
+
+
+async def finish_run(bridge: Bridge, error: BaseException | None = None) -> None:
+    """Closes the run as the agent ended (issue: an open run is later stopped by its
+    time budget, a false `time_budget` stop). Never raises for the guard's sake: the
+    agent's own answer or error is what the caller gets."""
+    status = finished_status(error)
+    if status is None or bridge.finished or bridge.run.stopped is not None:
+        return
+    bridge.finished = True
+    try:
+        await bridge.acall(bridge.run.finish(status))
+    except FuseboxError as err:
+        report_failed("run_finished", err)
+
+
+def finish_run_sync(bridge: Bridge, error: BaseException | None = None) -> None:
+    """`finish_run` from sync code."""
+    status = finished_status(error)
+    if status is None or bridge.finished or bridge.run.stopped is not None:
+        return
+    bridge.finished = True
+    try:
+        bridge.call(bridge.run.finish(status))
+    except FuseboxError as err:
+        report_failed("run_finished", err)

@@ -23,6 +23,9 @@ or, in one call, `await guard.run_agent("fix the failing test", options)` (raise
   ends the session the same way (`continue: false` + interrupt: the SDK has been seen
   to ignore `continue: false` from PostToolUse).
 - `PreCompact`: `compaction`.
+- `run_agent` closes the run as the agent ends: `run_finished` completed on a result,
+  failed (with the error) on an exception or an error result that is not the guard's
+  own stop.
 - `observe(message)`: each model response's usage → `model_turn`; each result message's
   cost since the previous one → a `model_turn` carrying `cost_usd`. A stop learned there
   (a budget, or `fusebox cancel` on the kill switch) interrupts the client.
@@ -56,7 +59,7 @@ from ..gate import Gate
 from ..run import Run
 from ..sync import SyncRun
 from ..types import Decision, Effect, ResultKind, Usage
-from ._common import Bridge, OpKeyFn, is_stop, jsonable, log, report_failed
+from ._common import Bridge, OpKeyFn, finish_run, is_stop, jsonable, log, report_failed
 
 #: How much longer the SDK waits for a hook than the guard's own deadline: room for the
 #: answer to travel back before the SDK would give up and run the tool.
@@ -139,21 +142,33 @@ class ClaudeAgentGuard:
                 await self._watcher
             self._watcher = None
 
-    async def run_agent(self, prompt: str, options: ClaudeAgentOptions) -> ResultMessage | None:
+    async def run_agent(
+        self, prompt: str, options: ClaudeAgentOptions, *, finish: bool = True
+    ) -> ResultMessage | None:
         """Runs `prompt` to its result with the guard in place; raises `RunStopped` when
-        the guard ended the run. Returns the result message."""
+        the guard ended the run. Returns the result message. The run is closed as the
+        agent ends (`run_finished`: completed, or failed with the error or the result's
+        error) unless `finish=False` (more queries to come in the same run)."""
         result: ResultMessage | None = None
-        async with ClaudeSDKClient(self.protect(options)) as client:
-            self.attach(client)
-            try:
-                await client.query(prompt)
-                async for message in client.receive_response():
-                    await self.observe(message)
-                    if isinstance(message, ResultMessage):
-                        result = message
-            finally:
-                await self.detach()
-        self.run.raise_if_stopped()
+        try:
+            async with ClaudeSDKClient(self.protect(options)) as client:
+                self.attach(client)
+                try:
+                    await client.query(prompt)
+                    async for message in client.receive_response():
+                        await self.observe(message)
+                        if isinstance(message, ResultMessage):
+                            result = message
+                finally:
+                    await self.detach()
+            self.run.raise_if_stopped()
+        except Exception as err:
+            if finish:
+                await finish_run(self._bridge, err)
+            raise
+        if finish:
+            failed = AgentFailed(result) if result is not None and result.is_error else None
+            await finish_run(self._bridge, failed)
         return result
 
     # --- messages --------------------------------------------------------------------
@@ -301,6 +316,15 @@ class ClaudeAgentGuard:
         await self._bridge.acall(self.run.wait_stopped())
         if self.run.stopped is not None:
             self._interrupt()
+
+
+class AgentFailed(Exception):
+    """The session ended with an error result (`is_error`): how the run is closed."""
+
+    def __init__(self, result: ResultMessage) -> None:
+        errors = "; ".join(result.errors or []) if result.errors else None
+        super().__init__(errors or result.result or result.subtype)
+        self.result = result
 
 
 def _output(answer: dict[str, Any]) -> HookJSONOutput:

@@ -18,6 +18,10 @@ tool call gated by fuseboxd, sync and async (neither path delegates to the other
   state's `fusebox_stop`) and `before_model` jumps to the end before the model is called
   again. The kill switch (`fusebox cancel`) ends it the same way at the next step.
 - `after_model`: the last AI message's `usage_metadata` → `model_turn`.
+- `after_agent`: the agent reached its end without a stop → `run_finished` completed.
+  `guard.invoke(graph, …)` / `await guard.ainvoke(graph, …)` close the run as it ends
+  for any graph (a hand-built one has no `after_agent`): completed, or failed with the
+  error when the graph raises.
 - `GuardedSummarization`: the summarization middleware, reporting each summary as a
   `compaction`.
 """
@@ -44,7 +48,7 @@ from ..gate import Gate
 from ..run import Run
 from ..sync import SyncRun
 from ..types import Action, Effect, ResultKind, StopReport, Usage
-from ._common import Bridge, OpKeyFn, jsonable, report_failed
+from ._common import Bridge, OpKeyFn, finish_run, finish_run_sync, jsonable, report_failed
 
 STOP_KEY = "fusebox_stop"
 
@@ -68,9 +72,14 @@ class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
         *,
         op_key: OpKeyFn | None = None,
         effects: Mapping[str, Effect | str] | None = None,
+        finish: bool = True,
     ) -> None:
+        """`finish=False` keeps the run open when the agent ends (a conversation that
+        goes on in the same run, e.g. with a checkpointer): close it with
+        `run.finish()` yourself."""
         super().__init__()
         self._bridge = Bridge(run, op_key=op_key, effects=effects)
+        self.finish = finish
 
     @property
     def run(self) -> Run:
@@ -107,6 +116,46 @@ class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
             except FuseboxError as err:
                 report_failed("model turn", err)
         return None
+
+    # --- the end of the agent --------------------------------------------------------
+
+    def after_agent(self, state: FuseboxState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        if self.finish:
+            finish_run_sync(self._bridge)
+        return None
+
+    async def aafter_agent(
+        self, state: FuseboxState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        if self.finish:
+            await finish_run(self._bridge)
+        return None
+
+    def invoke(self, agent: Any, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        """`agent.invoke(...)` that closes the run as it ends: completed (what
+        `after_agent` does for `create_agent`; a hand-built graph has no such hook), or
+        failed with the error when the graph raises."""
+        try:
+            state = agent.invoke(input, config, **kwargs)
+        except Exception as err:
+            if self.finish:
+                finish_run_sync(self._bridge, err)
+            raise
+        if self.finish:
+            finish_run_sync(self._bridge)
+        return state
+
+    async def ainvoke(self, agent: Any, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        """`await agent.ainvoke(...)`, closing the run the same way."""
+        try:
+            state = await agent.ainvoke(input, config, **kwargs)
+        except Exception as err:
+            if self.finish:
+                await finish_run(self._bridge, err)
+            raise
+        if self.finish:
+            await finish_run(self._bridge)
+        return state
 
     def _end_if_stopped(self) -> dict[str, Any] | None:
         report = self.run.stopped

@@ -14,6 +14,8 @@ gated by fuseboxd.
   model reads; a `stop` answer to the result ends the run the same way.
 - Run hooks: each model response's usage → `model_turn`; a run stopped meanwhile (a
   `fusebox cancel`, a budget) ends before the next model call.
+- `run_agent` closes the run as the agent ends: `run_finished` completed on a final
+  answer, failed (with the error) on an exception that is not the guard's own stop.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from ..gate import Gate
 from ..run import Run
 from ..sync import SyncRun
 from ..types import Effect, ResultKind, Usage
-from ._common import Bridge, OpKeyFn, is_stop, jsonable, parse_args, report_failed
+from ._common import Bridge, OpKeyFn, finish_run, is_stop, jsonable, parse_args, report_failed
 
 
 class OpenAIAgentsGuard:
@@ -97,17 +99,29 @@ class OpenAIAgentsGuard:
                 self._protect(handoff, seen)
 
     async def run_agent(
-        self, agent: Agent[Any], input: str | list[TResponseInputItem], **kwargs: Any
+        self,
+        agent: Agent[Any],
+        input: str | list[TResponseInputItem],
+        *,
+        finish: bool = True,
+        **kwargs: Any,
     ) -> RunResult:
-        """`Runner.run` with the guard's hooks; a stop comes out as `RunStopped`."""
+        """`Runner.run` with the guard's hooks; a stop comes out as `RunStopped`. The run
+        is closed as the agent ends (`run_finished`: completed, or failed with the
+        error) unless `finish=False` (a conversation that goes on in the same run)."""
         kwargs.setdefault("hooks", self.hooks)
         try:
-            return await Runner.run(agent, input, **kwargs)
-        except (ToolInputGuardrailTripwireTriggered, ToolOutputGuardrailTripwireTriggered) as err:
-            info = err.output.output_info
-            if isinstance(info, RunStopped):
-                raise info from None
+            result = await Runner.run(agent, input, **kwargs)
+        except Exception as err:
+            stop = _stop_of(err)
+            if stop is not None:
+                raise stop from None
+            if finish:
+                await finish_run(self._bridge, err)
             raise
+        if finish:
+            await finish_run(self._bridge)
+        return result
 
     # --- guardrails --------------------------------------------------------------------
 
@@ -187,6 +201,15 @@ class _FuseboxHooks(RunHooks[Any]):
             )
         except FuseboxError as err:
             report_failed("model turn", err)
+
+
+def _stop_of(err: Exception) -> RunStopped | None:
+    """The guard's stop inside the tripwire the SDK raised for it, if that is what it is."""
+    if isinstance(err, ToolInputGuardrailTripwireTriggered | ToolOutputGuardrailTripwireTriggered):
+        info = err.output.output_info
+        if isinstance(info, RunStopped):
+            return info
+    return None
 
 
 def _with(guardrails: list[Any] | None, guardrail: Any) -> list[Any]:

@@ -1,0 +1,260 @@
+"""Pydantic AI (`pydantic-ai-slim` 2.66): every function tool call of an agent gated by
+fuseboxd, as a capability.
+
+    guard = FuseboxCapability(run)
+    agent = Agent(model, tools=[search], capabilities=[guard])
+    result = await guard.run_agent(agent, "find the weather")   # or guard.run_agent_sync(...)
+    # RunStopped on a stop, with the conversation so far in `.history`
+
+- `wrap_tool_execute` asks the gate before the tool runs. `block` (and the guard
+  unreachable, unless `gate_on_error=allow`) answers the call with the guard's message
+  as a failed tool result (`ToolFailed`: the model reads it, the tool's retry budget is
+  not spent); `use_completed_result` returns the stored result; `warn` runs the tool
+  and adds the message to what the model reads; `stop` answers the call the same way
+  and cancels the run (`ctx.cancel()`: what completed stays in its history). Parallel
+  calls are each gated; once the run is stopped the rest are refused without a round
+  trip.
+- The tool's result, or its error (RETRYABLE, no wait), is reported as `tool_result`.
+- `after_model_request`: each model response's usage → `model_turn`; a stop answered
+  there (a budget) cancels the run before its tools run. `before_model_request`: a run
+  stopped meanwhile (`fusebox cancel`, the kill switch) is cancelled before the model
+  is asked again.
+- `wrap_run`: a run that ends is closed (`run_finished`: completed, or failed with the
+  error, a cancellation too) unless `finish=False` (a conversation that goes on in the
+  same fusebox run). `run_agent` / `run_agent_sync` are `agent.run` / `agent.run_sync`
+  with the guard's cancellation raised as `RunStopped`; called directly, `agent.run`
+  raises Pydantic AI's `RunCancelled` on a stop (the same history in `all_messages()`).
+
+Output tools (the run's final answer) are the framework's own and are not gated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
+
+from pydantic_ai import Agent, ModelMessage, ModelResponse, RunContext, ToolCallPart, ToolDefinition
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities.abstract import (
+    ValidatedToolArgs,
+    WrapRunHandler,
+    WrapToolExecuteHandler,
+)
+from pydantic_ai.exceptions import ModelRetry, RunCancelled, ToolFailed
+from pydantic_ai.messages import ModelRequest, ModelRequestPart, ToolReturnPart
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.run import AgentRunResult
+from pydantic_core import to_jsonable_python
+
+from ..errors import FuseboxError, RunStopped
+from ..gate import Gate
+from ..run import Run
+from ..sync import SyncRun
+from ..types import Action, Decision, Effect, ResultKind, Usage
+from ._common import Bridge, OpKeyFn, finish_run, is_stop, jsonable, report_failed
+
+
+@dataclass
+class FuseboxCapability(AbstractCapability[Any]):
+    """The capability that puts one `Run` behind fuseboxd."""
+
+    run_handle: Run | SyncRun
+    _: KW_ONLY
+    op_key: OpKeyFn | None = None
+    effects: Mapping[str, Effect | str] | None = None
+    #: Close the run (`run_finished`) when the agent run ends.
+    finish: bool = True
+    id: str | None = "fusebox"
+    _bridge: Bridge = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._bridge = Bridge(self.run_handle, op_key=self.op_key, effects=self.effects)
+
+    @classmethod
+    def get_serialization_name(cls) -> str | None:
+        # Holds a live connection: not something an agent spec can name.
+        return None
+
+    @property
+    def run(self) -> Run:
+        return self._bridge.run
+
+    # --- the run -----------------------------------------------------------------------
+
+    async def run_agent(self, agent: Agent[Any, Any], *args: Any, **kwargs: Any) -> Any:
+        """`await agent.run(...)` with the guard's stop as `RunStopped` (its `history`:
+        the messages so far); `agent.run` itself raises Pydantic AI's `RunCancelled`."""
+        try:
+            return await agent.run(*args, **kwargs)
+        except RunCancelled as err:
+            stop = self._stop_of(err)
+            if stop is None:
+                raise
+            raise stop from None
+
+    def run_agent_sync(self, agent: Agent[Any, Any], *args: Any, **kwargs: Any) -> Any:
+        """`agent.run_sync(...)`, the same way."""
+        try:
+            return agent.run_sync(*args, **kwargs)
+        except RunCancelled as err:
+            stop = self._stop_of(err)
+            if stop is None:
+                raise
+            raise stop from None
+
+    def _stop_of(self, err: RunCancelled) -> RunStopped | None:
+        """The guard's stop behind a cancellation (None: someone else cancelled)."""
+        stopped = self.run.stop_decision
+        if stopped is None:
+            return None
+        return RunStopped(stopped.report, stopped, history=_answered(err.all_messages(), stopped))
+
+    async def wrap_run(
+        self, ctx: RunContext[Any], *, handler: WrapRunHandler
+    ) -> AgentRunResult[Any]:
+        """Closes the run as the agent run ends (the guard's own stop closed it already)."""
+        try:
+            result = await handler()
+        except (Exception, asyncio.CancelledError) as err:
+            if self.finish:
+                await finish_run(self._bridge, err)
+            raise
+        if self.finish:
+            await finish_run(self._bridge)
+        return result
+
+    # --- the model ---------------------------------------------------------------------
+
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        if self.run.stopped is not None:
+            ctx.cancel()
+        return request_context
+
+    async def after_model_request(
+        self,
+        ctx: RunContext[Any],
+        *,
+        request_context: ModelRequestContext,
+        response: ModelResponse,
+    ) -> ModelResponse:
+        calls = any(isinstance(part, ToolCallPart) for part in response.parts)
+        try:
+            decision = await self._bridge.acall(
+                self.run.model_turn("tool_use" if calls else "end_turn", usage=_usage(response))
+            )
+        except FuseboxError as err:
+            report_failed("model turn", err)
+            decision = None
+        if is_stop(decision):
+            ctx.cancel()
+        return response
+
+    # --- the tools ---------------------------------------------------------------------
+
+    async def wrap_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: ValidatedToolArgs,
+        handler: WrapToolExecuteHandler,
+    ) -> Any:
+        tool, call_id = call.tool_name, call.tool_call_id
+        gate = await self._bridge.acall(
+            self.run.tool_call(tool, args, call_id=call_id, **self._bridge.call_fields(tool, args))
+        )
+        if not gate.may_run:
+            return _refused(ctx, gate)
+        try:
+            result = await handler(args)
+        except (ModelRetry, ToolFailed) as err:
+            await self._report_error(call_id, tool, err.message)
+            raise
+        except Exception as err:
+            await self._report_error(call_id, tool, f"{type(err).__name__}: {err}")
+            raise
+        try:
+            decision = await self._bridge.acall(
+                self.run.tool_result(call_id, tool, ResultKind.SUCCESS, output=_json(result))
+            )
+        except FuseboxError as err:
+            report_failed(f"result of {tool} ({call_id})", err)
+            decision = None
+        if is_stop(decision):
+            ctx.cancel()
+        return gate.reads(result) if gate.warning else result
+
+    async def _report_error(self, call_id: str, tool: str, error: str) -> None:
+        """A tool that failed: RETRYABLE with no wait, so repetition counts and an
+        edit-and-retry is not refused."""
+        try:
+            await self._bridge.acall(
+                self.run.tool_result(
+                    call_id,
+                    tool,
+                    ResultKind.RETRYABLE,
+                    code="tool_error",
+                    retry_after_ms=0,
+                    output=error,
+                )
+            )
+        except FuseboxError as err:
+            report_failed(f"error of {tool} ({call_id})", err)
+
+
+def _refused(ctx: RunContext[Any], gate: Gate) -> Any:
+    """What a call that did not run answers: the stored result, or the guard's words as
+    a failed result (a result for its call id either way)."""
+    if gate.action is Action.USE_COMPLETED_RESULT:
+        return gate.completed_result
+    if gate.stopped:
+        ctx.cancel()
+    raise ToolFailed(gate.model_text or f"fusebox refused {gate.tool}.")
+
+
+def _answered(history: Sequence[ModelMessage], stop: Decision) -> list[ModelMessage]:
+    """The history with a result for every call of its last response: the calls the
+    cancellation caught before they were answered are answered with the stop (a
+    dangling call id makes the provider refuse the history when it is sent again)."""
+    messages = list(history)
+    last = messages[-1] if messages else None
+    if not isinstance(last, ModelResponse) or not last.tool_calls:
+        return messages
+    parts: list[ModelRequestPart] = [
+        ToolReturnPart(
+            tool_name=call.tool_name,
+            content=Gate(call.tool_call_id, call.tool_name, decision=stop).model_text,
+            tool_call_id=call.tool_call_id,
+            outcome="failed",
+        )
+        for call in last.tool_calls
+    ]
+    messages.append(ModelRequest(parts=parts))
+    return messages
+
+
+def _json(value: Any) -> Any:
+    try:
+        return to_jsonable_python(value)
+    except Exception:
+        return jsonable(value)
+
+
+def _usage(response: ModelResponse) -> Usage:
+    usage = response.usage
+    cache_read, cache_write = usage.cache_read_tokens, usage.cache_write_tokens
+    # Pydantic AI's input_tokens include the cached ones; the contract sums them apart.
+    return Usage(
+        input_tokens=max(usage.input_tokens - cache_read - cache_write, 0),
+        output_tokens=usage.output_tokens,
+        cache_read_input_tokens=cache_read or None,
+        cache_creation_input_tokens=cache_write or None,
+    )
+
+
+__all__ = ["FuseboxCapability"]

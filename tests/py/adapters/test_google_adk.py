@@ -1,0 +1,372 @@
+"""The Google ADK plugin, with the real package (google-adk 2.13), a `BaseLlm` subclass
+that replays the shared script (no LLM, no network), a real nats-server and fuseboxd;
+every scenario through ADK's async runner (`run_async`) and its sync one (`run`)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from fusebox_guard import Fusebox, GateOnError, RunStopped, SyncFusebox
+from fusebox_guard.adapters.google_adk import FuseboxPlugin
+from google.adk.agents import LlmAgent
+from google.adk.apps import App
+from google.adk.events.event import Event
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import InMemoryRunner
+from google.adk.tools.function_tool import FunctionTool
+from google.genai import types
+from pydantic import Field
+from support.guard import (
+    PAGES,
+    RUNAWAY_EXECUTIONS,
+    TENANT,
+    ToolLog,
+    assert_closed,
+    bare_nats,
+    fresh_run,
+    fusebox_cancel,
+    list_issues_output,
+    open_page_output,
+    run_status,
+    search_output,
+    send_email_output,
+)
+from support.scenarios import next_calls, op_key_for
+from support.stack import Stack
+
+MODES = ["sync", "async"]
+_ids = itertools.count()
+
+
+class ScriptedLlm(BaseLlm):
+    """Answers from `support.scenarios`: turn N = the model turns in the request.
+    150 prompt tokens (100 of them cached) and 25 output per response: 175 in all."""
+
+    model: str = "scripted"
+    scenario: str
+    seen: list[LlmRequest] = Field(default_factory=list)
+    fail_at: int | None = None
+    #: Hand the task to this sub-agent first (`transfer_to_agent`), then play nothing.
+    delegate_to: str | None = None
+
+    async def generate_content_async(
+        self, llm_request: LlmRequest, stream: bool = False
+    ) -> AsyncGenerator[LlmResponse, None]:
+        self.seen.append(llm_request)
+        # Its own turns: a sub-agent's request also holds the other agents' turns.
+        turn = len(self.seen) - 1
+        if turn == self.fail_at:
+            raise RuntimeError("the model is gone")
+        calls = next_calls(self.scenario, turn)
+        if self.delegate_to is not None:
+            calls = [("transfer_to_agent", {"agent_name": self.delegate_to})] if turn == 0 else None
+        if calls is None:
+            parts = [types.Part(text="done")]
+        else:
+            parts = [
+                types.Part(
+                    function_call=types.FunctionCall(id=f"call_{turn}_{k}", name=name, args=args)
+                )
+                for k, (name, args) in enumerate(calls)
+            ]
+        usage = types.GenerateContentResponseUsageMetadata(
+            prompt_token_count=150, candidates_token_count=25, cached_content_token_count=100
+        )
+        yield LlmResponse(content=types.Content(role="model", parts=parts), usage_metadata=usage)
+
+
+def make_tools(log: ToolLog, on_tool: Callable[[int], None] | None = None) -> list[FunctionTool]:
+    def ran(name: str, arg: Any) -> None:
+        log.calls.append((name, arg))
+        if on_tool is not None:
+            on_tool(len(log.calls))
+
+    def search(query: str) -> dict[str, Any]:
+        """Search the web."""
+        ran("search", query)
+        return search_output(query)
+
+    def open_page(url: str) -> dict[str, Any]:
+        """Open a page."""
+        ran("open_page", url)
+        return open_page_output(url)
+
+    def list_issues(page: int) -> dict[str, Any]:
+        """List one page of issues."""
+        ran("list_issues", page)
+        return list_issues_output(page)
+
+    def send_email(to: str, incident: str) -> dict[str, Any]:
+        """Notify someone about an incident."""
+        ran("send_email", to)
+        return send_email_output(to)
+
+    return [FunctionTool(f) for f in (search, open_page, list_issues, send_email)]
+
+
+@dataclass
+class Outcome:
+    run_id: str
+    model: ScriptedLlm
+    events: list[Event] = field(default_factory=list)
+    stopped: RunStopped | None = None
+    error: Exception | None = None
+
+    @property
+    def text(self) -> str | None:
+        texts = [p.text for e in self.events if e.content for p in e.content.parts or [] if p.text]
+        return texts[-1] if texts else None
+
+    def assert_history_valid(self) -> None:
+        """Every function call of the invocation has a response for its id."""
+        asked = {
+            str(part.function_call.id)
+            for event in self.events
+            for part in (event.content.parts or [] if event.content else [])
+            if part.function_call is not None
+        }
+        assert asked <= set(self.answers()), f"unanswered call ids: {asked - set(self.answers())}"
+
+    def answers(self) -> dict[str, dict[str, Any]]:
+        """Every tool call's result in the invocation (what the model reads), by call id."""
+        return {
+            str(part.function_response.id): dict(part.function_response.response or {})
+            for event in self.events
+            for part in (event.content.parts or [] if event.content else [])
+            if part.function_response is not None
+        }
+
+
+def drive(
+    url: str,
+    scenario: str,
+    mode: str,
+    log: ToolLog,
+    *,
+    run_id: str | None = None,
+    ledger_of: str | None = None,
+    policy: dict[str, Any] | None = None,
+    on_tool: Callable[[str], Callable[[int], None]] | None = None,
+    fail_at: int | None = None,
+    **connect: Any,
+) -> Outcome:
+    """Runs the scenario's agent behind a run; its final text, or how it ended.
+    `ledger_of`: the run whose op_keys its side effects use (default: its own)."""
+    run_id = run_id or fresh_run(f"adk-{mode}-{scenario}")
+    model = ScriptedLlm(scenario=scenario, fail_at=fail_at)
+    outcome = Outcome(run_id, model)
+    agent = LlmAgent(
+        name="researcher", model=model, tools=list(make_tools(log, on_tool and on_tool(run_id)))
+    )
+    message = types.Content(role="user", parts=[types.Part(text="go")])
+
+    def runner_for(guard: FuseboxPlugin) -> tuple[InMemoryRunner, dict[str, Any]]:
+        app = App(name="fusebox_test", root_agent=agent, plugins=[guard])
+        runner = InMemoryRunner(app=app)
+        session = f"s{next(_ids)}"
+        kwargs = {"user_id": "u", "session_id": session, "new_message": message}
+        return runner, kwargs
+
+    def ended(err: Exception) -> None:
+        if isinstance(err, RunStopped):
+            outcome.stopped = err
+            outcome.events = list(err.history)
+        else:
+            outcome.error = err
+
+    async def session(runner: InMemoryRunner, kwargs: dict[str, Any]) -> None:
+        await runner.session_service.create_session(
+            app_name="fusebox_test", user_id="u", session_id=kwargs["session_id"]
+        )
+
+    if mode == "sync":
+        with SyncFusebox.connect(url, tenant=TENANT, **connect) as fb:
+            guard = FuseboxPlugin(
+                fb.start_run(run_id, policy=policy), op_key=op_key_for(ledger_of or run_id)
+            )
+            runner, kwargs = runner_for(guard)
+            asyncio.run(session(runner, kwargs))
+            try:
+                outcome.events = guard.run_sync(runner, **kwargs)
+            except Exception as err:
+                ended(err)
+        return outcome
+
+    async def main() -> None:
+        async with await Fusebox.connect(url, tenant=TENANT, **connect) as afb:
+            run = await afb.start_run(run_id, policy=policy)
+            guard = FuseboxPlugin(run, op_key=op_key_for(ledger_of or run_id))
+            runner, kwargs = runner_for(guard)
+            await session(runner, kwargs)
+            try:
+                outcome.events = await guard.run_async(runner, **kwargs)
+            except Exception as err:
+                ended(err)
+            await run.close()
+
+    asyncio.run(main())
+    return outcome
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
+    stack: Stack, mode: str
+) -> None:
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "runaway", mode, log)
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    assert outcome.stopped is not None, outcome
+    report = outcome.stopped.report
+    assert report is not None and report.state_name == "STOPPED_LOOP_GUARD"
+    # What the model read: the warning beside the last executed result, then the
+    # blocks' messages as the refused calls' results.
+    read = outcome.answers()
+    assert read[f"call_{RUNAWAY_EXECUTIONS - 1}_0"]["fusebox_warning"]
+    assert read[f"call_{RUNAWAY_EXECUTIONS}_0"]["error"].startswith("fusebox blocked search")
+    assert "fusebox stopped this run" in list(read.values())[-1]["error"]
+    outcome.assert_history_valid()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ping_pong_is_stopped(stack: Stack, mode: str) -> None:
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "ping_pong", mode, log)
+    assert outcome.stopped is not None, outcome
+    assert outcome.stopped.report is not None
+    assert "ping_pong" in " ".join(outcome.stopped.report.fired_guards)
+    assert len(log.calls) < 12
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pagination_of_twelve_pages_finishes_untouched_and_closes_its_run(
+    stack: Stack, mode: str
+) -> None:
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "pagination", mode, log)
+    assert outcome.text == "done", outcome
+    assert [a for t, a in log.calls if t == "list_issues"] == list(range(1, PAGES + 1))
+    assert all("fusebox" not in str(answer) for answer in outcome.answers().values())
+    counters = run_status(stack, outcome.run_id)["counters"]
+    assert counters["model_turns"] == PAGES + 1
+    assert counters["tokens"] == (PAGES + 1) * 175
+    assert counters["steps"] == PAGES and counters["calls_refused"] == 0
+    assert_closed(stack, outcome.run_id, "completed")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_that_fails_closes_its_run_as_failed(stack: Stack, mode: str) -> None:
+    outcome = drive(stack.nats_url, "pagination", mode, ToolLog(), fail_at=2)
+    assert isinstance(outcome.error, RuntimeError), outcome
+    assert_closed(stack, outcome.run_id, "failed: RuntimeError: the model is gone")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_side_effect_with_one_op_key_runs_once_across_a_retry_and_two_runs(
+    stack: Stack, mode: str
+) -> None:
+    log = ToolLog()
+    run_id = fresh_run(f"adk-{mode}-email")
+    first = drive(stack.nats_url, "retry_side_effect", mode, log, run_id=run_id)
+    # The same op_keys from a second run (a restarted worker): the ledger outlives runs.
+    second = drive(
+        stack.nats_url, "retry_side_effect", mode, log, run_id=f"{run_id}-again", ledger_of=run_id
+    )
+    assert first.text == second.text == "done"
+    assert log.count("send_email") == 1
+    # The retry was answered with the stored result, under its own call id.
+    for outcome in (first, second):
+        assert outcome.answers()["call_1_0"] == send_email_output("oncall@example.com")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
+    stack: Stack, mode: str
+) -> None:
+    def cancel_on_third(run_id: str) -> Callable[[int], None]:
+        def on_tool(executions: int) -> None:
+            if executions == 3:
+                fusebox_cancel(stack, run_id)
+
+        return on_tool
+
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "pagination", mode, log, on_tool=cancel_on_third)
+    assert log.count("list_issues") == 3
+    assert outcome.stopped is not None, outcome
+    report = outcome.stopped.report
+    assert report is not None and report.state_name == "CANCELLED"
+
+
+@pytest.mark.parametrize("policy", [GateOnError.DENY, GateOnError.ALLOW])
+@pytest.mark.parametrize("mode", MODES)
+def test_daemon_down(mode: str, policy: GateOnError) -> None:
+    log = ToolLog()
+    with bare_nats() as url:
+        outcome = drive(url, "one_search", mode, log, gate_on_error=policy, timeout_s=0.5)
+    assert outcome.text == "done", outcome
+    answer = outcome.answers()["call_0_0"]
+    if policy is GateOnError.DENY:
+        assert log.count("search") == 0
+        assert "no fuseboxd is listening" in answer["error"]
+    else:
+        assert log.count("search") == 1
+        assert answer == search_output("weather tokyo")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
+    stack: Stack, mode: str
+) -> None:
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "parallel_runaway", mode, log)
+    assert outcome.stopped is not None, outcome
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    refused = [a for a in outcome.answers().values() if "error" in a]
+    assert refused and all("fusebox" in a["error"] for a in refused), refused
+    outcome.assert_history_valid()
+
+
+def test_every_agent_of_a_multi_agent_app_is_gated_by_the_one_plugin(stack: Stack) -> None:
+    """The root agent hands the task to a sub-agent, which runs away: the runner's plugin
+    gates the sub-agent's calls too, and the stop ends the whole invocation."""
+    log = ToolLog()
+    worker_model = ScriptedLlm(scenario="runaway")
+    worker = LlmAgent(name="worker", model=worker_model, tools=list(make_tools(log)))
+    root_model = ScriptedLlm(scenario="runaway", delegate_to="worker")
+    root = LlmAgent(name="root", model=root_model, sub_agents=[worker])
+
+    async def main() -> RunStopped:
+        async with await Fusebox.connect(stack.nats_url, tenant=TENANT) as fb:
+            guard = FuseboxPlugin(await fb.start_run(fresh_run("adk-multi")))
+            app = App(name="fusebox_test", root_agent=root, plugins=[guard])
+            runner = InMemoryRunner(app=app)
+            await runner.session_service.create_session(
+                app_name="fusebox_test", user_id="u", session_id="multi"
+            )
+            message = types.Content(role="user", parts=[types.Part(text="go")])
+            with pytest.raises(RunStopped) as stopped:
+                await guard.run_async(runner, user_id="u", session_id="multi", new_message=message)
+            return stopped.value
+
+    stopped = asyncio.run(main())
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    assert stopped.report is not None and stopped.report.state_name == "STOPPED_LOOP_GUARD"
+    assert len(root_model.seen) == 1  # the root was not asked again after the stop
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_usage_reaches_the_token_budget(stack: Stack, mode: str) -> None:
+    # 175 tokens a response: the third crosses 500, and its calls do not run.
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "pagination", mode, log, policy={"max_tokens": 500})
+    assert outcome.stopped is not None, outcome
+    assert outcome.stopped.report is not None
+    assert outcome.stopped.report.reason == "token_budget"
+    assert log.count("list_issues") == 2

@@ -1,0 +1,339 @@
+"""The Pydantic AI capability, with the real package (pydantic-ai-slim 2.66), its own
+scripted model (`FunctionModel`: no LLM, no network), a real nats-server and fuseboxd;
+every scenario sync (SyncFusebox, `run_sync`) and async (Fusebox, `await run`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from fusebox_guard import Fusebox, GateOnError, RunStopped, SyncFusebox
+from fusebox_guard.adapters.pydantic_ai import FuseboxCapability
+from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, Tool, ToolCallPart
+from pydantic_ai.messages import ModelRequest, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage, UsageLimits
+from support.guard import (
+    PAGES,
+    RUNAWAY_EXECUTIONS,
+    TENANT,
+    ToolLog,
+    assert_closed,
+    bare_nats,
+    fresh_run,
+    fusebox_cancel,
+    list_issues_output,
+    open_page_output,
+    run_status,
+    search_output,
+    send_email_output,
+)
+from support.scenarios import next_calls, op_key_for
+from support.stack import Stack
+
+MODES = ["sync", "async"]
+
+#: What the scripted model reports per response: 150 input tokens (100 of them cache
+#: reads) and 25 output, 175 in the contract's sum.
+USAGE = RequestUsage(input_tokens=150, output_tokens=25, cache_read_tokens=100)
+
+
+@dataclass
+class Script:
+    """The shared scenario as a `FunctionModel`: turn N = the responses so far."""
+
+    scenario: str
+    seen: list[list[ModelMessage]] = field(default_factory=list)
+
+    def respond(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.seen.append(list(messages))
+        turn = sum(isinstance(m, ModelResponse) for m in messages)
+        calls = next_calls(self.scenario, turn)
+        if calls is None:
+            return ModelResponse(parts=[TextPart("done")], usage=USAGE)
+        parts = [
+            ToolCallPart(name, args, tool_call_id=f"call_{turn}_{k}")
+            for k, (name, args) in enumerate(calls)
+        ]
+        return ModelResponse(parts=list(parts), usage=USAGE)
+
+    def returns(self) -> dict[str, ToolReturnPart]:
+        """What the model read last, per call id."""
+        last = self.seen[-1] if self.seen else []
+        return {
+            part.tool_call_id: part
+            for m in last
+            if isinstance(m, ModelRequest)
+            for part in m.parts
+            if isinstance(part, ToolReturnPart)
+        }
+
+
+def make_tools(log: ToolLog, on_tool: Callable[[int], None] | None = None) -> list[Tool[Any]]:
+    def ran(name: str, arg: Any) -> None:
+        log.calls.append((name, arg))
+        if on_tool is not None:
+            on_tool(len(log.calls))
+
+    def search(query: str) -> dict[str, Any]:
+        """Search the web."""
+        ran("search", query)
+        return search_output(query)
+
+    def open_page(url: str) -> dict[str, Any]:
+        """Open a page."""
+        ran("open_page", url)
+        return open_page_output(url)
+
+    def list_issues(page: int) -> dict[str, Any]:
+        """List one page of issues."""
+        ran("list_issues", page)
+        return list_issues_output(page)
+
+    def send_email(to: str, incident: str) -> dict[str, Any]:
+        """Notify someone about an incident."""
+        ran("send_email", to)
+        return send_email_output(to)
+
+    return [Tool(f, takes_ctx=False) for f in (search, open_page, list_issues, send_email)]
+
+
+@dataclass
+class Outcome:
+    run_id: str
+    script: Script
+    output: str | None = None
+    stopped: RunStopped | None = None
+    error: Exception | None = None
+
+
+def drive(
+    url: str,
+    scenario: str,
+    mode: str,
+    log: ToolLog,
+    *,
+    run_id: str | None = None,
+    ledger_of: str | None = None,
+    policy: dict[str, Any] | None = None,
+    on_tool: Callable[[str], Callable[[int], None]] | None = None,
+    usage_limits: UsageLimits | None = None,
+    **connect: Any,
+) -> Outcome:
+    """Runs the scenario's agent behind a run; what it answered, or how it ended.
+    `ledger_of`: the run whose op_keys its side effects use (default: its own)."""
+    run_id = run_id or fresh_run(f"pai-{mode}-{scenario}")
+    script = Script(scenario)
+    outcome = Outcome(run_id, script)
+    tools = make_tools(log, on_tool(run_id) if on_tool else None)
+
+    def agent(guard: FuseboxCapability) -> Agent[None, str]:
+        return Agent(FunctionModel(script.respond), tools=tools, capabilities=[guard])
+
+    def ended(err: Exception) -> None:
+        if isinstance(err, RunStopped):
+            outcome.stopped = err
+        else:
+            outcome.error = err
+
+    if mode == "sync":
+        with SyncFusebox.connect(url, tenant=TENANT, **connect) as fb:
+            guard = FuseboxCapability(
+                fb.start_run(run_id, policy=policy), op_key=op_key_for(ledger_of or run_id)
+            )
+            try:
+                outcome.output = guard.run_agent_sync(
+                    agent(guard), "go", usage_limits=usage_limits
+                ).output
+            except Exception as err:
+                ended(err)
+        return outcome
+
+    async def main() -> None:
+        async with await Fusebox.connect(url, tenant=TENANT, **connect) as afb:
+            run = await afb.start_run(run_id, policy=policy)
+            guard = FuseboxCapability(run, op_key=op_key_for(ledger_of or run_id))
+            try:
+                result = await guard.run_agent(agent(guard), "go", usage_limits=usage_limits)
+                outcome.output = result.output
+            except Exception as err:
+                ended(err)
+            await run.close()
+
+    asyncio.run(main())
+    return outcome
+
+
+def assert_history_valid(messages: list[ModelMessage]) -> None:
+    """Every tool call id of the history is answered (a dangling one makes the provider
+    refuse the history when it is sent again)."""
+    asked = {c.tool_call_id for m in messages if isinstance(m, ModelResponse) for c in m.tool_calls}
+    answered = {
+        p.tool_call_id
+        for m in messages
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, ToolReturnPart)
+    }
+    assert asked <= answered, f"unanswered call ids: {asked - answered}"
+
+
+def contents(outcome: Outcome) -> list[str]:
+    """Every tool result the model read, in order."""
+    return [str(part.content) for part in outcome.script.returns().values()]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
+    stack: Stack, mode: str
+) -> None:
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "runaway", mode, log)
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    assert outcome.stopped is not None, outcome
+    report = outcome.stopped.report
+    assert report is not None and report.state_name == "STOPPED_LOOP_GUARD"
+    # The history up to the stop is kept: the warning with the last executed result,
+    # then the blocks' messages, as failed results. Not retries: a tool has 1 retry by
+    # default, so two blocks in a row would have ended the run with an error.
+    history = outcome.stopped.history
+    returns = [
+        part
+        for m in history
+        if isinstance(m, ModelRequest)
+        for part in m.parts
+        if isinstance(part, ToolReturnPart)
+    ]
+    assert "[fusebox warning]" in str(returns[RUNAWAY_EXECUTIONS - 1].content)
+    blocked = returns[RUNAWAY_EXECUTIONS]
+    assert str(blocked.content).startswith("fusebox blocked search"), blocked
+    assert blocked.outcome == "failed", blocked
+    assert "fusebox stopped this run" in str(returns[-1].content)
+    assert_history_valid(history)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ping_pong_is_stopped(stack: Stack, mode: str) -> None:
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "ping_pong", mode, log)
+    assert outcome.stopped is not None, outcome
+    assert outcome.stopped.report is not None
+    assert "ping_pong" in " ".join(outcome.stopped.report.fired_guards)
+    assert len(log.calls) < 12
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pagination_of_twelve_pages_finishes_untouched_and_closes_its_run(
+    stack: Stack, mode: str
+) -> None:
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "pagination", mode, log)
+    assert outcome.output == "done", outcome
+    assert [a for t, a in log.calls if t == "list_issues"] == list(range(1, PAGES + 1))
+    assert all("fusebox" not in text for text in contents(outcome))
+    # Each response's usage reached the daemon as a model_turn.
+    counters = run_status(stack, outcome.run_id)["counters"]
+    assert counters["model_turns"] == PAGES + 1
+    assert counters["tokens"] == (PAGES + 1) * 175
+    assert counters["steps"] == PAGES and counters["calls_refused"] == 0
+    assert_closed(stack, outcome.run_id, "completed")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_that_fails_closes_its_run_as_failed(stack: Stack, mode: str) -> None:
+    from pydantic_ai.exceptions import UsageLimitExceeded
+
+    outcome = drive(
+        stack.nats_url, "pagination", mode, ToolLog(), usage_limits=UsageLimits(request_limit=2)
+    )
+    assert isinstance(outcome.error, UsageLimitExceeded), outcome
+    assert_closed(stack, outcome.run_id, "failed: UsageLimitExceeded")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_side_effect_with_one_op_key_runs_once_across_a_retry_and_two_runs(
+    stack: Stack, mode: str
+) -> None:
+    log = ToolLog()
+    run_id = fresh_run(f"pai-{mode}-email")
+    first = drive(stack.nats_url, "retry_side_effect", mode, log, run_id=run_id)
+    # The same op_keys from a second run (a restarted worker): the ledger outlives runs.
+    second = drive(
+        stack.nats_url, "retry_side_effect", mode, log, run_id=f"{run_id}-again", ledger_of=run_id
+    )
+    assert first.output == second.output == "done"
+    assert log.count("send_email") == 1
+    # The retry was answered with the stored result, under its own call id, as a success.
+    for answers in (first.script.returns(), second.script.returns()):
+        retry = answers["call_1_0"]
+        assert retry.outcome == "success", retry
+        assert retry.content == send_email_output("oncall@example.com")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fusebox_cancel_from_another_process_ends_the_run_at_its_next_step(
+    stack: Stack, mode: str
+) -> None:
+    def cancel_on_third(run_id: str) -> Callable[[int], None]:
+        def on_tool(executions: int) -> None:
+            if executions == 3:
+                fusebox_cancel(stack, run_id)
+
+        return on_tool
+
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "pagination", mode, log, on_tool=cancel_on_third)
+    assert log.count("list_issues") == 3
+    assert outcome.stopped is not None, outcome
+    report = outcome.stopped.report
+    assert report is not None and report.state_name == "CANCELLED"
+
+
+@pytest.mark.parametrize("policy", [GateOnError.DENY, GateOnError.ALLOW])
+@pytest.mark.parametrize("mode", MODES)
+def test_daemon_down(mode: str, policy: GateOnError) -> None:
+    log = ToolLog()
+    with bare_nats() as url:
+        outcome = drive(url, "one_search", mode, log, gate_on_error=policy, timeout_s=0.5)
+    assert outcome.output == "done", outcome
+    answer = outcome.script.returns()["call_0_0"]
+    if policy is GateOnError.DENY:
+        assert log.count("search") == 0
+        assert "no fuseboxd is listening" in str(answer.content)
+        assert answer.outcome == "failed"
+    else:
+        assert log.count("search") == 1
+        assert answer.outcome == "success"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
+    stack: Stack, mode: str
+) -> None:
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "parallel_runaway", mode, log)
+    assert outcome.stopped is not None, outcome
+    assert log.count("search") == RUNAWAY_EXECUTIONS
+    refused = [
+        part
+        for m in outcome.stopped.history
+        if isinstance(m, ModelRequest)
+        for part in m.parts
+        if isinstance(part, ToolReturnPart) and part.outcome != "success"
+    ]
+    assert refused and all("fusebox" in str(p.content) for p in refused), refused
+    assert_history_valid(outcome.stopped.history)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_usage_reaches_the_token_budget(stack: Stack, mode: str) -> None:
+    # 175 tokens a response: the third crosses 500, and its calls do not run.
+    log = ToolLog()
+    outcome = drive(stack.nats_url, "pagination", mode, log, policy={"max_tokens": 500})
+    assert outcome.stopped is not None, outcome
+    assert outcome.stopped.report is not None
+    assert outcome.stopped.report.reason == "token_budget"
+    assert log.count("list_issues") == 2
