@@ -50,7 +50,8 @@ fn resume_condition(terminal: TerminalState, reason: Reason) -> ResumeCondition 
             | Reason::TurnBudget
             | Reason::ToolErrorLimit
             | Reason::InvalidModelOutput
-            | Reason::CompactionBudget,
+            | Reason::CompactionBudget
+            | Reason::AgentFailed,
         ) => ResumeCondition::NewRun,
         _ => ResumeCondition::VerifiedPreconditionChange,
     }

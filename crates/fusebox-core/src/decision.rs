@@ -103,6 +103,9 @@ pub enum Reason {
     Cancelled,
     RunClosed,
     Completed,
+    /// The producer closed the run as failed (`run_finished` with status `failed…` or
+    /// `error…`): the agent ended on an error of its own.
+    AgentFailed,
     PermissionDenied,
     PolicyBlocked,
     NeedsHuman,
@@ -139,6 +142,7 @@ impl Reason {
             Reason::Cancelled => "cancelled",
             Reason::RunClosed => "run_closed",
             Reason::Completed => "completed",
+            Reason::AgentFailed => "agent_failed",
             Reason::PermissionDenied => "permission_denied",
             Reason::PolicyBlocked => "policy_blocked",
             Reason::NeedsHuman => "needs_human",
@@ -147,7 +151,7 @@ impl Reason {
     }
 
     /// Every reason, for the vocabularies that must list them all (metrics labels).
-    pub const ALL: [Reason; 31] = [
+    pub const ALL: [Reason; 32] = [
         Reason::StepBudget,
         Reason::TimeBudget,
         Reason::TokenBudget,
@@ -175,6 +179,7 @@ impl Reason {
         Reason::Cancelled,
         Reason::RunClosed,
         Reason::Completed,
+        Reason::AgentFailed,
         Reason::PermissionDenied,
         Reason::PolicyBlocked,
         Reason::NeedsHuman,

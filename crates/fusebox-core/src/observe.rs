@@ -744,12 +744,27 @@ pub(crate) fn run_finished(run: &mut RunState, event: &Event, finished: &RunFini
     if run.report().is_some() {
         return decision(event, None, Action::Continue);
     }
-    let closing = Closing::new(
-        TerminalState::Completed,
-        Reason::Completed,
-        finished.status.clone(),
-    );
+    let (terminal, reason) = if finished.status.as_deref().is_some_and(says_failed) {
+        (TerminalState::Failed, Reason::AgentFailed)
+    } else {
+        (TerminalState::Completed, Reason::Completed)
+    };
+    let closing = Closing::new(terminal, reason, finished.status.clone());
     close::close(run, event, None, closing)
+}
+
+/// A `run_finished` status that says the agent failed: `failed`, `error`, or either
+/// followed by what went wrong (`failed: TimeoutError: …`), in any case. The status stays
+/// the report's detail.
+fn says_failed(status: &str) -> bool {
+    let status = status.trim_start().as_bytes();
+    ["failed", "failure", "error"].iter().any(|word| {
+        status.len() >= word.len()
+            && status[..word.len()].eq_ignore_ascii_case(word.as_bytes())
+            && status
+                .get(word.len())
+                .is_none_or(|next| !next.is_ascii_alphanumeric())
+    })
 }
 
 /// Guard contract §4.6: a resume is accepted only on evidence of a changed precondition;

@@ -13,7 +13,7 @@
 //! ok {"hits":[]} progress=4 terminal for=c9
 //! pending {…} | retry {…} after=500 code=rate_limited | precond code=x | fatal code=y
 //! turn {"stop_reason":"end_turn","usage":{…}}
-//! progress 5 | compaction [{"reason":"auto"}] | cancel | resume {"approval_id":"a1"} | finish | tick
+//! progress 5 | compaction [{"reason":"auto"}] | cancel | resume {"approval_id":"a1"} | finish [status] | tick
 //! wait 5000                            advance the event clock, no event
 //! raw {"type":"…", …}                  any event; envelope fields filled in if absent
 //!                                      ("seq":null: none, as operator commands have)
@@ -281,7 +281,8 @@ fn parse_case(text: &str) -> (Preset, Vec<Step>) {
                 "resume"
             }
             "finish" => {
-                fields.insert("status".into(), json!("done"));
+                let status = Some(rest.trim()).filter(|s| !s.is_empty()).unwrap_or("done");
+                fields.insert("status".into(), json!(status));
                 "run_finished"
             }
             "tick" => "tick",

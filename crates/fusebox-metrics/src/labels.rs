@@ -68,6 +68,7 @@ pub const REASONS: &[&str] = &[
     "cancelled",
     "run_closed",
     "completed",
+    "agent_failed",
     "permission_denied",
     "policy_blocked",
     "needs_human",

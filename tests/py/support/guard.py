@@ -144,9 +144,12 @@ def run_status(stack: Stack, run: str) -> dict[str, Any]:
 
 def assert_closed(stack: Stack, run: str, status: str = "completed") -> None:
     """The run is closed in the daemon (not left `open` for its time budget to stop) by
-    the adapter's `run_finished`, whose status begins with `status`."""
+    the adapter's `run_finished`, whose status begins with `status`: COMPLETED, or
+    FAILED (`agent_failed`) for a status that says the agent failed."""
     reply = run_status(stack, run)
     summary, report = reply["summary"], reply.get("report") or {}
+    failed = status.startswith("failed")
     assert summary["open"] is False, summary
-    assert summary["terminal_state"] == "COMPLETED", summary
+    assert summary["terminal_state"] == ("FAILED" if failed else "COMPLETED"), summary
+    assert report.get("reason") == ("agent_failed" if failed else "completed"), report
     assert str(report.get("detail", "")).startswith(status), report
