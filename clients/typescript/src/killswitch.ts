@@ -5,7 +5,8 @@
  */
 import { type JetStreamManager, jetstreamManager } from "@nats-io/jetstream";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { BadAnswer, FuseboxError } from "./errors.js";
+import { describe } from "./connection.js";
+import { BadAnswer, FuseboxError, TransportError } from "./errors.js";
 import { requestFailure } from "./failures.js";
 import * as subjects from "./subjects.js";
 import { type Decision, parseDecision } from "./types.js";
@@ -92,8 +93,10 @@ export class StopWatch {
       const kept = await keptStop(jsm, tenant, run, timeoutMs);
       if (kept !== null) watch.latch(kept);
     } catch (err) {
-      if (!(err instanceof FuseboxError)) throw err;
-      watch.lookupError = err;
+      watch.lookupError =
+        err instanceof FuseboxError
+          ? err
+          : new TransportError(subjects.stop(tenant, run), describe(err));
     }
     return watch;
   }

@@ -17,7 +17,7 @@
  *   `run_finished` (`completed` / `failed`) when the agent ends on its own.
  */
 import type { StepResult, StopCondition, ToolApprovalStatus, ToolSet } from "ai";
-import { generateText } from "ai";
+import { generateText, stepCountIs } from "ai";
 import type { Gate } from "../gate.js";
 import type { Run } from "../run.js";
 import { bestEffort, callOptions, type GuardOptions, report, usage } from "./common.js";
@@ -104,7 +104,9 @@ export class AiSdkGuard {
    */
   async generateText(params: Params): ReturnType<typeof generateText> {
     const userStop = params.stopWhen;
-    const stops = userStop === undefined ? [] : Array.isArray(userStop) ? userStop : [userStop];
+    // Without a stopWhen of the caller's, the SDK's own default (one step) still holds.
+    const stops =
+      userStop === undefined ? [stepCountIs(1)] : Array.isArray(userStop) ? userStop : [userStop];
     const userStepEnd = params.onStepEnd;
     const guarded = {
       ...params,
