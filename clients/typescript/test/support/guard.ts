@@ -23,6 +23,10 @@ export const TENANT = "tstest";
  * loop is stopped after the same 3 executions.
  */
 export const RUNAWAY_EXECUTIONS = 3;
+/** A B A B … with the same results: the call that would make the alternating tail
+ * `ping_pong_limit` = 5 long (the 6th) is blocked, and the blocks that follow stop the
+ * run: 5 executions, as for every Python adapter. */
+export const PING_PONG_EXECUTIONS = 5;
 export const PAGES = 12;
 
 export const freshRun = (prefix: string): string => newRunId(prefix);
