@@ -328,4 +328,18 @@ describe("Vercel AI SDK adapter", () => {
     assert.equal(log.count("search"), RUNAWAY_EXECUTIONS, `${log.count("search")} executions`);
     assertHistoryValid(model);
   });
+  test("an agent that fails closes the run as failed", async () => {
+    const guard = await guarded("failing");
+    const model = new MockLanguageModelV4({
+      doGenerate: async () => {
+        throw new Error("the model provider is down");
+      },
+    });
+    await assert.rejects(
+      guard.generateText({ model, tools: makeTools(new ToolLog()), prompt: "go", maxRetries: 0 }),
+      /the model provider is down/,
+    );
+    const status = await runStatus(stack, guard.run.id);
+    assert.equal((status.summary as { open: boolean }).open, false, JSON.stringify(status));
+  });
 });

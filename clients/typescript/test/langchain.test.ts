@@ -265,4 +265,14 @@ describe("LangChain.js createAgent middleware", () => {
     assert.equal(log.count("search"), RUNAWAY_EXECUTIONS, `${log.count("search")} executions`);
     assertHistoryValid(messages);
   });
+  test("an agent that fails closes the run as failed", async () => {
+    const run = await started("failing");
+    const model = fakeModel().alwaysThrow(new Error("the model provider is down"));
+    await assert.rejects(
+      invoke(run, model, makeTools(new ToolLog())),
+      /the model provider is down/,
+    );
+    const status = await runStatus(stack, run.id);
+    assert.equal((status.summary as { open: boolean }).open, false, JSON.stringify(status));
+  });
 });

@@ -311,4 +311,17 @@ describe("OpenAI Agents JS adapter", () => {
     assert.equal(log.count("search"), RUNAWAY_EXECUTIONS, `${log.count("search")} executions`);
     assertHistoryValid(model);
   });
+  test("an agent that fails closes the run as failed", async () => {
+    const guard = await guarded("failing");
+    const failing = new ScriptedModel("one_search");
+    failing.getResponse = async () => {
+      throw new Error("the model provider is down");
+    };
+    await assert.rejects(
+      guard.runAgent(makeAgent(failing, new ToolLog()), "go", { maxTurns: 10 }),
+      /the model provider is down/,
+    );
+    const status = await runStatus(stack, guard.run.id);
+    assert.equal((status.summary as { open: boolean }).open, false, JSON.stringify(status));
+  });
 });
