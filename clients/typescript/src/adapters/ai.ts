@@ -1,0 +1,153 @@
+/**
+ * The Vercel AI SDK (`ai` 7): every tool call gated by fuseboxd.
+ *
+ *     const guard = new AiSdkGuard(run);
+ *     const result = await guard.generateText({ model, tools, prompt, stopWhen: stepCountIs(50) });
+ *     guard.run.stopped;   // the stop report, when the guard ended the run
+ *
+ * - `toolApproval` asks the daemon before a call runs: a refused call (block, stop, guard
+ *   unavailable under deny) never reaches `execute`; the model reads the guard's message as
+ *   the call's `execution-denied` reason.
+ * - Each tool's `execute` is wrapped: it reports the result, appends a `warn`'s message,
+ *   and answers a completed operation (`use_completed_result`) with the stored result
+ *   without running again.
+ * - A stop ends the loop through `stopWhen` after the step that learnt it (every call of
+ *   that step has its result, so the history stays valid); the kill switch too.
+ * - `onStepEnd`: each step's usage → `model_turn`. `generateText` closes the run with
+ *   `run_finished` (`completed` / `failed`) when the agent ends on its own.
+ */
+import type { StepResult, StopCondition, ToolApprovalStatus, ToolSet } from "ai";
+import { generateText, stepCountIs } from "ai";
+import type { Gate } from "../gate.js";
+import type { Run } from "../run.js";
+import { bestEffort, callOptions, type GuardOptions, report, usage } from "./common.js";
+
+type Params = Parameters<typeof generateText>[0];
+
+interface ApprovalRequest {
+  toolCall: { toolCallId: string; toolName: string; input: unknown };
+}
+
+export class AiSdkGuard {
+  /** Gates of calls approved and not yet executed, by call id. */
+  private readonly gates = new Map<string, Gate>();
+
+  constructor(
+    readonly run: Run,
+    private readonly opts: GuardOptions = {},
+  ) {}
+
+  /** The AI SDK's `toolApproval`: asks the daemon whether the call may run. */
+  readonly toolApproval = async ({ toolCall }: ApprovalRequest): Promise<ToolApprovalStatus> => {
+    const gate = await this.gate(toolCall.toolName, toolCall.input, toolCall.toolCallId);
+    const allowed = gate.mayRun || gate.action === "use_completed_result";
+    if (allowed) return { type: "approved" };
+    return { type: "denied", reason: gate.modelText ?? "refused by fusebox" };
+  };
+
+  /** The AI SDK's `stopWhen`: true once the run is stopped. */
+  readonly stopWhen: StopCondition<ToolSet> = () => this.run.stopped !== null;
+
+  /** The AI SDK's `onStepEnd`: the step's usage as a `model_turn`. */
+  readonly onStepEnd = async (step: StepResult<ToolSet>): Promise<void> => {
+    const u = step.usage;
+    await bestEffort(() =>
+      this.run.modelTurn(stopReason(step.finishReason), {
+        usage: usage({
+          input_tokens: u.inputTokenDetails.noCacheTokens ?? u.inputTokens,
+          output_tokens: u.outputTokens,
+          cache_read_input_tokens: u.inputTokenDetails.cacheReadTokens,
+          cache_creation_input_tokens: u.inputTokenDetails.cacheWriteTokens,
+        }),
+      }),
+    );
+  };
+
+  /** The tools with each `execute` reporting to the guard (tools without one stay as
+   * they are: the client runs them, and their approval is still gated). */
+  tools<T extends ToolSet>(tools: T): T {
+    const wrapped: Record<string, unknown> = {};
+    for (const [name, tool] of Object.entries(tools)) {
+      const execute = tool.execute;
+      if (execute === undefined) {
+        wrapped[name] = tool;
+        continue;
+      }
+      wrapped[name] = {
+        ...tool,
+        execute: async (input: unknown, options: { toolCallId: string }) => {
+          const gate =
+            this.gates.get(options.toolCallId) ??
+            (await this.gate(name, input, options.toolCallId));
+          this.gates.delete(options.toolCallId);
+          if (gate.action === "use_completed_result") return gate.completedResult;
+          if (!gate.mayRun) throw new Error(gate.modelText ?? "refused by fusebox");
+          let output: unknown;
+          try {
+            output = await (execute as (i: unknown, o: unknown) => unknown)(input, options);
+          } catch (err) {
+            await report(this.run, gate.callId, name, "RETRYABLE", String(err));
+            throw err;
+          }
+          await report(this.run, gate.callId, name, "SUCCESS", output);
+          return gate.warning ? gate.reads(output) : output;
+        },
+      };
+    }
+    return wrapped as T;
+  }
+
+  /**
+   * `generateText` with the guard in: the tools wrapped, `toolApproval`, the stop added to
+   * `stopWhen`, usage reported. Closes the run with `run_finished` when the agent ends on
+   * its own (`completed`, or `failed` when it throws); a stopped run is closed already.
+   */
+  async generateText(params: Params): ReturnType<typeof generateText> {
+    const userStop = params.stopWhen;
+    // Without a stopWhen of the caller's, the SDK's own default (one step) still holds.
+    const stops =
+      userStop === undefined ? [stepCountIs(1)] : Array.isArray(userStop) ? userStop : [userStop];
+    const userStepEnd = params.onStepEnd;
+    const guarded = {
+      ...params,
+      tools: this.tools(params.tools ?? {}),
+      toolApproval: this.toolApproval,
+      stopWhen: [this.stopWhen, ...stops],
+      onStepEnd: async (step: StepResult<ToolSet>) => {
+        await this.onStepEnd(step);
+        await (userStepEnd as ((s: StepResult<ToolSet>) => unknown) | undefined)?.(step);
+      },
+    } as Params;
+    await this.run.start();
+    let result: Awaited<ReturnType<typeof generateText>>;
+    try {
+      result = await generateText(guarded);
+    } catch (err) {
+      if (this.run.stopped === null) await bestEffort(() => this.run.finish("failed"));
+      throw err;
+    }
+    if (this.run.stopped === null) await bestEffort(() => this.run.finish("completed"));
+    return result;
+  }
+
+  private async gate(tool: string, input: unknown, callId: string): Promise<Gate> {
+    const gate = await this.run.toolCall(tool, input, callOptions(this.opts, tool, input, callId));
+    if (gate.mayRun || gate.action === "use_completed_result") this.gates.set(callId, gate);
+    return gate;
+  }
+}
+
+function stopReason(finish: string): string {
+  switch (finish) {
+    case "tool-calls":
+      return "tool_use";
+    case "stop":
+      return "end_turn";
+    case "length":
+      return "max_tokens";
+    case "content-filter":
+      return "refusal";
+    default:
+      return finish;
+  }
+}

@@ -1,0 +1,77 @@
+/** What every adapter shares: which fields a call carries on the wire, and reporting
+ * results without letting a silent daemon break the framework's run. */
+import type { Run, ToolCallOptions } from "../run.js";
+import type { Effect, ResultKind, Usage } from "../types.js";
+import { jsonable } from "../types.js";
+
+/** The business-operation identity of a side-effecting call, from the tool and its args. */
+export type OpKeyFn = (tool: string, args: unknown) => string | undefined | null;
+
+export interface GuardOptions {
+  /** Gives a side effect its `op_key`: it executes once per key, across retries and runs. */
+  opKey?: OpKeyFn;
+  /** `read` / `write` per tool name, when the daemon's per-tool policy does not say. */
+  effects?: Record<string, Effect>;
+}
+
+export function callOptions(
+  opts: GuardOptions,
+  tool: string,
+  args: unknown,
+  callId: string,
+): ToolCallOptions {
+  const fields: ToolCallOptions = { callId };
+  const key = opts.opKey?.(tool, args);
+  if (key !== undefined && key !== null) fields.opKey = key;
+  const effect = opts.effects?.[tool];
+  if (effect !== undefined) fields.effect = effect;
+  return fields;
+}
+
+/**
+ * Reports how a call ended. A result that cannot be delivered now is re-sent before the
+ * run's next event (the run handle keeps it queued); the framework's run goes on, and the
+ * next gate still asks.
+ */
+export async function report(
+  run: Run,
+  callId: string,
+  tool: string,
+  kind: ResultKind,
+  output: unknown,
+): Promise<void> {
+  try {
+    await run.toolResult(callId, tool, kind, { output: jsonable(output) });
+  } catch {
+    // Kept queued by the run handle; see above.
+  }
+}
+
+/** Sends an event whose loss must not end the agent's run (it stays queued, in order). */
+export async function bestEffort(send: () => Promise<unknown>): Promise<void> {
+  try {
+    await send();
+  } catch {
+    // Kept queued by the run handle and re-sent before the next event.
+  }
+}
+
+/** A JSON argument string as the framework got it from the model; its value. */
+export function parseArgs(raw: unknown): unknown {
+  if (typeof raw !== "string") return raw ?? {};
+  if (raw.trim() === "") return {};
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return raw;
+  }
+}
+
+/** Drops the fields a provider left out (the contract sums cached tokens apart). */
+export function usage(fields: Record<keyof Usage, number | undefined | null>): Usage {
+  const out: Usage = {};
+  for (const [key, value] of Object.entries(fields) as [keyof Usage, number | undefined | null][]) {
+    if (typeof value === "number" && Number.isFinite(value)) out[key] = value;
+  }
+  return out;
+}

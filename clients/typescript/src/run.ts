@@ -1,0 +1,400 @@
+/**
+ * `Run`: the handle that owns a run's envelope (guard contract §2): ids, `seq`, `ts_ms`,
+ * `run_started`, and one method per event type.
+ *
+ * Ordering invariant: events are numbered 1, 2, 3 … and every one reaches the daemon, in
+ * order. fuseboxd holds an event whose `seq` is ahead of a missing one, so a lost event
+ * would stall the run: an event whose delivery failed stays queued and is re-sent, with the
+ * same id and bytes, before anything newer (the daemon's dedup answers a re-sent event it
+ * already applied with the original decision). Sends of one run are chained, so parallel
+ * tool calls of one turn are gated one after the other, in the order they were asked.
+ */
+import type { Fusebox } from "./client.js";
+import { FuseboxError, GuardUnavailable, Refused, RunStopped } from "./errors.js";
+import { Gate } from "./gate.js";
+import type { StopWatch } from "./killswitch.js";
+import type {
+  Decision,
+  Effect,
+  GateOnError,
+  ResultKind,
+  ResultMode,
+  StopReport,
+  Usage,
+} from "./types.js";
+
+export interface RunOptions {
+  /** The agent's name: the daemon applies `[agents.<name>.policy]`. */
+  agent?: string;
+  /** The tool names the run may call; other names count as unknown tools. */
+  tools?: string[];
+  /** Per-run policy overrides (the keys of the config's `[policy]`). */
+  policy?: Record<string, unknown>;
+  gateOnError?: GateOnError;
+  results?: ResultMode;
+  /** Every request's own timeout (ms); nats.js would default to 1 s. */
+  timeoutMs?: number;
+}
+
+export interface ToolCallOptions {
+  /** The framework's call id; one is made (`<run>-call-<n>`) when it has none. */
+  callId?: string;
+  /** Instead of `args`, for producers that must not ship arguments. */
+  argsHash?: string;
+  /** The business-operation identity of a side effect: it executes once per key. */
+  opKey?: string;
+  effect?: Effect;
+}
+
+export interface ToolResultOptions {
+  output?: unknown;
+  outputHash?: string;
+  code?: string;
+  retryAfterMs?: number;
+  /** The progress version of external state after this call. */
+  progress?: number;
+  /** The run's goal is reached. */
+  terminal?: boolean;
+}
+
+export interface ModelTurnOptions {
+  usage?: Usage;
+  costUsd?: number;
+  /** False when the model output failed structural validation. */
+  valid?: boolean;
+}
+
+interface Queued {
+  id: string;
+  seq: number;
+  event: Record<string, unknown>;
+  payload: Uint8Array;
+  inline: boolean;
+  settled: boolean;
+  resolve: (decision: Decision | null) => void;
+  reject: (err: FuseboxError) => void;
+}
+
+const encoder = new TextEncoder();
+
+/** One agent run behind the guard. Made by `Fusebox.run` / `Fusebox.startRun`. */
+export class Run {
+  readonly tenant: string;
+  readonly agent: string | undefined;
+  readonly tools: readonly string[] | undefined;
+  readonly policy: Readonly<Record<string, unknown>> | undefined;
+  readonly gateOnError: GateOnError;
+  readonly results: ResultMode;
+  readonly timeoutMs: number;
+  private lastSeq = 0;
+  private calls = 0;
+  private readonly queue: Queued[] = [];
+  private chain: Promise<void> = Promise.resolve();
+  private watch: StopWatch | null = null;
+  private stopDecision: Decision | null = null;
+  private started = false;
+  private stopListeners: Array<(stop: Decision) => void> = [];
+  /** Why `run_started` is not delivered yet (it is re-sent with the next event). */
+  startError: GuardUnavailable | null = null;
+
+  constructor(
+    readonly client: Fusebox,
+    readonly id: string,
+    opts: Required<Pick<RunOptions, "gateOnError" | "results" | "timeoutMs">> & RunOptions,
+  ) {
+    this.tenant = client.tenant;
+    this.agent = opts.agent;
+    this.tools = opts.tools;
+    this.policy = opts.policy;
+    this.gateOnError = opts.gateOnError;
+    this.results = opts.results;
+    this.timeoutMs = opts.timeoutMs;
+  }
+
+  // --- lifecycle -------------------------------------------------------------------
+
+  /** Watches the kill switch (learning a stop kept from before), then sends
+   * `run_started`. Idempotent. */
+  async start(opts: { watchStop?: boolean } = {}): Promise<void> {
+    if (this.started) return;
+    this.started = true;
+    if (opts.watchStop ?? true) {
+      this.watch = await this.client.watchStop(this.id);
+      this.watch.onStop((stop) => this.latch(stop));
+    }
+    const fields: Record<string, unknown> = {};
+    if (this.agent !== undefined) fields.agent = this.agent;
+    if (this.tools !== undefined) fields.tools = [...this.tools];
+    if (this.policy !== undefined) fields.policy = this.policy;
+    try {
+      await this.observe("run_started", fields);
+    } catch (err) {
+      // Queued: re-sent before the run's first gate, which decides (gateOnError) what
+      // the agent may do meanwhile.
+      if (!(err instanceof GuardUnavailable)) throw err;
+      this.startError = err;
+    }
+  }
+
+  /** Stops watching the kill switch (the run itself stays as it is). */
+  close(): void {
+    this.watch?.close();
+    this.watch = null;
+  }
+
+  // --- state -----------------------------------------------------------------------
+
+  /** The `seq` of the last event made. */
+  get seq(): number {
+    return this.lastSeq;
+  }
+
+  /** The stop decision once the run is stopped (gate, observe answer, or kill switch). */
+  get stop(): Decision | null {
+    return this.stopDecision;
+  }
+
+  /** The stop report once the run is stopped; null while it may go on. */
+  get stopped(): StopReport | null {
+    const stop = this.stopDecision;
+    if (stop === null) return null;
+    return stop.report ?? fallbackReport(stop.reason ?? "stopped");
+  }
+
+  throwIfStopped(): void {
+    if (this.stopDecision !== null) throw new RunStopped(this.stopped, this.stopDecision);
+  }
+
+  /** Calls `listener` once when the run is stopped (at once if it already is). */
+  onStop(listener: (stop: Decision) => void): void {
+    if (this.stopDecision !== null) listener(this.stopDecision);
+    else this.stopListeners.push(listener);
+  }
+
+  /** Waits for the kill switch (needs `start()` with the watch on). */
+  async waitStopped(timeoutMs?: number): Promise<StopReport | null> {
+    if (this.watch !== null && this.stopDecision === null) await this.watch.wait(timeoutMs);
+    return this.stopped;
+  }
+
+  private latch(decision: Decision): void {
+    if (this.stopDecision !== null || decision.action !== "stop") return;
+    this.stopDecision = decision;
+    this.watch?.latch(decision);
+    for (const listener of this.stopListeners.splice(0)) listener(decision);
+  }
+
+  // --- events ----------------------------------------------------------------------
+
+  /** A call id for producers whose framework has none. */
+  nextCallId(): string {
+    this.calls += 1;
+    return `${this.id}-call-${this.calls}`;
+  }
+
+  /**
+   * Asks whether `tool` may run. Never throws for the guard's sake: a silent or absent
+   * daemon gives a `Gate` with `error` set, which lets the tool run only under
+   * `gateOnError: "allow"`; a run known to be stopped is refused without a round trip.
+   */
+  async toolCall(tool: string, args: unknown = {}, opts: ToolCallOptions = {}): Promise<Gate> {
+    if (!this.started) await this.start();
+    const callId = opts.callId ?? this.nextCallId();
+    if (this.stopDecision !== null) return new Gate(callId, tool, this.refusal(callId));
+    const body: Record<string, unknown> = { call_id: callId, tool };
+    if (opts.argsHash !== undefined) body.args_hash = opts.argsHash;
+    else body.args = args ?? {};
+    if (opts.opKey !== undefined) body.op_key = opts.opKey;
+    if (opts.effect !== undefined) body.effect = opts.effect;
+    try {
+      const decision = await this.send("tool_call", body, true);
+      if (decision === null) throw new Error("unreachable: an inline send has a decision");
+      return new Gate(callId, tool, decision);
+    } catch (err) {
+      if (!(err instanceof FuseboxError)) throw err;
+      const allowed = this.gateOnError === "allow" && err instanceof GuardUnavailable;
+      return new Gate(callId, tool, null, err, allowed);
+    }
+  }
+
+  /** Reports how a call ended. Inline mode returns the observe decision (`continue`,
+   * `retry_after`, `stop` …); passive mode returns null. */
+  toolResult(
+    callId: string,
+    tool: string,
+    kind: ResultKind = "SUCCESS",
+    opts: ToolResultOptions = {},
+  ): Promise<Decision | null> {
+    const body: Record<string, unknown> = { call_id: callId, tool, kind };
+    if (opts.code !== undefined) body.code = opts.code;
+    if (opts.retryAfterMs !== undefined) body.retry_after_ms = opts.retryAfterMs;
+    if (opts.terminal !== undefined) body.terminal = opts.terminal;
+    if (opts.outputHash !== undefined) body.output_hash = opts.outputHash;
+    else if ("output" in opts) body.output = opts.output ?? null;
+    if (opts.progress !== undefined) body.progress = opts.progress;
+    return this.observe("tool_result", body);
+  }
+
+  modelTurn(stopReason: string, opts: ModelTurnOptions = {}): Promise<Decision | null> {
+    const body: Record<string, unknown> = { stop_reason: stopReason };
+    if (opts.usage !== undefined) body.usage = opts.usage;
+    if (opts.costUsd !== undefined) body.cost_usd = opts.costUsd;
+    if (opts.valid !== undefined) body.valid = opts.valid;
+    return this.observe("model_turn", body);
+  }
+
+  progress(version: number, note?: string): Promise<Decision | null> {
+    return this.observe("progress", note === undefined ? { version } : { version, note });
+  }
+
+  compaction(reason?: string): Promise<Decision | null> {
+    return this.observe("compaction", reason === undefined ? {} : { reason });
+  }
+
+  /** `run_finished`: the producer closes the run (`completed`, `failed` …). */
+  finish(status?: string): Promise<Decision | null> {
+    return this.observe("run_finished", status === undefined ? {} : { status });
+  }
+
+  /** Any event type with its own fields, enveloped like the rest. */
+  sendEvent(
+    type: string,
+    fields: Record<string, unknown>,
+    inline: boolean,
+  ): Promise<Decision | null> {
+    return this.send(type, fields, inline);
+  }
+
+  // --- transport -------------------------------------------------------------------
+
+  private observe(type: string, body: Record<string, unknown>): Promise<Decision | null> {
+    return this.send(type, body, this.results === "inline");
+  }
+
+  private send(
+    type: string,
+    body: Record<string, unknown>,
+    inline: boolean,
+  ): Promise<Decision | null> {
+    try {
+      JSON.stringify(body);
+    } catch (err) {
+      // Refused before it takes a seq: the run's numbering stays whole.
+      return Promise.reject(new TypeError(`${type} is not JSON: ${String(err)}`, { cause: err }));
+    }
+    return new Promise<Decision | null>((resolve, reject) => {
+      this.chain = this.chain.then(async () => {
+        const queued = this.make(type, body, inline, resolve, reject);
+        this.queue.push(queued);
+        await this.flush();
+      });
+    });
+  }
+
+  private make(
+    type: string,
+    body: Record<string, unknown>,
+    inline: boolean,
+    resolve: Queued["resolve"],
+    reject: Queued["reject"],
+  ): Queued {
+    this.lastSeq += 1;
+    const seq = this.lastSeq;
+    const id = `${this.id}-${seq}`;
+    const event = {
+      v: 1,
+      id,
+      tenant: this.tenant,
+      run: this.id,
+      seq,
+      ts_ms: Date.now(),
+      type,
+      ...body,
+    };
+    return {
+      id,
+      seq,
+      event,
+      payload: encoder.encode(JSON.stringify(event)),
+      inline,
+      settled: false,
+      resolve,
+      reject,
+    };
+  }
+
+  /** Delivers the queue in order; stops at the first failure (the failed event and
+   * everything after it stay queued for the next send). */
+  private async flush(): Promise<void> {
+    while (this.queue.length > 0) {
+      const head = this.queue[0] as Queued;
+      let decision: Decision | null;
+      try {
+        decision = await this.deliver(head);
+      } catch (err) {
+        const failure =
+          err instanceof FuseboxError ? err : new FuseboxError(String(err), { cause: err });
+        if (failure instanceof Refused) {
+          // Not applied: its seq goes to the events behind it.
+          this.queue.shift();
+          this.renumber(head.seq);
+          settle(head, failure);
+          continue;
+        }
+        settle(this.queue[this.queue.length - 1] as Queued, failure);
+        return;
+      }
+      this.queue.shift();
+      if (decision?.action === "stop") this.latch(decision);
+      settle(head, decision);
+    }
+  }
+
+  private async deliver(event: Queued): Promise<Decision | null> {
+    if (event.inline) return this.client.ask(this.id, event.payload, this.timeoutMs);
+    await this.client.publish(this.id, event.id, event.payload, this.timeoutMs);
+    return null;
+  }
+
+  /** Shifts the queued events after a refused one down by one `seq`. */
+  private renumber(freeSeq: number): void {
+    let seq = freeSeq;
+    for (const queued of this.queue) {
+      if (queued.seq <= freeSeq) continue;
+      queued.seq = seq;
+      queued.id = `${this.id}-${seq}`;
+      queued.event = { ...queued.event, seq, id: queued.id };
+      queued.payload = encoder.encode(JSON.stringify(queued.event));
+      seq += 1;
+    }
+    this.lastSeq = seq - 1;
+  }
+
+  /** The answer to a call of a run known to be stopped: the run's own stop. */
+  private refusal(callId: string): Decision {
+    const stop = this.stopDecision as Decision;
+    return { ...stop, event_id: "", call_id: callId };
+  }
+}
+
+function settle(queued: Queued, outcome: Decision | null | FuseboxError): void {
+  if (queued.settled) return;
+  queued.settled = true;
+  if (outcome instanceof FuseboxError) queued.reject(outcome);
+  else queued.resolve(outcome);
+}
+
+function fallbackReport(reason: string): StopReport {
+  return {
+    terminal_state: "",
+    reason,
+    completed_steps: 0,
+    progress_version: null,
+    completed_operations: [],
+    last_safe_checkpoint: null,
+    unmet_precondition: null,
+    resume_condition: null,
+    fired_guards: [],
+    detail: null,
+  };
+}

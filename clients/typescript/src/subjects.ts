@@ -1,0 +1,17 @@
+/** Subject names of interfaces.md §2 (mirrors crates/fusebox-nats/src/subjects.rs). */
+
+export const STOPS_STREAM = "FUSEBOX_STOPS";
+
+export const gate = (tenant: string, run: string): string => `fusebox.gate.${tenant}.${run}`;
+export const events = (tenant: string, run: string): string => `fusebox.events.${tenant}.${run}`;
+export const stop = (tenant: string, run: string): string => `fusebox.stop.${tenant}.${run}`;
+
+const ID = /^[A-Za-z0-9_-]+$/;
+
+/** Tenant and run ids are subject tokens: `[A-Za-z0-9_-]{1,maxLen}`. */
+export function checkId(what: string, value: string, maxLen: number): string {
+  if (value.length === 0 || value.length > maxLen || !ID.test(value)) {
+    throw new RangeError(`${what} ${JSON.stringify(value)} must be 1-${maxLen} of A-Z a-z 0-9 _ -`);
+  }
+  return value;
+}
