@@ -281,7 +281,9 @@ fn parse_case(text: &str) -> (Preset, Vec<Step>) {
                 "resume"
             }
             "finish" => {
-                let status = Some(rest.trim()).filter(|s| !s.is_empty()).unwrap_or("done");
+                let status = Some(rest.trim())
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or("done");
                 fields.insert("status".into(), json!(status));
                 "run_finished"
             }
