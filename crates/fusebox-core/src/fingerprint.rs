@@ -59,9 +59,9 @@ pub fn call_fingerprint_in(
     digest(buf)
 }
 
-/// The question a call asks: its canonical form with every free-text argument masked
-/// ([`is_free_text`]: two plain words or more, "title of song"), so that the wordings of
-/// one question ask the same. `None` when the arguments hold no free text: two calls
+/// The question a call asks: its canonical form with every free-text argument reduced
+/// to its identifiers ([`is_free_text`]: mostly plain words, "title of song"), so that
+/// the wordings of one question ask the same. `None` when the arguments hold no free text: two calls
 /// that differ there differ in an identifier (an id, a path, a host, a flag, a command),
 /// which makes them a sweep, never a rewording.
 pub fn question_fingerprint_in(
@@ -85,31 +85,47 @@ pub fn question_fingerprint_in(
     Some(digest(buf))
 }
 
-/// Free text: a string of two or more plain words — letters, with an apostrophe or an
-/// inner hyphen, and the punctuation of a sentence around them. A digit, a slash, a
-/// leading dash, an underscore or a dot inside a word makes a token an identifier
-/// (`svc-0`, `src/`, `-rn`, `parse_event`, `a.rs`), and a string with one an argument of
-/// another kind: a command line, a path, a key.
+/// A plain word: letters, with an apostrophe or an inner hyphen, and the punctuation of
+/// a sentence around it. A digit, a slash, a leading dash, an underscore or a dot inside
+/// makes a token an identifier (`svc-0`, `3.12`, `src/`, `-rn`, `parse_event`, `a.rs`).
+fn is_plain_word(token: &str) -> bool {
+    let word = token.trim_matches(|c: char| {
+        matches!(
+            c,
+            '"' | '\'' | '(' | ')' | '?' | '!' | '.' | ',' | ';' | ':'
+        )
+    });
+    !word.is_empty()
+        && !word.starts_with('-')
+        && word
+            .chars()
+            .all(|c| c.is_alphabetic() || c == '\'' || c == '-')
+}
+
+/// Free text: two or more plain words, making at least half of the string's words
+/// ("title of song", "python 3.12 install error"). A command line or a path is mostly
+/// identifiers (`grep -rn handle_event_3 src/`, `curl http://svc-0/healthz`): not free
+/// text, and kept as it is.
 pub fn is_free_text(s: &str) -> bool {
-    let mut words = 0;
+    let (mut tokens, mut plain) = (0usize, 0usize);
     for token in s.split_whitespace() {
-        let word = token.trim_matches(|c: char| {
-            matches!(
-                c,
-                '"' | '\'' | '(' | ')' | '?' | '!' | '.' | ',' | ';' | ':'
-            )
-        });
-        let plain = !word.is_empty()
-            && !word.starts_with('-')
-            && word
-                .chars()
-                .all(|c| c.is_alphabetic() || c == '\'' || c == '-');
-        if !plain {
-            return false;
-        }
-        words += 1;
+        tokens += 1;
+        plain += usize::from(is_plain_word(token));
     }
-    words >= 2
+    plain >= 2 && plain * 2 >= tokens
+}
+
+/// What a free-text string asks, for the question fingerprint: its identifiers (numbers,
+/// versions, names with digits, paths), in order of their bytes; its plain words are the
+/// wording. "python 3.12 install error" and "install python 3.12 failed" ask the same.
+fn write_question(buf: &mut Vec<u8>, s: &str) {
+    let mut identifiers: Vec<&str> = s.split_whitespace().filter(|t| !is_plain_word(t)).collect();
+    identifiers.sort_unstable();
+    buf.push(b'q');
+    buf.extend_from_slice(&(identifiers.len() as u64).to_le_bytes());
+    for identifier in identifiers {
+        write_str(buf, identifier);
+    }
 }
 
 fn holds_free_text(
@@ -229,7 +245,7 @@ fn write_canonical(
                 buf.extend_from_slice(&n.as_f64().unwrap_or(f64::NAN).to_bits().to_le_bytes());
             }
         }
-        Value::String(s) if mask_free_text && is_free_text(s) => buf.push(b'q'),
+        Value::String(s) if mask_free_text && is_free_text(s) => write_question(buf, s),
         Value::String(s) => {
             buf.push(b's');
             match text {

@@ -129,6 +129,23 @@ def test_legitimate_sequence_runs_untouched(stack: Stack, ws: Workspace) -> None
     assert status["summary"]["open"] is False, status
 
 
+def test_a_sweep_of_greps_finding_nothing_runs_untouched(stack: Stack, ws: Workspace) -> None:
+    # Fifteen different symbols, none present: each grep answers the same nothing, and
+    # each is a call never made before — a sweep, not a loop (issue 30).
+    settings = hook_settings(stack, stack.nats_url)
+    greps = [ws.bash(f"grep -rn handle_event_{n} . || true") for n in range(15)]
+    with FakeAnthropic([*greps, text("none of them is used")]) as api:
+        result = ws.claude(api, settings).result()
+        results = api.tool_results()
+
+    assert ws.executions() == 15
+    assert result["subtype"] == "success" and result["result"] == "none of them is used"
+    assert result["permission_denials"] == []
+    assert not any("fusebox" in r.content for r in results)
+    status = run_status(stack, result["session_id"])
+    assert status["summary"]["steps"] == 15, status
+
+
 def test_operator_cancel_refuses_the_next_call_and_ends_the_session(
     stack: Stack, ws: Workspace
 ) -> None:
