@@ -76,6 +76,8 @@ def endpoint(
 
 
 def http_settings(stack: Stack, url: str, *flags: str) -> dict[str, Any]:
+    """The docs' setup step: `--print-settings --http URL` (its SessionStart is the
+    command hook, which needs the connection flags)."""
     printed = subprocess.run(
         [
             str(stack.bin("fusebox")),
@@ -84,6 +86,10 @@ def http_settings(stack: Stack, url: str, *flags: str) -> dict[str, Any]:
             "--print-settings",
             "--http",
             url,
+            "--nats-url",
+            stack.nats_url,
+            "--tenant",
+            TENANT,
             *flags,
         ],
         capture_output=True,

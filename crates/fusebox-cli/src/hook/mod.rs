@@ -74,8 +74,9 @@ enum Agent {
     ///
     /// Setup: run `fusebox hook serve` (as a service), then paste the block of
     /// `fusebox hook claude-code --print-settings --http http://127.0.0.1:7474/claude-code`:
-    /// every entry has `onFailure: "block"`, so an endpoint that is down or refuses a
-    /// request blocks the call. A non-loopback --listen needs --tokens (bearer token per
+    /// every HTTP entry has `onFailure: "block"`, so an endpoint that is down or refuses a
+    /// request blocks the call (SessionStart stays a command: Claude Code does not send it
+    /// over HTTP). A non-loopback --listen needs --tokens (bearer token per
     /// tenant); print the settings with --token-env VAR. See docs/agents/claude-code.md.
     #[command(verbatim_doc_comment)]
     Serve(serve::ServeArgs),
@@ -160,6 +161,7 @@ pub fn run(args: HookArgs) -> Result<ExitCode, String> {
             Some(settings::claude_code_http(
                 a.http.as_deref().unwrap_or_default(),
                 a.token_env.as_deref(),
+                &settings::command_line(&a.guard.flags("claude-code"))?,
                 a.guard.timeout,
             )?)
         }

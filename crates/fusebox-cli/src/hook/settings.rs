@@ -65,10 +65,13 @@ pub fn claude_code(command: &str, deadline: Duration) -> String {
 
 /// Claude Code's settings block for `fusebox hook serve`: HTTP hooks, each with
 /// `onFailure: "block"` (the default, `continue`, runs the tool when the request fails,
-/// is refused or times out), and the bearer token from `token_env` if given.
+/// is refused or times out), and the bearer token from `token_env` if given. SessionStart
+/// stays the `command` hook: Claude Code (2.1.327) does not send it to an HTTP hook, and
+/// it runs once per session.
 pub fn claude_code_http(
     url: &str,
     token_env: Option<&str>,
+    command: &str,
     deadline: Duration,
 ) -> Result<String, String> {
     if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -85,10 +88,13 @@ pub fn claude_code_http(
         }
     }
     let timeout_s = agent_timeout(deadline).as_secs();
-    let entry = |matcher: bool| {
+    let entry = |event: &str, matcher: bool| {
         let mut hook = json!({"type": "http", "url": url, "timeout": timeout_s,
             "onFailure": "block"});
-        if let Some(var) = token_env {
+        if event == "SessionStart" {
+            hook = json!({"type": "command", "command": command, "timeout": timeout_s});
+        }
+        if let Some(var) = token_env.filter(|_| event != "SessionStart") {
             hook["headers"] = json!({"Authorization": format!("Bearer ${var}")});
             hook["allowedEnvVars"] = json!([var]);
         }
@@ -100,7 +106,7 @@ pub fn claude_code_http(
     };
     let hooks: serde_json::Map<String, Value> = EVENTS
         .iter()
-        .map(|(event, matcher)| ((*event).to_owned(), json!([entry(*matcher)])))
+        .map(|(event, matcher)| ((*event).to_owned(), json!([entry(event, *matcher)])))
         .collect();
     Ok(serde_json::to_string_pretty(&json!({ "hooks": hooks })).expect("JSON values serialise"))
 }
@@ -249,7 +255,8 @@ mod tests {
             );
             assert_eq!(hook["allowedEnvVars"], json!(["FUSEBOX_HOOK_TOKEN"]));
         }
-        assert!(claude_code_http("ftp://x", None, Duration::from_secs(3)).is_err());
-        assert!(claude_code_http("http://x", Some("A B"), Duration::from_secs(3)).is_err());
+        let three = Duration::from_secs(3);
+        assert!(claude_code_http("ftp://x", None, "c", three).is_err());
+        assert!(claude_code_http("http://x", Some("A B"), "c", three).is_err());
     }
 }
