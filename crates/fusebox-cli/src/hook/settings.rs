@@ -241,11 +241,15 @@ mod tests {
         let printed = claude_code_http(
             "http://10.0.0.5:7474/claude-code",
             Some("FUSEBOX_HOOK_TOKEN"),
+            "fusebox hook claude-code",
             Duration::from_secs(3),
         )
         .unwrap();
         let block: Value = serde_json::from_str(&printed).unwrap();
-        for (event, _) in EVENTS {
+        let start = &block["hooks"]["SessionStart"][0]["hooks"][0];
+        assert_eq!(start["type"], "command");
+        assert_eq!(start["command"], "fusebox hook claude-code");
+        for (event, _) in EVENTS.iter().filter(|(e, _)| *e != "SessionStart") {
             let hook = &block["hooks"][event][0]["hooks"][0];
             assert_eq!(hook["type"], "http");
             assert_eq!(hook["onFailure"], "block", "{event}");
