@@ -301,3 +301,49 @@ fn guard_down_denies_within_the_deadline_and_allow_lets_calls_run() {
         }
     }
 }
+
+/// A hook that hangs (here: the agent never closes its stdin) still answers, with a
+/// refusal, before the agent's own timeout: `--timeout` + 1.5 s, against the printed 8 s.
+#[test]
+fn a_hung_hook_refuses_before_the_agents_timeout() {
+    use std::process::{Command, Stdio};
+    for agent in [Agent::Codex, Agent::GeminiCli] {
+        let state = tempfile::tempdir().expect("temp dir");
+        let started = Instant::now();
+        let mut child = Command::new(fusebox_e2e::bin("fusebox"))
+            .args([
+                "hook",
+                agent.protocol(),
+                "--timeout",
+                "500ms",
+                "--state-dir",
+            ])
+            .arg(state.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("fusebox runs");
+        let stdin = child.stdin.take();
+        while child.try_wait().expect("child status").is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(8),
+                "{agent:?}: still no answer after the agent's timeout"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(stdin);
+        let out = child.wait_with_output().expect("hook output");
+        let expect = match agent {
+            Agent::Codex => "deny",
+            Agent::GeminiCli => "unreadable",
+        };
+        let said = match agent {
+            Agent::Codex => check_codex(expect, &out, "hung"),
+            Agent::GeminiCli => check_gemini(expect, &out, "hung"),
+        };
+        let said = said.unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned());
+        assert!(said.contains("fusebox"), "{agent:?}: {said}");
+        assert_eq!(out.status.code(), Some(2), "{agent:?}");
+    }
+}

@@ -33,6 +33,17 @@ impl Connection {
         let nats = self
             .options(tenant, options.timeout)
             .await?
+            // The first attempt at once: without a server picked here, async-nats sleeps
+            // its reconnect delay (zero, which tokio's timer rounds up to a whole
+            // millisecond) before the first connect — a fifth of a hook's budget.
+            .reconnect_to_server_callback(|servers, _info| async move {
+                servers.iter().find(|s| s.failed_attempts == 0).map(|s| {
+                    async_nats::ReconnectToServer {
+                        addr: s.addr.clone(),
+                        delay: Some(std::time::Duration::ZERO),
+                    }
+                })
+            })
             .connect(&self.nats_url)
             .await
             .map_err(|e| self.failed(e.to_string()))?;
