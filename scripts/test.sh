@@ -7,7 +7,8 @@
 #   2. the end-to-end suites in tests/ — fuseboxd, the CLI and the deploy configs
 #                          against real nats-server, moto_server and prometheus;
 #   3. the Python suites in tests/py/ — the client and its framework adapters, the MCP
-#                          gateway and Claude Code, against the same real servers;
+#                          gateway and the coding agents (Claude Code, Codex, Gemini
+#                          CLI), against the same real servers;
 #   and then the TypeScript client (clients/typescript): strict tsc, biome, node --test
 #   of the client and its adapters against the same real servers.
 set -euo pipefail

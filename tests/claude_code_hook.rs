@@ -1,14 +1,19 @@
 //! `fusebox hook claude-code` against a real nats-server and fuseboxd: the documented
 //! payload of each Claude Code hook event (tests/fixtures/claude-code-hooks/payloads)
 //! fed in the sessions of tests/fixtures/claude-code-hooks/cases, each answer checked
-//! against the hook protocol. The fixtures' README describes the case lines.
+//! against the hook protocol — once through the command (a process per event), once
+//! through `fusebox hook serve` (Claude Code's HTTP hooks: a 4xx answer is the command's
+//! exit 2, a blocked call under `onFailure: "block"`). The fixtures' README describes
+//! the case lines.
 
-use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, ExitStatus, Output};
 use std::time::{Duration, Instant};
 
-use fusebox_e2e::{bin, read, write_config, Daemon, NatsServer};
+use fusebox_e2e::hooks::{run_hook, HookStack};
+use fusebox_e2e::http::http_post;
+use fusebox_e2e::{bin, free_port, Proc};
 use serde_json::{json, Value};
 
 const TENANT: &str = "hooks";
@@ -17,64 +22,17 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/claude-code-hooks")
 }
 
-/// A running nats-server + fuseboxd with the fixtures' policy.
-struct Stack {
-    nats_url: String,
-    _nats: NatsServer,
-    _dir: tempfile::TempDir,
-    _daemon: Daemon,
-}
-
-async fn stack() -> Stack {
-    let nats = NatsServer::start();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = write_config(dir.path());
-    let mut doc: toml::Table = toml::from_str(&read(&config)).expect("config is TOML");
-    let overlay: toml::Table =
-        toml::from_str(&read(&fixtures().join("policy.toml"))).expect("policy.toml is TOML");
-    let policy = doc
-        .entry("policy")
-        .or_insert(toml::Value::Table(toml::Table::new()))
-        .as_table_mut()
-        .expect("[policy] is a table");
-    let pinned = overlay.get("policy").and_then(|p| p.as_table());
-    for (key, value) in pinned.expect("policy.toml has [policy]") {
-        policy.insert(key.clone(), value.clone());
-    }
-    std::fs::write(&config, toml::to_string(&doc).unwrap()).expect("config written");
-    let daemon = Daemon::start(&nats.url(), &config, &dir.path().join("data")).await;
-    Stack {
-        nats_url: nats.url(),
-        _nats: nats,
-        _dir: dir,
-        _daemon: daemon,
-    }
-}
-
-fn fusebox() -> PathBuf {
-    bin("fusebox")
+async fn stack() -> HookStack {
+    HookStack::start(&fixtures().join("policy.toml")).await
 }
 
 /// One hook invocation, as Claude Code makes it: the payload on stdin, the answer on
 /// stdout.
 fn hook(args: &[&str], stdin: &[u8], state_dir: &Path) -> Output {
-    let mut child = Command::new(fusebox())
-        .args(["hook", "claude-code", "--tenant", TENANT])
-        .arg("--state-dir")
-        .arg(state_dir)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("fusebox runs");
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(stdin)
-        .expect("hook reads its payload");
-    child.wait_with_output().expect("hook finishes")
+    let state = state_dir.to_str().expect("temp paths are UTF-8");
+    let mut all = vec!["--tenant", TENANT, "--state-dir", state];
+    all.extend_from_slice(args);
+    run_hook("claude-code", &all, stdin)
 }
 
 fn payload(hook: &str, session: &str, id: Option<&str>, set: Option<&Value>) -> Value {
@@ -89,23 +47,6 @@ fn payload(hook: &str, session: &str, id: Option<&str>, set: Option<&Value>) -> 
         }
     }
     payload
-}
-
-fn run_summary(nats_url: &str, session: &str) -> Value {
-    let out = Command::new(fusebox())
-        .arg("run")
-        .arg(format!("{TENANT}/{session}"))
-        .arg("--json")
-        .args(["--nats-url", nats_url])
-        .output()
-        .expect("fusebox run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let status: Value = serde_json::from_slice(&out.stdout).expect("status is JSON");
-    status["summary"].clone()
 }
 
 /// Checks one answer against the protocol shape `expect` names.
@@ -166,7 +107,54 @@ fn check_answer(expect: &str, event: &str, out: &Output, phrase: Option<&str>, a
     }
 }
 
-fn run_case(stack: &Stack, name: &str) {
+/// How the hook events reach the guard.
+enum Transport {
+    /// `fusebox hook claude-code`, a process per event.
+    Command,
+    /// A running `fusebox hook serve` on this port.
+    Http(u16),
+}
+
+/// `fusebox hook serve` on a free loopback port, in front of `stack`.
+fn serve(stack: &HookStack, state_dir: &Path, extra: &[&str]) -> (Proc, u16) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut cmd = Command::new(bin("fusebox"));
+    cmd.args(["hook", "serve", "--listen", &listen, "--tenant", TENANT])
+        .args(["--nats-url", &stack.nats_url])
+        .arg("--state-dir")
+        .arg(state_dir)
+        .args(extra);
+    let mut proc = Proc::spawn("fusebox-hook-serve", cmd, &state_dir.join("serve.log"));
+    proc.wait_listening(port, Duration::from_secs(20));
+    (proc, port)
+}
+
+/// One hook event through `transport`, as an [`Output`] the checks read: an HTTP 200 is
+/// exit 0 with the body as stdout, any other status exit 2 with the body as stderr.
+fn deliver(transport: &Transport, args: &[&str], stdin: &[u8], state_dir: &Path) -> Output {
+    let port = match transport {
+        Transport::Command => return hook(args, stdin, state_dir),
+        Transport::Http(port) => *port,
+    };
+    let (status, body) = http_post(port, "/claude-code", &[], stdin).expect("endpoint answers");
+    let ok = status == 200;
+    Output {
+        status: ExitStatus::from_raw(if ok { 0 } else { 2 << 8 }),
+        stdout: if ok {
+            body.clone().into_bytes()
+        } else {
+            Vec::new()
+        },
+        stderr: if ok { Vec::new() } else { body.into_bytes() },
+    }
+}
+
+fn run_case(stack: &HookStack, name: &str) {
+    run_case_through(stack, &Transport::Command, name)
+}
+
+fn run_case_through(stack: &HookStack, transport: &Transport, name: &str) {
     let path = fixtures().join("cases").join(format!("{name}.jsonl"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
     let state = tempfile::tempdir().expect("temp dir");
@@ -180,7 +168,7 @@ fn run_case(stack: &Stack, name: &str) {
         let at = format!("{name}.jsonl:{}", number + 1);
         let step: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{at}: {e}"));
         if let Some(Value::Object(fields)) = step.get("status") {
-            let summary = run_summary(&stack.nats_url, &session);
+            let summary = stack.run_summary(TENANT, &session);
             for (key, value) in fields {
                 assert_eq!(&summary[key], value, "{at}: {key} in {summary}");
             }
@@ -194,7 +182,7 @@ fn run_case(stack: &Stack, name: &str) {
                 serde_json::to_vec(&payload(event, &session, id, step.get("set"))).unwrap()
             }
         };
-        let out = hook(&url, &stdin, state.path());
+        let out = deliver(transport, &url, &stdin, state.path());
         let expect = step["expect"]
             .as_str()
             .expect("every hook line has an expect");
@@ -208,6 +196,74 @@ async fn hook_cases_against_a_real_daemon() {
     for case in ["runaway", "legitimate", "rerun", "compaction", "bad_input"] {
         run_case(&stack, case);
     }
+}
+
+#[tokio::test]
+async fn hook_cases_over_http_against_a_real_daemon() {
+    let stack = stack().await;
+    let state = tempfile::tempdir().expect("temp dir");
+    let (_serve, port) = serve(&stack, state.path(), &[]);
+    for case in ["runaway", "legitimate", "rerun", "compaction", "bad_input"] {
+        run_case_through(&stack, &Transport::Http(port), case);
+    }
+}
+
+/// Off loopback, the endpoint does not start without tokens, and refuses a request
+/// without a known one (Claude Code then blocks the call: `onFailure: "block"`).
+#[tokio::test]
+async fn a_non_loopback_endpoint_requires_a_bearer_token() {
+    let stack = stack().await;
+    let state = tempfile::tempdir().expect("temp dir");
+    let open = Command::new(bin("fusebox"))
+        .args([
+            "hook",
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--nats-url",
+            &stack.nats_url,
+        ])
+        .output()
+        .expect("fusebox runs");
+    assert!(!open.status.success());
+    assert!(String::from_utf8_lossy(&open.stderr).contains("--tokens"));
+
+    let token = "acme-0123456789abcdef0123456789";
+    let tokens = state.path().join("tokens");
+    std::fs::write(&tokens, format!("{TENANT} {token}\n")).expect("tokens written");
+    let port = free_port();
+    let listen = format!("0.0.0.0:{port}");
+    let mut cmd = Command::new(bin("fusebox"));
+    cmd.args([
+        "hook",
+        "serve",
+        "--listen",
+        &listen,
+        "--nats-url",
+        &stack.nats_url,
+    ])
+    .arg("--tokens")
+    .arg(&tokens)
+    .arg("--state-dir")
+    .arg(state.path());
+    let mut proc = Proc::spawn("fusebox-hook-serve", cmd, &state.path().join("serve.log"));
+    proc.wait_listening(port, Duration::from_secs(20));
+
+    let session = format!("token-{}", std::process::id());
+    let body = serde_json::to_vec(&payload("PreToolUse", &session, Some("t1"), None)).unwrap();
+    for refused in [
+        vec![],
+        vec!["Authorization: Bearer wrong-token-0123456789".to_owned()],
+    ] {
+        let headers: Vec<&str> = refused.iter().map(String::as_str).collect();
+        let (status, said) = http_post(port, "/claude-code", &headers, &body).unwrap();
+        assert_eq!(status, 401, "{said}");
+    }
+    let bearer = format!("Authorization: Bearer {token}");
+    let (status, said) = http_post(port, "/claude-code", &[&bearer], &body).unwrap();
+    assert_eq!((status, said.as_str()), (200, "{}"));
+    // The token's tenant is the run's.
+    assert_eq!(stack.run_summary(TENANT, &session)["steps"], 1);
 }
 
 #[test]

@@ -27,6 +27,39 @@ pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body.to_owned()))
 }
 
+/// `POST path` on `127.0.0.1:port` with a JSON body and extra header lines
+/// (`"Authorization: Bearer …"`): (status, body).
+pub fn http_post(
+    port: u16,
+    path: &str,
+    headers: &[&str],
+    body: &[u8],
+) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut head = format!(
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for line in headers {
+        head.push_str(line);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Ok((status, body.to_owned()))
+}
+
 /// Waits until `GET path` on `port` answers 200; `proc` exiting first, or the time
 /// running out, fails the test with its log.
 pub fn wait_http_ok(proc: &mut Proc, port: u16, path: &str, timeout: Duration) {

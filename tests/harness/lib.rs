@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod deploy_nats;
 pub mod engine;
 pub mod fleet;
+pub mod hooks;
 pub mod http;
 pub mod moto;
 pub mod nats;

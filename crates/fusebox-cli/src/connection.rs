@@ -30,24 +30,69 @@ impl Connection {
         tenant: &str,
         options: ClientOptions,
     ) -> Result<FuseboxClient, ClientError> {
-        let failed = |detail: String| ClientError::Connect {
-            url: self.nats_url.clone(),
-            detail,
-        };
+        let nats = self
+            .options(tenant, options.timeout)
+            .await?
+            // The first attempt at once: without a server picked here, async-nats sleeps
+            // its reconnect delay (zero, which tokio's timer rounds up to a whole
+            // millisecond) before the first connect — a fifth of a hook's budget.
+            .reconnect_to_server_callback(|servers, _info| async move {
+                servers.iter().find(|s| s.failed_attempts == 0).map(|s| {
+                    async_nats::ReconnectToServer {
+                        addr: s.addr.clone(),
+                        delay: Some(std::time::Duration::ZERO),
+                    }
+                })
+            })
+            .connect(&self.nats_url)
+            .await
+            .map_err(|e| self.failed(e.to_string()))?;
+        Ok(FuseboxClient::new(nats, options))
+    }
+
+    /// For a long-lived server: returns at once, connects (and reconnects) in the
+    /// background; meanwhile a request waits for its own timeout, then fails.
+    pub async fn connect_lasting(
+        &self,
+        tenant: &str,
+        options: ClientOptions,
+    ) -> Result<FuseboxClient, ClientError> {
+        let nats = self
+            .options(tenant, options.timeout)
+            .await?
+            .retry_on_initial_connect()
+            // Back within a second of NATS returning, not after a growing backoff.
+            .reconnect_delay_callback(|attempts| {
+                std::time::Duration::from_millis((attempts as u64 * 100).min(1000))
+            })
+            .connect(&self.nats_url)
+            .await
+            .map_err(|e| self.failed(e.to_string()))?;
+        Ok(FuseboxClient::new(nats, options))
+    }
+
+    async fn options(
+        &self,
+        tenant: &str,
+        timeout: std::time::Duration,
+    ) -> Result<async_nats::ConnectOptions, ClientError> {
         let mut connect = async_nats::ConnectOptions::new();
         if let Some(creds) = &self.creds {
             connect = connect
                 .credentials_file(creds)
                 .await
-                .map_err(|e| failed(format!("{}: {e}", creds.display())))?;
+                .map_err(|e| self.failed(format!("{}: {e}", creds.display())))?;
         }
-        let nats = connect
-            .connection_timeout(options.timeout)
-            .custom_inbox_prefix(format!("_INBOX.{tenant}"))
-            .connect(&self.nats_url)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        Ok(FuseboxClient::new(nats, options))
+        Ok(connect
+            .connection_timeout(timeout)
+            .custom_inbox_prefix(format!("_INBOX.{tenant}")))
+    }
+
+    fn failed(&self, detail: String) -> ClientError {
+        ClientError::Connect {
+            url: self.nats_url.clone(),
+            detail,
+        }
     }
 
     /// The flags that reproduce this connection where it differs from the defaults.

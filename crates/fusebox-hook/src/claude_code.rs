@@ -13,6 +13,9 @@ use fusebox_core::event::{
     Args, Compaction, Output, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
 };
 use fusebox_core::{check_event, Action, Decision, Event, EventBody};
+
+use crate::common::{message_of, observe_context, stored_result, unasked_reason, unguarded_note};
+pub use crate::common::{run_id, Outcome};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -218,52 +221,20 @@ pub fn event_for(
     Ok(Some(event))
 }
 
-/// A session id as a run id of the contract (`[A-Za-z0-9_-]{1,128}`). Claude Code's ids
-/// are UUIDs and pass unchanged; anything else has its other characters replaced and a
-/// hash of the original appended, so two different sessions never share a run.
-pub fn run_id(session_id: &str) -> String {
-    const MAX: usize = 128;
-    let safe = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
-    if !session_id.is_empty() && session_id.len() <= MAX && session_id.chars().all(safe) {
-        return session_id.to_owned();
-    }
-    let suffix = &hex_sha256(session_id.as_bytes())[..16];
-    let cleaned: String = session_id
-        .chars()
-        .map(|c| if safe(c) { c } else { '_' })
-        .take(MAX - suffix.len() - 1)
-        .collect();
-    format!("{cleaned}-{suffix}")
-}
-
-/// What came back from the guard.
-pub enum Outcome<'a> {
-    Decided(&'a Decision),
-    /// No decision: the guard was silent or refused the event. `allowed` is the
-    /// configured `--on-error` policy (a refused event is never allowed).
-    Failed {
-        why: String,
-        allowed: bool,
-    },
-}
-
 /// The hook's answer on stdout for `event`.
 pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
     match (event, outcome) {
         (HookEvent::PreToolUse, Outcome::Decided(decision)) => pre_tool_use(decision),
-        (HookEvent::PreToolUse, Outcome::Failed { allowed: true, why }) => pre_tool_context(
-            &format!("fusebox: {why}; the call runs unguarded (--on-error allow)."),
-        ),
+        (HookEvent::PreToolUse, Outcome::Failed { allowed: true, why }) => {
+            pre_tool_context(&unguarded_note(why))
+        }
         (
             HookEvent::PreToolUse,
             Outcome::Failed {
                 allowed: false,
                 why,
             },
-        ) => deny(&format!(
-            "fusebox: {why}; the call is refused because the guard could not be asked. \
-             Do not retry it until the guard is back."
-        )),
+        ) => deny(&unasked_reason(why)),
         (_, Outcome::Decided(decision)) if decision.action == Action::Stop => json!({
             "continue": false,
             "stopReason": message_of(decision),
@@ -288,14 +259,10 @@ fn pre_tool_use(decision: &Decision) -> Value {
         // Nothing: "allow" would skip the user's own permission rules.
         Action::Execute => json!({}),
         Action::Warn => pre_tool_context(&message),
-        Action::UseCompletedResult => {
-            let stored = decision
-                .result
-                .as_ref()
-                .map(|r| serde_json::to_string(r).expect("JSON values serialise"))
-                .unwrap_or_else(|| "null".to_owned());
-            deny(&format!("{message}\nStored result: {stored}"))
-        }
+        Action::UseCompletedResult => deny(&format!(
+            "{message}\nStored result: {}",
+            stored_result(decision)
+        )),
         // A stop must deny the call too: `continue: false` alone ends the session only
         // after the tool has run (seen with Claude Code 2.1.327).
         Action::Stop => {
@@ -325,30 +292,6 @@ fn pre_tool_context(context: &str) -> Value {
     }})
 }
 
-/// Words for the model after a tool ran, when the guard has any: a wait, a warning.
-/// `retry_after` with no wait is how a failed command is reported (see [`event_for`])
-/// and says nothing the model does not know.
-fn observe_context(decision: &Decision) -> Option<String> {
-    if decision.action == Action::RetryAfter && decision.wait_ms.unwrap_or(0) == 0 {
-        return None;
-    }
-    decision.message.as_ref().map(|m| format!("fusebox: {m}"))
-}
-
-fn message_of(decision: &Decision) -> String {
-    match &decision.message {
-        Some(message) => format!("fusebox: {message}"),
-        None => format!(
-            "fusebox: {}{}",
-            decision.action.as_str(),
-            decision
-                .reason
-                .map(|r| format!(" ({})", r.as_str()))
-                .unwrap_or_default()
-        ),
-    }
-}
-
 fn name(event: HookEvent) -> &'static str {
     match event {
         HookEvent::SessionStart => "SessionStart",
@@ -365,28 +308,6 @@ fn name(event: HookEvent) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uuid_session_ids_are_run_ids_unchanged() {
-        let id = "418b4508-5f3f-48e9-adee-d7dbaac95e56";
-        assert_eq!(run_id(id), id);
-    }
-
-    #[test]
-    fn other_session_ids_are_made_safe_and_stay_distinct() {
-        let a = run_id("a.b");
-        let b = run_id("a/b");
-        assert!(a.starts_with("a_b-") && b.starts_with("a_b-"));
-        assert_ne!(a, b);
-        let long = run_id(&"x".repeat(300));
-        assert_eq!(long.len(), 128);
-        assert!(run_id("").len() > 1);
-        for id in [a, b, long] {
-            assert!(id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
-        }
-    }
 
     fn pre_tool_use(input: Value) -> Result<Option<Event>, String> {
         let payload = json!({"session_id": "s", "hook_event_name": "PreToolUse",

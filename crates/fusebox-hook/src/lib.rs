@@ -5,3 +5,6 @@
 //! the hook sends and answers. The decision is never made here.
 
 pub mod claude_code;
+pub mod codex;
+mod common;
+pub mod gemini_cli;

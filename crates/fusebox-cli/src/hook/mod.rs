@@ -3,23 +3,33 @@
 //!
 //! One invocation is one hook event: read the payload on stdin, ask fuseboxd (through
 //! fusebox-client, within a deadline shorter than the agent's hook timeout), print the
-//! agent's answer on stdout. Nothing is decided here and nothing is kept between
-//! invocations; the event ids come from the payload, so a re-run hook is deduplicated
-//! by the daemon.
+//! agent's answer on stdout. Nothing is decided here. Closed on failure (`reply.rs`):
+//! whatever goes wrong, the agent gets an answer that refuses the call, in time, unless
+//! `--on-error allow` says otherwise. What outlives one process is kept in the state
+//! directory (`state_dir.rs`): a resumed session's run, Codex's kept stops, Gemini CLI's
+//! call numbering.
 
+mod call_books;
+mod claude_code;
+mod codex;
+mod gemini_cli;
+mod kept_stops;
+mod reply;
+mod serve;
 mod session_runs;
 mod settings;
+mod state_dir;
 
-use std::io::{self, Read, Write};
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Subcommand, ValueEnum};
-use fusebox_client::{ClientOptions, Gate, GateOnError};
+use fusebox_client::{ClientError, ClientOptions, Gate, GateOnError};
+use fusebox_hook::claude_code::Outcome;
 
 use crate::connection::Connection;
-use fusebox_hook::claude_code::{self, Outcome, Payload};
 use session_runs::SessionRuns;
 
 #[derive(clap::Args)]
@@ -38,40 +48,106 @@ enum Agent {
     /// into yours. Each tool call is then asked of fuseboxd first: a block or stop denies
     /// it with the guard's message as the reason, a warn reaches the model as context, a
     /// stop also ends the session. One session is one run (tenant from --tenant).
+    /// See docs/agents/claude-code.md.
     #[command(verbatim_doc_comment)]
     ClaudeCode(ClaudeCodeArgs),
+    /// OpenAI Codex CLI's hook protocol (SessionStart, PreToolUse, PostToolUse,
+    /// PreCompact, SessionEnd).
+    ///
+    /// Setup: `fusebox hook codex --print-config` prints the block for
+    /// ~/.codex/config.toml; trust the hooks once (Codex skips untrusted hooks silently).
+    /// A block or stop denies the call with the guard's message as the reason, a warn
+    /// reaches the model as context. No hook answer can end a Codex turn, so after a stop
+    /// every later call of the session is denied with the stop report.
+    /// See docs/agents/codex.md.
+    #[command(verbatim_doc_comment)]
+    Codex(CodexArgs),
+    /// Gemini CLI's hook protocol (SessionStart, BeforeTool, AfterTool, SessionEnd).
+    ///
+    /// Setup: `fusebox hook gemini-cli --print-settings` prints the block for
+    /// ~/.gemini/settings.json (user level: project hooks are skipped in untrusted
+    /// folders). A block denies the call, a stop ends the agent, a warn reaches the model
+    /// with the call's result. See docs/agents/gemini-cli.md.
+    #[command(verbatim_doc_comment)]
+    GeminiCli(GeminiCliArgs),
+    /// Claude Code's hooks over HTTP: no process per tool call, one NATS connection.
+    ///
+    /// Setup: run `fusebox hook serve` (as a service), then paste the block of
+    /// `fusebox hook claude-code --print-settings --http http://127.0.0.1:7474/claude-code`:
+    /// every HTTP entry has `onFailure: "block"`, so an endpoint that is down or refuses a
+    /// request blocks the call (SessionStart stays a command: Claude Code does not send it
+    /// over HTTP). A non-loopback --listen needs --tokens (bearer token per
+    /// tenant); print the settings with --token-env VAR. See docs/agents/claude-code.md.
+    #[command(verbatim_doc_comment)]
+    Serve(serve::ServeArgs),
 }
 
+/// What every agent's hook takes.
 #[derive(clap::Args)]
-struct ClaudeCodeArgs {
+struct GuardArgs {
     #[command(flatten)]
     connection: Connection,
     /// The tenant the sessions' runs belong to.
     #[arg(long, env = "FUSEBOX_TENANT", default_value = DEFAULT_TENANT)]
     tenant: String,
     /// The agent name of the sessions' runs: `[agents.<name>.policy]` in fusebox.toml
-    /// applies to them.
-    #[arg(long, env = "FUSEBOX_AGENT", default_value = DEFAULT_AGENT)]
-    agent: String,
+    /// applies to them [default: claude-code, codex or gemini-cli].
+    #[arg(long, env = "FUSEBOX_AGENT")]
+    agent: Option<String>,
     /// How long to wait for fuseboxd (connect + answer) before --on-error applies. Keep it
-    /// below the hook's own timeout in settings.json, which --print-settings sets.
+    /// below the hook's own timeout in the agent's settings, which the printed block sets.
     #[arg(long, env = "FUSEBOX_HOOK_TIMEOUT", default_value = "3s", value_parser = crate::parse_duration)]
     timeout: Duration,
     /// What a tool call does when fuseboxd cannot be asked: deny it, or let it run unguarded.
     #[arg(long, env = "FUSEBOX_ON_ERROR", value_enum, default_value_t = OnError::Deny)]
     on_error: OnError,
-    /// Where a session continued after its end (`claude --resume`) records its current
-    /// run [default: $XDG_STATE_HOME/fusebox/claude-code, else ~/.local/state/…].
+    /// Where the hook keeps what outlives one hook process: a resumed session's run,
+    /// Codex's kept stops, Gemini CLI's call numbering
+    /// [default: $XDG_STATE_HOME/fusebox/<agent>, else ~/.local/state/fusebox/<agent>].
     #[arg(long, env = "FUSEBOX_STATE_DIR", value_name = "DIR")]
     state_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct ClaudeCodeArgs {
+    #[command(flatten)]
+    guard: GuardArgs,
+    /// Print the settings.json block that installs this hook, and exit.
+    #[arg(long)]
+    print_settings: bool,
+    /// With --print-settings: HTTP hooks to this `fusebox hook serve` URL instead of the
+    /// command (e.g. http://127.0.0.1:7474/claude-code).
+    #[arg(long, value_name = "URL", requires = "print_settings")]
+    http: Option<String>,
+    /// With --http: the environment variable holding the bearer token Claude Code sends
+    /// (an endpoint on a non-loopback address requires one).
+    #[arg(long, value_name = "VAR", requires = "http")]
+    token_env: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct CodexArgs {
+    #[command(flatten)]
+    guard: GuardArgs,
+    /// Print the config.toml block that installs this hook, and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+#[derive(clap::Args)]
+struct GeminiCliArgs {
+    #[command(flatten)]
+    guard: GuardArgs,
     /// Print the settings.json block that installs this hook, and exit.
     #[arg(long)]
     print_settings: bool,
 }
 
 const DEFAULT_TENANT: &str = "default";
-const DEFAULT_AGENT: &str = "claude-code";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+/// After `--timeout`, how long the process may still take before its fallback answer is
+/// printed regardless (the agent's own timeout, as printed, is 5 s beyond `--timeout`).
+const DEADLINE_MARGIN: Duration = Duration::from_millis(1500);
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum OnError {
@@ -80,26 +156,51 @@ enum OnError {
 }
 
 pub fn run(args: HookArgs) -> Result<ExitCode, String> {
-    match args.agent {
-        Agent::ClaudeCode(args) if args.print_settings => {
-            let command = settings::command_line(&args.flags())?;
-            println!("{}", settings::claude_code(&command, args.timeout));
-            Ok(ExitCode::SUCCESS)
+    let printed = match &args.agent {
+        Agent::ClaudeCode(a) if a.print_settings && a.http.is_some() => {
+            Some(settings::claude_code_http(
+                a.http.as_deref().unwrap_or_default(),
+                a.token_env.as_deref(),
+                &settings::command_line(&a.guard.flags("claude-code"))?,
+                a.guard.timeout,
+            )?)
         }
-        Agent::ClaudeCode(args) => Ok(claude_code_hook(&args)),
+        Agent::ClaudeCode(a) if a.print_settings => Some(settings::claude_code(
+            &settings::command_line(&a.guard.flags("claude-code"))?,
+            a.guard.timeout,
+        )),
+        Agent::Codex(a) if a.print_config => Some(settings::codex(
+            &settings::command_line(&a.guard.flags("codex"))?,
+            a.guard.timeout,
+        )),
+        Agent::GeminiCli(a) if a.print_settings => Some(settings::gemini_cli(
+            &settings::command_line(&a.guard.flags("gemini-cli"))?,
+            a.guard.timeout,
+        )),
+        _ => None,
+    };
+    if let Some(block) = printed {
+        println!("{block}");
+        return Ok(ExitCode::SUCCESS);
     }
+    Ok(match &args.agent {
+        Agent::ClaudeCode(a) => claude_code::hook(&Hook::new(&a.guard, "claude-code")),
+        Agent::Codex(a) => codex::hook(&Hook::new(&a.guard, "codex")),
+        Agent::GeminiCli(a) => gemini_cli::hook(&Hook::new(&a.guard, "gemini-cli")),
+        Agent::Serve(a) => return serve::run(a),
+    })
 }
 
-impl ClaudeCodeArgs {
+impl GuardArgs {
     /// The flags that reproduce these settings where they differ from the defaults.
-    fn flags(&self) -> Vec<String> {
-        let mut flags = vec!["hook".to_owned(), "claude-code".to_owned()];
+    fn flags(&self, protocol: &str) -> Vec<String> {
+        let mut flags = vec!["hook".to_owned(), protocol.to_owned()];
         flags.extend(self.connection.flags());
         if self.tenant != DEFAULT_TENANT {
             flags.extend(["--tenant".to_owned(), self.tenant.clone()]);
         }
-        if self.agent != DEFAULT_AGENT {
-            flags.extend(["--agent".to_owned(), self.agent.clone()]);
+        if let Some(agent) = self.agent.as_ref().filter(|a| *a != protocol) {
+            flags.extend(["--agent".to_owned(), agent.clone()]);
         }
         if self.timeout != DEFAULT_TIMEOUT {
             flags.extend([
@@ -117,135 +218,132 @@ impl ClaudeCodeArgs {
     }
 }
 
-/// One hook event. The exit status is 0 with the answer on stdout, except for a payload
-/// that cannot be read: exit 2, which Claude Code treats as a blocking error (the tool
-/// call does not run) and shows our stderr to the model.
-fn claude_code_hook(args: &ClaudeCodeArgs) -> ExitCode {
-    let mut input = Vec::new();
-    let payload = io::stdin()
-        .read_to_end(&mut input)
-        .map_err(|e| format!("cannot read the hook payload: {e}"))
-        .and_then(|_| Payload::parse(&input));
-    let payload = match payload {
-        Ok(payload) => payload,
-        Err(why) => {
-            eprintln!("fusebox: {why}");
-            return ExitCode::from(2);
+/// One hook process's settings, resolved.
+struct Hook<'a> {
+    args: &'a GuardArgs,
+    agent: String,
+    state_dir: Option<PathBuf>,
+}
+
+impl<'a> Hook<'a> {
+    fn new(args: &'a GuardArgs, protocol: &str) -> Hook<'a> {
+        Hook {
+            args,
+            agent: args.agent.clone().unwrap_or_else(|| protocol.to_owned()),
+            state_dir: state_dir::resolve(args.state_dir.clone(), protocol),
         }
-    };
-    let transcript_len = payload
-        .transcript_path
-        .as_deref()
-        .and_then(|path| std::fs::metadata(path).ok())
-        .map(|meta| meta.len());
-    let runs = SessionRuns::new(args.state_dir.clone());
-    let run = runs.current(&args.tenant, &payload.session_id);
-    let event = claude_code::event_for(
-        &payload,
-        &args.tenant,
-        &run,
-        &args.agent,
-        transcript_len,
-        now_ms(),
-    );
-    let mut event = match event {
-        Ok(Some(event)) => event,
-        Ok(None) => return print_answer(&serde_json::json!({})),
-        Err(why) => {
-            eprintln!("fusebox: {why}");
-            return ExitCode::from(2);
-        }
-    };
-    let resumed = payload
-        .resumes()
-        .then_some((&runs, payload.session_id.as_str()));
-    let gate = ask(args, &mut event, resumed);
-    let allowed = args.on_error == OnError::Allow;
-    let outcome = match &gate {
-        Gate::Decided(decision) => Outcome::Decided(decision),
-        Gate::Refused(error) => Outcome::Failed {
-            why: format!("fuseboxd refused the event: {}", error.message),
-            allowed: false,
-        },
-        Gate::Unanswered { error, .. } => Outcome::Failed {
-            why: error.to_string(),
-            allowed,
-        },
-    };
-    if let Outcome::Failed { why, .. } = &outcome {
-        eprintln!("fusebox: {} {}: {why}", payload.hook_event_name, event.id);
     }
-    print_answer(&claude_code::answer(payload.event(), &outcome))
-}
 
-/// Connect and ask, the two together within `--timeout`. For a resumed session, first
-/// whether its run was closed by its end; then the session goes on in its next run.
-fn ask(
-    args: &ClaudeCodeArgs,
-    event: &mut fusebox_core::Event,
-    resumed: Option<(&SessionRuns, &str)>,
-) -> Gate {
-    let unanswered = |error| Gate::Unanswered {
-        error,
-        allowed: args.on_error == OnError::Allow,
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => return unanswered(fusebox_client::ClientError::Usage(e.to_string())),
-    };
-    let options = ClientOptions {
-        timeout: args.timeout,
-        gate_on_error: match args.on_error {
-            OnError::Deny => GateOnError::Deny,
-            OnError::Allow => GateOnError::Allow,
-        },
-    };
-    runtime.block_on(async {
-        let asked = async {
-            let client = match args.connection.connect(&args.tenant, options).await {
-                Ok(client) => client,
-                Err(error) => return unanswered(error),
-            };
-            if let Some((runs, session)) = resumed {
-                let status = client.run_status(&event.tenant, &event.run).await;
-                let ended = status.is_ok_and(|s| {
-                    !s.summary.open && s.summary.terminal_state.as_deref() == Some("COMPLETED")
-                });
-                if ended {
-                    match runs.advance(&event.tenant, session) {
-                        Ok(next) => event.run = next,
-                        Err(e) => eprintln!("fusebox: cannot record the session's next run: {e}"),
-                    }
-                }
-            }
-            client.gate(event).await
-        };
-        tokio::time::timeout(args.timeout, asked)
-            .await
-            .unwrap_or_else(|_| {
-                unanswered(fusebox_client::ClientError::Timeout {
-                    subject: format!("{} (connect + answer)", args.connection.nats_url),
-                    timeout_ms: args.timeout.as_millis() as u64,
-                })
-            })
-    })
-}
+    fn tenant(&self) -> &str {
+        &self.args.tenant
+    }
 
-fn print_answer(answer: &serde_json::Value) -> ExitCode {
-    let mut out = io::stdout().lock();
-    let written = serde_json::to_writer(&mut out, answer)
-        .map_err(io::Error::from)
-        .and_then(|()| writeln!(out))
-        .and_then(|()| out.flush());
-    match written {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("fusebox: cannot write the hook answer: {e}");
-            ExitCode::from(1)
+    fn allowed(&self) -> bool {
+        self.args.on_error == OnError::Allow
+    }
+
+    /// When the fallback answer is printed whatever is still going on.
+    fn deadline(&self) -> Duration {
+        self.args.timeout + DEADLINE_MARGIN
+    }
+
+    fn runs(&self) -> SessionRuns {
+        SessionRuns::new(self.state_dir.clone())
+    }
+
+    /// What the daemon's answer (or its absence) means for the call.
+    fn outcome<'g>(&self, gate: &'g Gate) -> Outcome<'g> {
+        match gate {
+            Gate::Decided(decision) => Outcome::Decided(decision),
+            Gate::Refused(error) => Outcome::Failed {
+                why: format!("fuseboxd refused the event: {}", error.message),
+                allowed: false,
+            },
+            Gate::Unanswered { error, .. } => Outcome::Failed {
+                why: error.to_string(),
+                allowed: self.allowed(),
+            },
         }
+    }
+
+    /// Connect and ask, the two together within `--timeout`. For a resumed session,
+    /// first whether its run was closed by its end; then the session goes on in its next
+    /// run (`session` names it).
+    fn ask(&self, event: &mut fusebox_core::Event, resumed: Option<&str>) -> Gate {
+        let args = self.args;
+        let unanswered = |error| Gate::Unanswered {
+            error,
+            allowed: self.allowed(),
+        };
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => return unanswered(ClientError::Usage(e.to_string())),
+        };
+        let options = ClientOptions {
+            timeout: args.timeout,
+            gate_on_error: match args.on_error {
+                OnError::Deny => GateOnError::Deny,
+                OnError::Allow => GateOnError::Allow,
+            },
+        };
+        let runs = self.runs();
+        runtime.block_on(async {
+            let asked = async {
+                let client = match args.connection.connect(&args.tenant, options).await {
+                    Ok(client) => client,
+                    Err(error) => return unanswered(error),
+                };
+                if let Some(session) = resumed {
+                    continue_resumed(&client, &runs, event, session).await;
+                }
+                client.gate(event).await
+            };
+            tokio::time::timeout(args.timeout, asked)
+                .await
+                .unwrap_or_else(|_| {
+                    unanswered(ClientError::Timeout {
+                        subject: format!("{} (connect + answer)", args.connection.nats_url),
+                        timeout_ms: args.timeout.as_millis() as u64,
+                    })
+                })
+        })
+    }
+}
+
+/// A session resumed after its end (its run COMPLETED) goes on in its next run.
+async fn continue_resumed(
+    client: &fusebox_client::FuseboxClient,
+    runs: &SessionRuns,
+    event: &mut fusebox_core::Event,
+    session: &str,
+) {
+    let status = client.run_status(&event.tenant, &event.run).await;
+    let ended = status
+        .is_ok_and(|s| !s.summary.open && s.summary.terminal_state.as_deref() == Some("COMPLETED"));
+    if ended {
+        match runs.advance(&event.tenant, session) {
+            Ok(next) => event.run = next,
+            Err(e) => eprintln!("fusebox: cannot record the session's next run: {e}"),
+        }
+    }
+}
+
+/// The payload on stdin, whole.
+fn read_stdin() -> Result<Vec<u8>, String> {
+    let mut input = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut input)
+        .map_err(|e| format!("cannot read the hook payload: {e}"))?;
+    Ok(input)
+}
+
+/// A line on stderr for the user's hook log when the guard gave no decision.
+fn log_failure(event_name: &str, event_id: &str, outcome: &Outcome) {
+    if let Outcome::Failed { why, .. } = outcome {
+        eprintln!("fusebox: {event_name} {event_id}: {why}");
     }
 }
 

@@ -1,9 +1,9 @@
-//! Which run a Claude Code session is in. Normally the session id itself; but a session
-//! continued with `claude --resume` / `--continue` after it ended keeps its id, and its
-//! run was closed (COMPLETED) by that SessionEnd, so the continuation becomes a run of
-//! its own, `<session>-2`, `-3` …, remembered in one small file per session, the only
-//! state the hook keeps. A run the guard *stopped* is not continued this way: a stop
-//! holds until an operator resumes it.
+//! Which run a coding agent's session is in. Normally the session id itself; but a
+//! session continued with `claude --resume` (or Codex's and Gemini CLI's resume) after
+//! it ended keeps its id, and its run was closed (COMPLETED) by that SessionEnd, so the
+//! continuation becomes a run of its own, `<session>-2`, `-3` …, remembered in one small
+//! file per session. A run the guard *stopped* is not continued this way: a stop holds
+//! until an operator resumes it.
 
 use std::fs;
 use std::io;
@@ -11,23 +11,16 @@ use std::path::PathBuf;
 
 use fusebox_hook::claude_code::run_id;
 
+use super::state_dir::write_atomically;
+
 pub struct SessionRuns {
     dir: Option<PathBuf>,
 }
 
 impl SessionRuns {
-    /// `dir`, else `$XDG_STATE_HOME/fusebox/claude-code`, else
-    /// `~/.local/state/fusebox/claude-code`; none at all (no HOME) keeps every session
-    /// in its first run.
+    /// Runs recorded in `dir` (see `state_dir::resolve`); none at all (no HOME) keeps
+    /// every session in its first run.
     pub fn new(dir: Option<PathBuf>) -> SessionRuns {
-        let dir = dir.or_else(|| {
-            let state = std::env::var_os("XDG_STATE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state"))
-                })?;
-            Some(state.join("fusebox").join("claude-code"))
-        });
         SessionRuns { dir }
     }
 
@@ -61,13 +54,7 @@ impl SessionRuns {
         let file = self.file(tenant, session).ok_or_else(|| {
             io::Error::new(io::ErrorKind::NotFound, "no state directory (HOME unset)")
         })?;
-        if let Some(dir) = file.parent() {
-            fs::create_dir_all(dir)?;
-        }
-        // Write-then-rename: a hook killed halfway leaves the old run, never half a name.
-        let partial = file.with_extension("partial");
-        fs::write(&partial, &next)?;
-        fs::rename(&partial, &file)?;
+        write_atomically(&file, next.as_bytes())?;
         Ok(next)
     }
 }

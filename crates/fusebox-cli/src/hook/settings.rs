@@ -1,10 +1,14 @@
-//! `--print-settings`: the block a user pastes into Claude Code's settings.json.
+//! `--print-settings` / `--print-config`: the block a user pastes into the agent's
+//! settings (Claude Code's and Gemini CLI's settings.json, Codex's config.toml). Each
+//! sets the agent's hook timeout well beyond the command's own deadline, so the guard's
+//! answer — or the command's deny when the guard is silent — always arrives before the
+//! agent gives up on the hook and runs the tool anyway.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-/// The hook events fusebox listens to, and whether they take a tool matcher.
+/// Claude Code's hook events fusebox listens to, and whether they take a tool matcher.
 const EVENTS: [(&str, bool); 6] = [
     ("SessionStart", false),
     ("PreToolUse", true),
@@ -36,11 +40,14 @@ fn shell_quote(word: &str) -> String {
     }
 }
 
-/// The settings block. The hook's timeout (whole seconds, Claude Code's unit) leaves
-/// room after our own deadline, so the guard's answer — or our deny when it is silent —
-/// always arrives before Claude Code gives up on the hook and runs the tool anyway.
+/// How long the agent waits for the hook: the command's deadline and 5 s more.
+fn agent_timeout(deadline: Duration) -> Duration {
+    deadline + Duration::from_secs(5)
+}
+
+/// Claude Code's settings block (timeouts in whole seconds).
 pub fn claude_code(command: &str, deadline: Duration) -> String {
-    let timeout_s = deadline.as_secs() + 5;
+    let timeout_s = agent_timeout(deadline).as_secs();
     let entry = |matcher: bool| {
         let hook = json!({"type": "command", "command": command, "timeout": timeout_s});
         if matcher {
@@ -50,6 +57,124 @@ pub fn claude_code(command: &str, deadline: Duration) -> String {
         }
     };
     let hooks: serde_json::Map<String, Value> = EVENTS
+        .iter()
+        .map(|(event, matcher)| ((*event).to_owned(), json!([entry(*matcher)])))
+        .collect();
+    serde_json::to_string_pretty(&json!({ "hooks": hooks })).expect("JSON values serialise")
+}
+
+/// Claude Code's settings block for `fusebox hook serve`: HTTP hooks, each with
+/// `onFailure: "block"` (the default, `continue`, runs the tool when the request fails,
+/// is refused or times out), and the bearer token from `token_env` if given. SessionStart
+/// stays the `command` hook: Claude Code (2.1.327) does not send it to an HTTP hook, and
+/// it runs once per session.
+pub fn claude_code_http(
+    url: &str,
+    token_env: Option<&str>,
+    command: &str,
+    deadline: Duration,
+) -> Result<String, String> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!("--http {url}: not an http:// or https:// URL"));
+    }
+    if let Some(var) = token_env {
+        let valid = !var.is_empty()
+            && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !var.starts_with(|c: char| c.is_ascii_digit());
+        if !valid {
+            return Err(format!(
+                "--token-env {var}: not an environment variable name"
+            ));
+        }
+    }
+    let timeout_s = agent_timeout(deadline).as_secs();
+    let entry = |event: &str, matcher: bool| {
+        let mut hook = json!({"type": "http", "url": url, "timeout": timeout_s,
+            "onFailure": "block"});
+        if event == "SessionStart" {
+            hook = json!({"type": "command", "command": command, "timeout": timeout_s});
+        }
+        if let Some(var) = token_env.filter(|_| event != "SessionStart") {
+            hook["headers"] = json!({"Authorization": format!("Bearer ${var}")});
+            hook["allowedEnvVars"] = json!([var]);
+        }
+        if matcher {
+            json!({"matcher": "*", "hooks": [hook]})
+        } else {
+            json!({"hooks": [hook]})
+        }
+    };
+    let hooks: serde_json::Map<String, Value> = EVENTS
+        .iter()
+        .map(|(event, matcher)| ((*event).to_owned(), json!([entry(event, *matcher)])))
+        .collect();
+    Ok(serde_json::to_string_pretty(&json!({ "hooks": hooks })).expect("JSON values serialise"))
+}
+
+/// Codex's hook events fusebox listens to. Not Stop (the end of every turn), not
+/// PostCompact (PreCompact already counts the compaction).
+const CODEX_EVENTS: [&str; 5] = [
+    "SessionStart",
+    "PreToolUse",
+    "PostToolUse",
+    "PreCompact",
+    "SessionEnd",
+];
+
+/// Codex clamps a SessionEnd hook's timeout to this (and says so on every start).
+const CODEX_SESSION_END_LIMIT_S: u64 = 3;
+
+/// Codex's config.toml block (timeouts in whole seconds), as TOML.
+pub fn codex(command: &str, deadline: Duration) -> String {
+    let timeout_s = agent_timeout(deadline).as_secs();
+    let mut events = toml::Table::new();
+    for event in CODEX_EVENTS {
+        let timeout = if event == "SessionEnd" {
+            timeout_s.min(CODEX_SESSION_END_LIMIT_S)
+        } else {
+            timeout_s
+        };
+        let mut hook = toml::Table::new();
+        hook.insert("type".into(), "command".into());
+        hook.insert("command".into(), command.into());
+        hook.insert("timeout".into(), toml::Value::Integer(timeout as i64));
+        let mut entry = toml::Table::new();
+        entry.insert("hooks".into(), toml::Value::Array(vec![hook.into()]));
+        events.insert(event.into(), toml::Value::Array(vec![entry.into()]));
+    }
+    let mut doc = toml::Table::new();
+    doc.insert("hooks".into(), events.into());
+    let body = toml::to_string(&doc).expect("TOML tables serialise");
+    format!(
+        "# fusebox: the guard before every Codex tool call. Paste into ~/.codex/config.toml\n\
+         # (or ship it in a managed layer), then trust the hooks once: Codex skips\n\
+         # untrusted hooks without a word.\n{body}"
+    )
+}
+
+/// Gemini CLI's hook events fusebox listens to, and whether they take a tool matcher.
+/// Not PreCompress: Gemini CLI fires it before every model request, compaction or not.
+const GEMINI_EVENTS: [(&str, bool); 4] = [
+    ("SessionStart", false),
+    ("BeforeTool", true),
+    ("AfterTool", true),
+    ("SessionEnd", false),
+];
+
+/// Gemini CLI's settings block (timeouts in milliseconds). Lifecycle events take no
+/// matcher (with one, 0.61 does not run a SessionStart hook).
+pub fn gemini_cli(command: &str, deadline: Duration) -> String {
+    let timeout_ms = agent_timeout(deadline).as_millis() as u64;
+    let entry = |matcher: bool| {
+        let hook = json!({"name": "fusebox", "type": "command", "command": command,
+            "timeout": timeout_ms});
+        if matcher {
+            json!({"matcher": ".*", "hooks": [hook]})
+        } else {
+            json!({"hooks": [hook]})
+        }
+    };
+    let hooks: serde_json::Map<String, Value> = GEMINI_EVENTS
         .iter()
         .map(|(event, matcher)| ((*event).to_owned(), json!([entry(*matcher)])))
         .collect();
@@ -81,5 +206,61 @@ mod tests {
             assert_eq!(entry["hooks"][0]["timeout"], 8);
             assert_eq!(entry.get("matcher").is_some(), matcher, "{event}");
         }
+    }
+
+    #[test]
+    fn the_codex_block_is_toml_with_every_event_and_session_end_within_its_clamp() {
+        let block: toml::Table =
+            toml::from_str(&codex("fusebox hook codex", Duration::from_secs(3))).unwrap();
+        for event in CODEX_EVENTS {
+            let hook = &block["hooks"][event][0]["hooks"][0];
+            assert_eq!(hook["type"].as_str(), Some("command"));
+            assert_eq!(hook["command"].as_str(), Some("fusebox hook codex"));
+            let expected = if event == "SessionEnd" { 3 } else { 8 };
+            assert_eq!(hook["timeout"].as_integer(), Some(expected), "{event}");
+        }
+    }
+
+    #[test]
+    fn the_gemini_block_counts_milliseconds_and_matches_only_tools() {
+        let block: Value = serde_json::from_str(&gemini_cli(
+            "fusebox hook gemini-cli",
+            Duration::from_secs(3),
+        ))
+        .unwrap();
+        for (event, matcher) in GEMINI_EVENTS {
+            let entry = &block["hooks"][event][0];
+            assert_eq!(entry["hooks"][0]["timeout"], 8000, "{event}");
+            assert_eq!(entry.get("matcher").is_some(), matcher, "{event}");
+        }
+        assert!(block["hooks"].get("PreCompress").is_none());
+    }
+
+    #[test]
+    fn the_http_block_blocks_on_failure_and_carries_the_token() {
+        let printed = claude_code_http(
+            "http://10.0.0.5:7474/claude-code",
+            Some("FUSEBOX_HOOK_TOKEN"),
+            "fusebox hook claude-code",
+            Duration::from_secs(3),
+        )
+        .unwrap();
+        let block: Value = serde_json::from_str(&printed).unwrap();
+        let start = &block["hooks"]["SessionStart"][0]["hooks"][0];
+        assert_eq!(start["type"], "command");
+        assert_eq!(start["command"], "fusebox hook claude-code");
+        for (event, _) in EVENTS.iter().filter(|(e, _)| *e != "SessionStart") {
+            let hook = &block["hooks"][event][0]["hooks"][0];
+            assert_eq!(hook["type"], "http");
+            assert_eq!(hook["onFailure"], "block", "{event}");
+            assert_eq!(
+                hook["headers"]["Authorization"],
+                "Bearer $FUSEBOX_HOOK_TOKEN"
+            );
+            assert_eq!(hook["allowedEnvVars"], json!(["FUSEBOX_HOOK_TOKEN"]));
+        }
+        let three = Duration::from_secs(3);
+        assert!(claude_code_http("ftp://x", None, "c", three).is_err());
+        assert!(claude_code_http("http://x", Some("A B"), "c", three).is_err());
     }
 }

@@ -1,0 +1,317 @@
+//! The OpenAI Codex CLI hook protocol (0.169–0.171, seen with the real binary), both
+//! ways: a hook payload (JSON on stdin) becomes a guard event, the guard's decision
+//! becomes the hook's answer (JSON on stdout). Pure functions, as for Claude Code.
+//!
+//! Two things differ from Claude Code and shape this module:
+//! - **No answer ends a Codex turn.** `continue: false` on PreToolUse is taken for a
+//!   failed hook (the tool runs), on PostToolUse the model simply goes on. So a stop is
+//!   kept by the caller ([`stop_kept`]) and every later call of the session is denied with
+//!   the stop report as the reason, without asking the daemon again.
+//! - **Codex fails open.** Exit 1, a timeout or non-JSON output lets the tool run; the
+//!   caller must always print one of these answers (or exit 2, which Codex takes as a
+//!   deny with stderr as the reason).
+
+use fusebox_core::event::hex_sha256;
+use fusebox_core::event::{
+    Args, Compaction, Output, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
+};
+use fusebox_core::{check_event, Action, Decision, Event, EventBody};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::common::{message_of, observe_context, stored_result, unasked_reason, unguarded_note};
+pub use crate::common::{run_id, Outcome};
+
+/// The hook events fusebox acts on. Anything else is answered with no opinion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookEvent {
+    /// Also fired again after a compaction (`source: "compact"`): the same event id, so
+    /// the daemon answers it from its dedup.
+    SessionStart,
+    PreToolUse,
+    PostToolUse,
+    /// A compaction. Its PostCompact twin is not counted again (one compaction, one
+    /// event).
+    PreCompact,
+    /// Not Stop: that fires at the end of every turn of an interactive session.
+    SessionEnd,
+    Other,
+}
+
+impl HookEvent {
+    fn parse(name: &str) -> HookEvent {
+        match name {
+            "SessionStart" => HookEvent::SessionStart,
+            "PreToolUse" => HookEvent::PreToolUse,
+            "PostToolUse" => HookEvent::PostToolUse,
+            "PreCompact" => HookEvent::PreCompact,
+            "SessionEnd" => HookEvent::SessionEnd,
+            _ => HookEvent::Other,
+        }
+    }
+}
+
+/// The fields of a Codex hook payload fusebox reads (Codex sends more).
+#[derive(Debug, Deserialize)]
+pub struct Payload {
+    pub session_id: String,
+    pub hook_event_name: String,
+    #[serde(default)]
+    pub turn_id: Option<String>,
+    #[serde(default)]
+    pub tool_name: Option<String>,
+    #[serde(default)]
+    pub tool_input: Option<Value>,
+    #[serde(default)]
+    pub tool_use_id: Option<String>,
+    #[serde(default)]
+    pub tool_response: Option<Value>,
+    #[serde(default)]
+    pub trigger: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+impl Payload {
+    pub fn parse(bytes: &[u8]) -> Result<Payload, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("not a Codex hook payload: {e}"))
+    }
+
+    pub fn event(&self) -> HookEvent {
+        HookEvent::parse(&self.hook_event_name)
+    }
+
+    /// A session continued (`codex resume`) in a new process.
+    pub fn resumes(&self) -> bool {
+        self.event() == HookEvent::SessionStart && self.source.as_deref() == Some("resume")
+    }
+
+    fn tool_use(&self) -> Result<(&str, &str), String> {
+        let missing = |field: &str| format!("{} payload without {field}", self.hook_event_name);
+        let id = self
+            .tool_use_id
+            .as_deref()
+            .ok_or_else(|| missing("tool_use_id"))?;
+        let tool = self
+            .tool_name
+            .as_deref()
+            .ok_or_else(|| missing("tool_name"))?;
+        Ok((id, tool))
+    }
+}
+
+/// The guard event for a payload; `None` for hook events fusebox has nothing to say
+/// about. Ids come from the payload (`tool_use_id`, `turn_id`), so a hook run twice is
+/// applied once.
+pub fn event_for(
+    payload: &Payload,
+    tenant: &str,
+    run: &str,
+    agent: &str,
+    ts_ms: u64,
+) -> Result<Option<Event>, String> {
+    let envelope = |id: String, body: EventBody| Event {
+        v: 1,
+        id,
+        tenant: tenant.to_owned(),
+        run: run.to_owned(),
+        seq: None,
+        ts_ms,
+        body,
+    };
+    let event = match payload.event() {
+        HookEvent::SessionStart => envelope(
+            "cx-session-start".to_owned(),
+            EventBody::RunStarted(RunStarted {
+                agent: Some(agent.to_owned()),
+                tools: None,
+                policy: None,
+            }),
+        ),
+        HookEvent::PreToolUse => {
+            let (id, tool) = payload.tool_use()?;
+            envelope(
+                format!("cx-{id}-call"),
+                EventBody::ToolCall(ToolCall {
+                    call_id: id.to_owned(),
+                    tool: tool.to_owned(),
+                    args: Args::inline_or_hash(payload.tool_input.clone().unwrap_or(Value::Null)),
+                    op_key: None,
+                    effect: None,
+                }),
+            )
+        }
+        // Codex reports a failed command as its output (the exit code is in the text),
+        // so every result is a SUCCESS with that output: repetition is judged by it.
+        HookEvent::PostToolUse => {
+            let (id, tool) = payload.tool_use()?;
+            let output = payload.tool_response.clone().unwrap_or(Value::Null);
+            envelope(
+                format!("cx-{id}-result"),
+                EventBody::ToolResult(ToolResult {
+                    call_id: id.to_owned(),
+                    tool: tool.to_owned(),
+                    kind: ResultKind::Success,
+                    code: None,
+                    retry_after_ms: None,
+                    terminal: None,
+                    output: Some(Output::inline_or_hash(output)),
+                    progress: None,
+                }),
+            )
+        }
+        HookEvent::PreCompact => {
+            // The turn names the moment: a hook re-run within it sends the same id.
+            let moment = format!(
+                "{}:{}:{}",
+                payload.turn_id.as_deref().unwrap_or(""),
+                payload.trigger.as_deref().unwrap_or(""),
+                payload.session_id
+            );
+            envelope(
+                format!("cx-compact-{}", &hex_sha256(moment.as_bytes())[..16]),
+                EventBody::Compaction(Compaction {
+                    reason: Some(format!(
+                        "codex: {}",
+                        payload.trigger.as_deref().unwrap_or("compaction")
+                    )),
+                }),
+            )
+        }
+        HookEvent::SessionEnd => envelope(
+            "cx-session-end".to_owned(),
+            EventBody::RunFinished(RunFinished {
+                status: Some(format!(
+                    "session ended ({})",
+                    payload.reason.as_deref().unwrap_or("other")
+                )),
+            }),
+        ),
+        HookEvent::Other => return Ok(None),
+    };
+    check_event(&event, fusebox_core::parse::DEFAULT_MAX_EVENT_BYTES).map_err(|err| {
+        format!(
+            "cannot guard this {} payload: {}",
+            payload.hook_event_name, err.message
+        )
+    })?;
+    Ok(Some(event))
+}
+
+/// The report to keep when `outcome` stops the run: every later call of the session is
+/// denied with it, because Codex cannot be made to end the turn.
+pub fn stop_kept(outcome: &Outcome) -> Option<String> {
+    match outcome {
+        Outcome::Decided(decision) if decision.action == Action::Stop => Some(message_of(decision)),
+        _ => None,
+    }
+}
+
+/// The answer to a PreToolUse of a session whose run was stopped earlier: the kept stop
+/// report, said without asking the daemon again.
+pub fn kept_stop_answer(report: &str) -> Value {
+    deny(&format!(
+        "{report}\nThis session's run is stopped: every further tool call is refused. \
+         End the turn and tell the user."
+    ))
+}
+
+/// The hook's answer on stdout for `event`.
+pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
+    match (event, outcome) {
+        (HookEvent::PreToolUse, Outcome::Decided(decision)) => pre_tool_use(decision),
+        (HookEvent::PreToolUse, Outcome::Failed { allowed: true, why }) => {
+            context("PreToolUse", &unguarded_note(why))
+        }
+        (
+            HookEvent::PreToolUse,
+            Outcome::Failed {
+                allowed: false,
+                why,
+            },
+        ) => deny(&unasked_reason(why)),
+        // The model goes on after a result whatever the hook says; the stop report is
+        // what it reads, and the next call is denied with it.
+        (HookEvent::PostToolUse, Outcome::Decided(decision)) => match observe_context(decision) {
+            Some(words) => context("PostToolUse", &words),
+            None => json!({}),
+        },
+        _ => json!({}),
+    }
+}
+
+fn pre_tool_use(decision: &Decision) -> Value {
+    let message = message_of(decision);
+    match decision.action {
+        // Nothing: "allow" would skip the user's own approval policy.
+        Action::Execute => json!({}),
+        Action::Warn => context("PreToolUse", &message),
+        Action::UseCompletedResult => deny(&format!(
+            "{message}\nStored result: {}",
+            stored_result(decision)
+        )),
+        Action::Stop => kept_stop_answer(&message),
+        // Block, and any action that does not let the tool run.
+        _ => deny(&message),
+    }
+}
+
+fn deny(reason: &str) -> Value {
+    json!({"hookSpecificOutput": {
+        "hookEventName": "PreToolUse",
+        "permissionDecision": "deny",
+        "permissionDecisionReason": reason,
+    }})
+}
+
+/// Codex adds it to the conversation as a developer message before the call's output.
+fn context(event: &str, words: &str) -> Value {
+    json!({"hookSpecificOutput": {
+        "hookEventName": event,
+        "additionalContext": words,
+    }})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Payload {
+        Payload::parse(text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn the_turn_names_a_compaction() {
+        let id = |turn: &str| {
+            let payload = parse(&format!(
+                r#"{{"session_id":"s","hook_event_name":"PreCompact","turn_id":"{turn}","trigger":"auto"}}"#
+            ));
+            event_for(&payload, "t", "r", "codex", 1)
+                .unwrap()
+                .unwrap()
+                .id
+        };
+        assert_eq!(id("a"), id("a"));
+        assert_ne!(id("a"), id("b"));
+    }
+
+    #[test]
+    fn post_compact_and_stop_are_not_events() {
+        for name in ["PostCompact", "Stop", "UserPromptSubmit"] {
+            let payload = parse(&format!(
+                r#"{{"session_id":"s","hook_event_name":"{name}"}}"#
+            ));
+            assert!(event_for(&payload, "t", "r", "codex", 1).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn a_call_without_its_id_is_the_hooks_error() {
+        let payload =
+            parse(r#"{"session_id":"s","hook_event_name":"PreToolUse","tool_name":"Bash"}"#);
+        let err = event_for(&payload, "t", "r", "codex", 1).unwrap_err();
+        assert!(err.contains("tool_use_id"), "{err}");
+    }
+}

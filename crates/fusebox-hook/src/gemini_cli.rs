@@ -1,0 +1,465 @@
+//! The Gemini CLI hook protocol (0.61, seen with the real CLI), both ways. Pure
+//! functions, as for Claude Code, plus [`CallBook`]: the one piece of session state the
+//! protocol forces on a hook, kept by the caller beside the session.
+//!
+//! - **BeforeTool carries no tool-call id.** The book numbers the session's calls
+//!   (`g1`, `g2` …): a call is known by its moment (tool, input and the payload's
+//!   `timestamp`, which every hook of one event shares), so a hook run twice for one call
+//!   gets the same id and the daemon applies it once; an AfterTool pairs with the oldest
+//!   call of the same tool and input that ran and has no result yet.
+//! - **Answers:** deny is `{"decision": "deny", "reason": …}` (the model reads "Tool
+//!   execution blocked: …"); a stop is `continue: false` with the report, which ends the
+//!   agent; a warn cannot ride on BeforeTool, so the book keeps it and it reaches the
+//!   model as added context on the call's AfterTool.
+//! - **PreCompress is not a compaction.** Gemini CLI fires it before every model request
+//!   whether anything is compressed or not (0.61), so counting it would stop every
+//!   session at `max_compactions`; it is answered with no opinion.
+//! - **Gemini CLI fails open** (exit 1, timeout, bad JSON): the caller must always print
+//!   one of these answers.
+
+use fusebox_core::event::hex_sha256;
+use fusebox_core::event::{
+    Args, Output, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
+};
+use fusebox_core::{check_event, Action, Decision, Event, EventBody};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::common::{message_of, observe_context, stored_result, unasked_reason, unguarded_note};
+pub use crate::common::{run_id, Outcome};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookEvent {
+    SessionStart,
+    BeforeTool,
+    AfterTool,
+    SessionEnd,
+    Other,
+}
+
+impl HookEvent {
+    fn parse(name: &str) -> HookEvent {
+        match name {
+            "SessionStart" => HookEvent::SessionStart,
+            "BeforeTool" => HookEvent::BeforeTool,
+            "AfterTool" => HookEvent::AfterTool,
+            "SessionEnd" => HookEvent::SessionEnd,
+            _ => HookEvent::Other,
+        }
+    }
+}
+
+/// The fields of a Gemini CLI hook payload fusebox reads.
+#[derive(Debug, Deserialize)]
+pub struct Payload {
+    pub session_id: String,
+    pub hook_event_name: String,
+    #[serde(default)]
+    pub timestamp: Option<String>,
+    #[serde(default)]
+    pub tool_name: Option<String>,
+    #[serde(default)]
+    pub tool_input: Option<Value>,
+    #[serde(default)]
+    pub tool_response: Option<Value>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+impl Payload {
+    pub fn parse(bytes: &[u8]) -> Result<Payload, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("not a Gemini CLI hook payload: {e}"))
+    }
+
+    pub fn event(&self) -> HookEvent {
+        HookEvent::parse(&self.hook_event_name)
+    }
+
+    /// A session continued (`gemini --resume`) in a new process.
+    pub fn resumes(&self) -> bool {
+        self.event() == HookEvent::SessionStart && self.source.as_deref() == Some("resume")
+    }
+
+    fn tool(&self) -> Result<&str, String> {
+        self.tool_name
+            .as_deref()
+            .ok_or_else(|| format!("{} payload without tool_name", self.hook_event_name))
+    }
+
+    /// Which call this is, whatever the moment: the tool and its input.
+    fn call_key(&self) -> Result<String, String> {
+        let input = self.tool_input.as_ref().unwrap_or(&Value::Null);
+        let text = format!("{}\0{}", self.tool()?, input);
+        Ok(hex_sha256(text.as_bytes())[..32].to_owned())
+    }
+
+    /// This very hook event: the call and the event's timestamp.
+    fn moment(&self) -> Result<String, String> {
+        let timestamp = self
+            .timestamp
+            .as_deref()
+            .ok_or_else(|| format!("{} payload without timestamp", self.hook_event_name))?;
+        Ok(format!("{}@{timestamp}", self.call_key()?))
+    }
+}
+
+/// The session's tool calls, numbered, as the hook keeps them between its processes
+/// (serialised beside the session). Bounded: the last [`CallBook::KEPT`] calls.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallBook {
+    next: u64,
+    calls: Vec<BookedCall>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct BookedCall {
+    id: String,
+    key: String,
+    before: String,
+    #[serde(default)]
+    after: Option<String>,
+    /// It ran (or may run) and its result has not come yet.
+    open: bool,
+    #[serde(default)]
+    warning: Option<String>,
+}
+
+impl CallBook {
+    /// Calls kept: far more than can be open at once in one session.
+    pub const KEPT: usize = 64;
+
+    /// The call id of a BeforeTool: the one it already has if this hook event was seen,
+    /// else the session's next number.
+    pub fn before(&mut self, payload: &Payload) -> Result<String, String> {
+        let moment = payload.moment()?;
+        if let Some(call) = self.calls.iter().find(|c| c.before == moment) {
+            return Ok(call.id.clone());
+        }
+        self.next += 1;
+        let id = format!("g{}", self.next);
+        self.calls.push(BookedCall {
+            id: id.clone(),
+            key: payload.call_key()?,
+            before: moment,
+            after: None,
+            open: true,
+            warning: None,
+        });
+        if self.calls.len() > Self::KEPT {
+            self.calls.remove(0);
+        }
+        Ok(id)
+    }
+
+    /// What the guard answered a call: a refused call gets no AfterTool; a warned one
+    /// keeps its warning for it.
+    pub fn answered(&mut self, id: &str, outcome: &Outcome) {
+        let Some(call) = self.calls.iter_mut().find(|c| c.id == id) else {
+            return;
+        };
+        match outcome {
+            Outcome::Decided(decision) if decision.action.lets_tool_run() => {
+                if decision.action == Action::Warn {
+                    call.warning = Some(message_of(decision));
+                }
+            }
+            Outcome::Failed { allowed: true, why } => call.warning = Some(unguarded_note(why)),
+            _ => call.open = false,
+        }
+    }
+
+    /// The call an AfterTool reports, with the warning its BeforeTool got; `None` for a
+    /// result of no call the book knows (the hook was installed mid-session).
+    pub fn after(&mut self, payload: &Payload) -> Result<Option<(String, Option<String>)>, String> {
+        let moment = payload.moment()?;
+        if let Some(call) = self
+            .calls
+            .iter()
+            .find(|c| c.after.as_ref() == Some(&moment))
+        {
+            return Ok(Some((call.id.clone(), call.warning.clone())));
+        }
+        let key = payload.call_key()?;
+        let Some(call) = self.calls.iter_mut().find(|c| c.open && c.key == key) else {
+            return Ok(None);
+        };
+        call.open = false;
+        call.after = Some(moment);
+        Ok(Some((call.id.clone(), call.warning.clone())))
+    }
+}
+
+/// The guard event for a payload; `None` for hook events fusebox has nothing to say
+/// about. `call_id` is the book's id for a BeforeTool or AfterTool.
+pub fn event_for(
+    payload: &Payload,
+    tenant: &str,
+    run: &str,
+    agent: &str,
+    call_id: Option<&str>,
+    ts_ms: u64,
+) -> Result<Option<Event>, String> {
+    let envelope = |id: String, body: EventBody| Event {
+        v: 1,
+        id,
+        tenant: tenant.to_owned(),
+        run: run.to_owned(),
+        seq: None,
+        ts_ms,
+        body,
+    };
+    let call = || call_id.ok_or_else(|| format!("{} without a call id", payload.hook_event_name));
+    let event = match payload.event() {
+        HookEvent::SessionStart => envelope(
+            "gm-session-start".to_owned(),
+            EventBody::RunStarted(RunStarted {
+                agent: Some(agent.to_owned()),
+                tools: None,
+                policy: None,
+            }),
+        ),
+        HookEvent::BeforeTool => {
+            let id = call()?;
+            envelope(
+                format!("gm-{id}-call"),
+                EventBody::ToolCall(ToolCall {
+                    call_id: id.to_owned(),
+                    tool: payload.tool()?.to_owned(),
+                    args: Args::inline_or_hash(payload.tool_input.clone().unwrap_or(Value::Null)),
+                    op_key: None,
+                    effect: None,
+                }),
+            )
+        }
+        HookEvent::AfterTool => {
+            let id = call()?;
+            let response = payload.tool_response.clone().unwrap_or(Value::Null);
+            // A tool that could not do its job (bad parameters, a missing file) says so in
+            // `error`; a shell command's exit code is part of its output.
+            let failed = response.get("error").is_some_and(|e| !e.is_null());
+            envelope(
+                format!("gm-{id}-result"),
+                EventBody::ToolResult(ToolResult {
+                    call_id: id.to_owned(),
+                    tool: payload.tool()?.to_owned(),
+                    kind: if failed {
+                        ResultKind::Retryable
+                    } else {
+                        ResultKind::Success
+                    },
+                    code: failed.then(|| "tool_error".to_owned()),
+                    retry_after_ms: failed.then_some(0),
+                    terminal: None,
+                    output: Some(Output::inline_or_hash(model_output(&response))),
+                    progress: None,
+                }),
+            )
+        }
+        HookEvent::SessionEnd => envelope(
+            "gm-session-end".to_owned(),
+            EventBody::RunFinished(RunFinished {
+                status: Some(format!(
+                    "session ended ({})",
+                    payload.reason.as_deref().unwrap_or("other")
+                )),
+            }),
+        ),
+        HookEvent::Other => return Ok(None),
+    };
+    check_event(&event, fusebox_core::parse::DEFAULT_MAX_EVENT_BYTES).map_err(|err| {
+        format!(
+            "cannot guard this {} payload: {}",
+            payload.hook_event_name, err.message
+        )
+    })?;
+    Ok(Some(event))
+}
+
+/// What the model read of a result (`llmContent`), without the shell's
+/// `Process Group PGID: N` line: a new number for every run of the same command, which
+/// would make each repetition look like a new answer (progress) to the loop detector.
+fn model_output(response: &Value) -> Value {
+    match response.get("llmContent") {
+        Some(Value::String(text)) => Value::String(
+            text.lines()
+                .filter(|line| !line.starts_with("Process Group PGID:"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        Some(other) => other.clone(),
+        None => response.clone(),
+    }
+}
+
+/// The hook's answer on stdout for `event`. `warning` is what the call's BeforeTool was
+/// warned (from the book), said on its AfterTool.
+pub fn answer(event: HookEvent, outcome: &Outcome, warning: Option<&str>) -> Value {
+    match (event, outcome) {
+        (HookEvent::BeforeTool, Outcome::Decided(decision)) => before_tool(decision),
+        (HookEvent::BeforeTool, Outcome::Failed { allowed: true, .. }) => json!({}),
+        (
+            HookEvent::BeforeTool,
+            Outcome::Failed {
+                allowed: false,
+                why,
+            },
+        ) => deny(&unasked_reason(why)),
+        (_, Outcome::Decided(decision)) if decision.action == Action::Stop => {
+            stop(&message_of(decision))
+        }
+        (HookEvent::AfterTool, outcome) => {
+            let observed = match outcome {
+                Outcome::Decided(decision) => observe_context(decision),
+                Outcome::Failed { .. } => None,
+            };
+            let words: Vec<&str> = warning.into_iter().chain(observed.as_deref()).collect();
+            if words.is_empty() {
+                json!({})
+            } else {
+                json!({"hookSpecificOutput": {
+                    "hookEventName": "AfterTool",
+                    "additionalContext": words.join("\n"),
+                }})
+            }
+        }
+        _ => json!({}),
+    }
+}
+
+/// The answer to a payload the hook cannot read: a deny, whatever the event was (Gemini
+/// CLI reads a JSON stdout whatever the exit status).
+pub fn unreadable_answer(why: &str) -> Value {
+    deny(&format!(
+        "fusebox: {why}; the call is refused because the guard could not be asked."
+    ))
+}
+
+fn before_tool(decision: &Decision) -> Value {
+    let message = message_of(decision);
+    match decision.action {
+        Action::Execute | Action::Warn => json!({}),
+        Action::UseCompletedResult => deny(&format!(
+            "{message}\nStored result: {}",
+            stored_result(decision)
+        )),
+        Action::Stop => stop(&message),
+        _ => deny(&message),
+    }
+}
+
+fn deny(reason: &str) -> Value {
+    json!({"decision": "deny", "reason": reason})
+}
+
+/// Ends the agent before the tool runs; the deny is for a CLI that would not stop.
+fn stop(report: &str) -> Value {
+    json!({
+        "continue": false,
+        "stopReason": report,
+        "decision": "deny",
+        "reason": report,
+        "systemMessage": report,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(event: &str, command: &str, timestamp: &str) -> Payload {
+        Payload::parse(
+            json!({"session_id": "s", "hook_event_name": event, "timestamp": timestamp,
+                "tool_name": "run_shell_command", "tool_input": {"command": command},
+                "tool_response": {"llmContent": "ok"}})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    fn decision(action: &str, message: Option<&str>) -> Decision {
+        serde_json::from_value(json!({"v": 1, "tenant": "t", "run": "r", "event_id": "e",
+            "action": action, "message": message}))
+        .unwrap()
+    }
+
+    #[test]
+    fn calls_are_numbered_and_a_rerun_hook_keeps_its_number() {
+        let mut book = CallBook::default();
+        let first = payload("BeforeTool", "ls", "t1");
+        assert_eq!(book.before(&first).unwrap(), "g1");
+        assert_eq!(book.before(&first).unwrap(), "g1");
+        assert_eq!(
+            book.before(&payload("BeforeTool", "ls", "t2")).unwrap(),
+            "g2"
+        );
+    }
+
+    #[test]
+    fn a_result_pairs_with_the_oldest_open_call_of_the_same_input() {
+        let mut book = CallBook::default();
+        let decision = decision("execute", None);
+        for (command, at) in [("ls", "t1"), ("pwd", "t2"), ("ls", "t3")] {
+            let id = book.before(&payload("BeforeTool", command, at)).unwrap();
+            book.answered(&id, &Outcome::Decided(&decision));
+        }
+        let after = |book: &mut CallBook, command, at| {
+            book.after(&payload("AfterTool", command, at))
+                .unwrap()
+                .map(|(id, _)| id)
+        };
+        assert_eq!(after(&mut book, "ls", "t4").as_deref(), Some("g1"));
+        assert_eq!(
+            after(&mut book, "ls", "t4").as_deref(),
+            Some("g1"),
+            "a re-run"
+        );
+        assert_eq!(after(&mut book, "ls", "t5").as_deref(), Some("g3"));
+        assert_eq!(after(&mut book, "pwd", "t6").as_deref(), Some("g2"));
+        assert_eq!(after(&mut book, "pwd", "t7"), None);
+    }
+
+    #[test]
+    fn a_refused_call_awaits_no_result_and_a_warning_waits_for_it() {
+        let mut book = CallBook::default();
+        let refused = book.before(&payload("BeforeTool", "ls", "t1")).unwrap();
+        book.answered(
+            &refused,
+            &Outcome::Failed {
+                why: "down".into(),
+                allowed: false,
+            },
+        );
+        let warned = book.before(&payload("BeforeTool", "ls", "t2")).unwrap();
+        let warn = decision("warn", Some("careful"));
+        book.answered(&warned, &Outcome::Decided(&warn));
+        let (id, warning) = book
+            .after(&payload("AfterTool", "ls", "t3"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(id, warned);
+        assert_eq!(warning.as_deref(), Some("fusebox: careful"));
+    }
+
+    #[test]
+    fn the_book_is_bounded() {
+        let mut book = CallBook::default();
+        for n in 0..(CallBook::KEPT + 10) {
+            book.before(&payload("BeforeTool", "ls", &n.to_string()))
+                .unwrap();
+        }
+        assert_eq!(book.calls.len(), CallBook::KEPT);
+        assert_eq!(book.next as usize, CallBook::KEPT + 10);
+    }
+
+    #[test]
+    fn the_shells_process_group_is_not_part_of_the_output() {
+        let response = json!({"llmContent": "<untrusted_context>\nOutput: hi\nProcess Group PGID: 13461\n</untrusted_context>"});
+        assert_eq!(
+            model_output(&response),
+            json!("<untrusted_context>\nOutput: hi\n</untrusted_context>")
+        );
+    }
+}
