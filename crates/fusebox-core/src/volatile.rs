@@ -368,9 +368,12 @@ fn is_key_gap(b: u8) -> bool {
 }
 
 /// A word in text that names a volatile value: a built-in volatile key (`pid`,
-/// `request_id` written as one token) or `session`.
+/// `request_id` written as one token), `session`, or `pgid` (Gemini CLI's shell tool
+/// ends every output with `Process Group PGID: 48213`).
 fn is_text_key(word: &[u8]) -> bool {
-    word.eq_ignore_ascii_case(b"session") || is_default_volatile_bytes(word)
+    word.eq_ignore_ascii_case(b"session")
+        || word.eq_ignore_ascii_case(b"pgid")
+        || is_default_volatile_bytes(word)
 }
 
 /// The built-in token starting at `start` (a token boundary), if one is on and matches,
