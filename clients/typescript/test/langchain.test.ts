@@ -5,101 +5,25 @@
  */
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { AIMessage, type BaseMessage, ToolMessage } from "@langchain/core/messages";
+import type { BaseMessage } from "@langchain/core/messages";
 import { type FakeBuiltModel, fakeModel } from "@langchain/core/testing";
-import { tool } from "@langchain/core/tools";
 import { createAgent } from "langchain";
-import { z } from "zod";
 import { fuseboxMiddleware } from "../src/adapters/langchain.js";
 import { Fusebox, type FuseboxOptions, type Run } from "../src/index.js";
 import {
   bareNats,
   freshRun,
   fuseboxCancel,
-  listIssuesOutput,
-  openPageOutput,
   PAGES,
   PING_PONG_EXECUTIONS,
   RUNAWAY_EXECUTIONS,
   runStatus,
-  searchOutput,
-  sendEmailOutput,
   TENANT,
   ToolLog,
 } from "./support/guard.js";
-import { nextCalls, opKeyFor, type Scenario } from "./support/scenarios.js";
+import { assertHistoryValid, makeTools, reads, scripted } from "./support/langchain.js";
+import { opKeyFor } from "./support/scenarios.js";
 import { type Stack, startStack } from "./support/stack.js";
-
-/** An AI message with usage: @langchain/core's types infer `usage_metadata` as
- * `undefined` for the default message structure, though the runtime reads it. */
-const aiMessage = (fields: Record<string, unknown>): AIMessage =>
-  new AIMessage(fields as ConstructorParameters<typeof AIMessage>[0] & object);
-
-function scripted(scenario: Scenario): FakeBuiltModel {
-  const model = fakeModel();
-  let turn = 0;
-  for (let i = 0; i < 100; i++) {
-    model.respond(() => {
-      const k = turn++;
-      const calls = nextCalls(scenario, k);
-      const usage_metadata = { input_tokens: 120, output_tokens: 30, total_tokens: 150 };
-      if (calls === null) return aiMessage({ content: "done", usage_metadata });
-      return aiMessage({
-        content: "",
-        tool_calls: calls.map(([name, args], j) => ({
-          name,
-          args,
-          id: `call_${k}_${j}`,
-          type: "tool_call" as const,
-        })),
-        usage_metadata,
-      });
-    });
-  }
-  return model;
-}
-
-function makeTools(log: ToolLog, onTool?: (executions: number) => Promise<void>) {
-  return [
-    tool(
-      async ({ query }: { query: string }) => {
-        log.calls.push(["search", query]);
-        return JSON.stringify(searchOutput(query));
-      },
-      { name: "search", description: "Search the web.", schema: z.object({ query: z.string() }) },
-    ),
-    tool(
-      async ({ url }: { url: string }) => {
-        log.calls.push(["open_page", url]);
-        return JSON.stringify(openPageOutput(url));
-      },
-      { name: "open_page", description: "Open a page.", schema: z.object({ url: z.string() }) },
-    ),
-    tool(
-      async ({ page }: { page: number }) => {
-        log.calls.push(["list_issues", page]);
-        await onTool?.(log.calls.length);
-        return JSON.stringify(listIssuesOutput(page));
-      },
-      {
-        name: "list_issues",
-        description: "List one page of issues.",
-        schema: z.object({ page: z.number() }),
-      },
-    ),
-    tool(
-      async ({ to }: { to: string; incident: string }) => {
-        log.calls.push(["send_email", to]);
-        return JSON.stringify(sendEmailOutput(to));
-      },
-      {
-        name: "send_email",
-        description: "Notify someone about an incident.",
-        schema: z.object({ to: z.string(), incident: z.string() }),
-      },
-    ),
-  ];
-}
 
 async function invoke(
   run: Run,
@@ -117,25 +41,6 @@ async function invoke(
     { recursionLimit: 500 },
   );
   return state.messages as BaseMessage[];
-}
-
-/** Every tool call in the history has a ToolMessage for its id. */
-function assertHistoryValid(messages: BaseMessage[]): void {
-  const answered = new Set(
-    messages
-      .filter((m) => ToolMessage.isInstance(m))
-      .map((m) => (m as unknown as ToolMessage).tool_call_id),
-  );
-  for (const m of messages) {
-    if (!AIMessage.isInstance(m)) continue;
-    for (const call of (m as unknown as AIMessage).tool_calls ?? []) {
-      assert.ok(answered.has(call.id ?? ""), `unanswered call id ${call.id}`);
-    }
-  }
-}
-
-function reads(messages: BaseMessage[]): string[] {
-  return messages.filter((m) => ToolMessage.isInstance(m)).map((m) => String(m.content));
 }
 
 describe("LangChain.js createAgent middleware", () => {

@@ -18,17 +18,12 @@
  *   (`afterAgent`; pass `closeRun: false` to keep one run open across several invokes),
  *   `failed` when the model call throws.
  */
-import {
-  AIMessage,
-  type BaseMessage,
-  ToolMessage,
-  type UsageMetadata,
-} from "@langchain/core/messages";
+import { AIMessage, type BaseMessage, ToolMessage } from "@langchain/core/messages";
 import { createMiddleware } from "langchain";
-import type { Gate } from "../gate.js";
 import type { Run } from "../run.js";
 import type { ResultKind } from "../types.js";
-import { bestEffort, callOptions, type GuardOptions, report, usage } from "./common.js";
+import { bestEffort, callOptions, type GuardOptions, report } from "./common.js";
+import { refusal, reportModelTurn } from "./langchain-messages.js";
 
 export interface MiddlewareOptions extends GuardOptions {
   /** Send `run_finished` (`completed`) when the agent ends on its own (default true). */
@@ -58,24 +53,7 @@ export function fuseboxMiddleware(run: Run, opts: MiddlewareOptions = {}) {
     afterModel: async (state) => {
       const lastMessage = (state.messages as BaseMessage[]).at(-1);
       const last = AIMessage.isInstance(lastMessage) ? (lastMessage as unknown as AIMessage) : null;
-      if (last !== null) {
-        const meta = last.usage_metadata as UsageMetadata | undefined;
-        const cacheRead = meta?.input_token_details?.cache_read ?? 0;
-        const cacheCreation = meta?.input_token_details?.cache_creation ?? 0;
-        await bestEffort(() =>
-          run.modelTurn((last.tool_calls?.length ?? 0) > 0 ? "tool_use" : "end_turn", {
-            usage: usage({
-              // LangChain's input_tokens include the cached ones; the contract sums them apart.
-              input_tokens: meta
-                ? Math.max(meta.input_tokens - cacheRead - cacheCreation, 0)
-                : undefined,
-              output_tokens: meta?.output_tokens,
-              cache_read_input_tokens: cacheRead || undefined,
-              cache_creation_input_tokens: cacheCreation || undefined,
-            }),
-          }),
-        );
-      }
+      if (last !== null) await reportModelTurn(run, last);
       return undefined;
     },
     wrapToolCall: async (request, handler) => {
@@ -104,15 +82,5 @@ export function fuseboxMiddleware(run: Run, opts: MiddlewareOptions = {}) {
       if (closeRun && run.stopped === null) await bestEffort(() => run.finish("completed"));
       return undefined;
     },
-  });
-}
-
-/** The refused call's answer, for its call id (a dangling id breaks the provider). */
-function refusal(gate: Gate): ToolMessage {
-  return new ToolMessage({
-    content: gate.modelText ?? "",
-    tool_call_id: gate.callId,
-    name: gate.tool,
-    status: gate.action === "use_completed_result" ? "success" : "error",
   });
 }
