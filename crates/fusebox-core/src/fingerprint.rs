@@ -107,6 +107,10 @@ fn is_plain_word(token: &str) -> bool {
 /// identifiers (`grep -rn handle_event_3 src/`, `curl http://svc-0/healthz`): not free
 /// text, and kept as it is.
 pub fn is_free_text(s: &str) -> bool {
+    // Most arguments are one token (an id, a path): one scan for a space settles them.
+    if !s.trim().contains(|c: char| c.is_ascii_whitespace()) {
+        return false;
+    }
     let (mut tokens, mut plain) = (0usize, 0usize);
     for token in s.split_whitespace() {
         tokens += 1;
