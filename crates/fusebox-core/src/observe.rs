@@ -104,9 +104,16 @@ pub(crate) fn tool_result(
         scratch,
         event,
         result,
-        pending,
+        pending.as_ref(),
         op_key.as_deref(),
     );
+    // A PENDING answer is not the operation's last word: its final result comes under the
+    // same call id and completes the op_key (the key stays in flight, its lease renewed,
+    // until then). Only calls with an op_key wait for it: a poll is a new call each time.
+    if let (ResultKind::Pending, Some(mut call), Some(key)) = (result.kind, pending, &op_key) {
+        call.op_key = Some(key.clone());
+        run.pending.insert(result.call_id.clone(), call);
+    }
     (decided, op_key)
 }
 
@@ -117,7 +124,7 @@ fn answer(
     scratch: &mut Vec<u8>,
     event: &Event,
     result: &ToolResult,
-    pending: Option<PendingCall>,
+    pending: Option<&PendingCall>,
     op_key: Option<&str>,
 ) -> Decision {
     let call_id = Some(result.call_id.as_str());
@@ -149,7 +156,7 @@ fn answer(
         .unwrap_or_else(|| effect_of(run, &result.tool, None, false));
     // A result the guard never gated (a producer bug, or passive mode started mid-run)
     // still counts; it gets an identity of its own.
-    let call_fp = pending.as_ref().map(|p| p.call).unwrap_or_else(|| {
+    let call_fp = pending.map(|p| p.call).unwrap_or_else(|| {
         call_fingerprint_in(
             scratch,
             &result.tool,
@@ -184,7 +191,7 @@ fn answer(
     // A result of a call the guard never gated has an identity made up for it: a new
     // pair every time, which must not pass for a sweep.
     let gated = pending.is_some();
-    let question = pending.as_ref().and_then(|p| p.question);
+    let question = pending.and_then(|p| p.question);
     let version_moved = result
         .progress
         .map(|version| run.progress_version.is_none_or(|last| version > last));
@@ -193,17 +200,17 @@ fn answer(
             Some(moved) => moved,
             None => {
                 let novel = novel(run, kind, effect, call_fp, result_fp, question, gated);
-                let of_the_run = novel && progress_of_the_run(run, call_fp, pending.as_ref());
+                let of_the_run = novel && progress_of_the_run(run, call_fp, pending);
                 one_off = novel && !of_the_run;
                 of_the_run
             }
         };
     // The same "wait" answer to a call that waited as told: the wait budget's, neither
     // progress nor a repeat.
-    let waited_as_told = pending.as_ref().is_some_and(|p| p.patient)
+    let waited_as_told = pending.is_some_and(|p| p.patient)
         && matches!(kind, ResultKind::Pending | ResultKind::Retryable);
     remember(run, kind, effect, call_fp, result_fp, question);
-    if let Some(entry) = pending.as_ref().and_then(|p| {
+    if let Some(entry) = pending.and_then(|p| {
         run.detection
             .window
             .iter_mut()
@@ -220,8 +227,7 @@ fn answer(
         }
         run.last_safe_checkpoint = Some(event.position());
         run.unmet_precondition = None;
-        run.detection
-            .clear_on_progress(pending.as_ref().map(|p| p.serial));
+        run.detection.clear_on_progress(pending.map(|p| p.serial));
     } else if one_off {
         // Neither progress nor a repeat: the loop around it keeps its counts.
         let outcomes = &mut run.detection.no_progress_outcomes;
@@ -235,7 +241,7 @@ fn answer(
         }
         run.detection.no_progress_outcomes += 1;
     }
-    if pending.as_ref().is_some_and(|p| p.watched) {
+    if pending.is_some_and(|p| p.watched) {
         watch_tail(run, call_fp, result_fp, kind, version_moved == Some(true));
     }
     if kind != ResultKind::Pending {
