@@ -7,7 +7,9 @@
 #   2. the end-to-end suites in tests/ — fuseboxd, the CLI and the deploy configs
 #                          against real nats-server, moto_server and prometheus;
 #   3. the Python suites in tests/py/ — the client and its framework adapters, the MCP
-#                          gateway and Claude Code, against the same real servers.
+#                          gateway and Claude Code, against the same real servers;
+#   then the browser suite in tests/ui/ — the operator's page (`fusebox ui`) in headless
+#                          chromium, against the same real servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,3 +50,6 @@ cargo test --workspace --test 'e2e_*'
 
 section "3/3 Python suites (tests/py)"
 python -m pytest tests/py
+
+section "browser suite (tests/ui): the operator's page in headless chromium"
+node --test tests/ui/ui.test.mjs
