@@ -144,8 +144,9 @@ mod tests {
             (any, none.clone(), Err("not a loopback address")),
             (
                 any,
+                // An empty password is no password: never a way to open the page.
                 section(Some("ops"), Some(""), None),
-                Err("not a loopback address"),
+                Err("go together"),
             ),
             (
                 any,

@@ -160,13 +160,20 @@ async fn runs(State(ui): State<Shared>, Query(params): Query<RunsParams>) -> Res
 
 /// A tenant and run id that can be a run (the subjects' character set): anything else is
 /// no run at all, and never reaches a subject.
-pub fn run_id(tenant: &str, run: &str) -> Result<(String, String), Response> {
-    parse_run_ref(&format!("{tenant}/{run}")).map_err(|_| {
+pub fn run_id(tenant: &str, run: &str) -> Result<(String, String), NotARun> {
+    parse_run_ref(&format!("{tenant}/{run}")).map_err(|_| NotARun(format!("{tenant}/{run}")))
+}
+
+/// A path that names no possible run: its 404 page.
+pub struct NotARun(String);
+
+impl IntoResponse for NotARun {
+    fn into_response(self) -> Response {
         page_response(
             StatusCode::NOT_FOUND,
-            problem("Unknown run", &format!("{tenant}/{run} is not a run id")),
+            problem("Unknown run", &format!("{} is not a run id", self.0)),
         )
-    })
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -243,7 +250,7 @@ async fn one_run(
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
-        Err(response) => return response,
+        Err(not_a_run) => return not_a_run.into_response(),
     };
     match fetch_run(&ui, &tenant, &run, params.after).await {
         Ok(data) => Html(render_run(&tenant, &run, params.after, &data, true)).into_response(),
@@ -268,7 +275,7 @@ async fn cancel_form(
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
-        Err(response) => return response,
+        Err(not_a_run) => return not_a_run.into_response(),
     };
     if let Err(err) = ui.client.run_status(&tenant, &run).await {
         return trouble(&err);
@@ -294,7 +301,7 @@ async fn cancel(
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
-        Err(response) => return response,
+        Err(not_a_run) => return not_a_run.into_response(),
     };
     if form.csrf != ui.csrf {
         return forged();
@@ -313,7 +320,7 @@ async fn resume_form(
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
-        Err(response) => return response,
+        Err(not_a_run) => return not_a_run.into_response(),
     };
     let status = match ui.client.run_status(&tenant, &run).await {
         Ok(status) => status,
@@ -352,7 +359,7 @@ async fn resume(
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
-        Err(response) => return response,
+        Err(not_a_run) => return not_a_run.into_response(),
     };
     if form.csrf != ui.csrf {
         return forged();
@@ -383,7 +390,7 @@ async fn resolve_form(
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
-        Err(response) => return response,
+        Err(not_a_run) => return not_a_run.into_response(),
     };
     page_response(
         StatusCode::OK,
@@ -410,7 +417,7 @@ async fn resolve(
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
-        Err(response) => return response,
+        Err(not_a_run) => return not_a_run.into_response(),
     };
     if form.csrf != ui.csrf {
         return forged();

@@ -113,7 +113,7 @@ pub async fn run(
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
-        Err(response) => return response,
+        Err(not_a_run) => return not_a_run.into_response(),
     };
     let after = params.after;
     let first = match fetch_run(&ui, &tenant, &run, after).await {
