@@ -7,7 +7,8 @@
 #     every framework extra, and the Python test tools (tests/py/requirements.txt);
 #   - the npm packages of the tests (tests/npm/), when there are any, and of the
 #     TypeScript client (clients/typescript/);
-#   - libfaketime and iproute2, for the fault suites (tests/faults.rs).
+#   - libfaketime and iproute2, for the fault suites (tests/faults.rs);
+#   - Debian's chromium, for the browser suite of the operator's page (tests/ui/).
 # Idempotent and quick when nothing changed: each step is skipped while its inputs'
 # hash matches the one recorded when it last succeeded.
 set -euo pipefail
@@ -28,6 +29,9 @@ command -v npm >/dev/null 2>&1 || packages+=(npm)
 # with it, never the machine's. iproute2 (ip netns, veth) for the partition suites.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 ] || packages+=(libfaketime)
 command -v ip >/dev/null 2>&1 || packages+=(iproute2)
+# Debian's chromium: the operator's page is tested in it, headless (tests/ui/), driven by
+# playwright-core from tests/npm (Playwright's own browser download is not used).
+command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 if [ ${#packages[@]} -gt 0 ]; then
   log "apt-get install ${packages[*]}"
   export DEBIAN_FRONTEND=noninteractive

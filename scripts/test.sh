@@ -9,8 +9,10 @@
 #   3. the Python suites in tests/py/ — the client and its framework adapters, the MCP
 #                          gateway and the coding agents (Claude Code, Codex, Gemini
 #                          CLI), against the same real servers;
-#   and then the TypeScript client (clients/typescript): strict tsc, biome, node --test
-#   of the client and its adapters against the same real servers.
+#   then the TypeScript client (clients/typescript): strict tsc, biome, node --test
+#   of the client and its adapters against the same real servers;
+#   and the browser suite in tests/ui/ — the operator's page (`fusebox ui`) in headless
+#                          chromium, against the same real servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,3 +58,6 @@ section "TypeScript client (clients/typescript): tsc --noEmit, biome, node --tes
 node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' ||
   { echo "clients/typescript needs Node >= 20, found $(node --version)" >&2; exit 1; }
 (cd clients/typescript && npm run --silent typecheck && npm run --silent lint && npm test --silent)
+
+section "browser suite (tests/ui): the operator's page in headless chromium"
+node --test tests/ui/ui.test.mjs

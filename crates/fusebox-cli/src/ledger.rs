@@ -83,6 +83,7 @@ pub async fn run(client: &FuseboxClient, target: &Target, op: LedgerOp) -> Resul
                 op_key: None,
                 in_flight_only,
                 limit,
+                run: None,
             };
             let view = client.ledger(&query).await.map_err(|e| e.to_string())?;
             warn_partial(&view);

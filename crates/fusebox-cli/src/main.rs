@@ -29,7 +29,7 @@ use fusebox_core::Preset;
 #[derive(Parser)]
 #[command(
     name = "fusebox",
-    after_help = "Commands that talk to a running fuseboxd (runs, run, cancel, resume, tail, bench) \
+    after_help = "Commands that talk to a running fuseboxd (runs, run, cancel, resume, tail, bench, ui) \
                   connect as fuseboxd does: --config FILE ($FUSEBOX_CONFIG) reads its [nats] section \
                   (urls, user/password, token, nkey_seed_file, creds_file, tls_*, inbox_prefix), and \
                   --nats-url, --nats-user, --nats-password, --nats-token, --nats-nkey-seed-file, \
@@ -330,6 +330,12 @@ enum Command {
     /// MCP gateway: wraps an MCP server so every tools/call is gated by fuseboxd
     /// (`fusebox mcp --help` shows the mcpServers entry to paste).
     Mcp(fusebox_mcp::McpArgs),
+    /// The operator's page: every run, live; one run's timeline and stop report; cancel,
+    /// resume and ledger resolve with confirmation. Prints its URL at start.
+    ///
+    /// Example: fusebox ui --config /etc/fusebox/fusebox.toml --listen 127.0.0.1:8080
+    #[command(verbatim_doc_comment)]
+    Ui(fusebox_ui::UiArgs),
 }
 
 fn operate(remote: Remote, op: operate::Op) -> Result<ExitCode, String> {
@@ -474,6 +480,7 @@ fn main() -> ExitCode {
         }
         Command::Watchdog { args } => watchdog_forward::run(&args),
         Command::Mcp(args) => Ok(fusebox_mcp::main(args)),
+        Command::Ui(args) => Ok(fusebox_ui::main(args)),
         Command::Hook(args) => hook::run(args),
         Command::Whatif(args) => whatif::main(args),
         Command::Tune(args) => tune::main(args),

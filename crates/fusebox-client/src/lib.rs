@@ -18,7 +18,8 @@
 //!   for every client binary ([`FuseboxClient::connect_with`]).
 //! * Operator commands ([`FuseboxClient::runs`], [`FuseboxClient::run_status`],
 //!   [`FuseboxClient::cancel`], [`FuseboxClient::resume`], [`FuseboxClient::tail`],
-//!   [`FuseboxClient::ledger`], [`FuseboxClient::resolve`]) and the gate benchmark
+//!   [`FuseboxClient::ledger`], [`FuseboxClient::resolve`], and for the operator's page
+//!   [`FuseboxClient::runs_page`], [`FuseboxClient::history`]) and the gate benchmark
 //!   ([`bench`]).
 
 pub mod bench;
@@ -26,6 +27,7 @@ mod client;
 mod error;
 mod ledger;
 mod ops;
+mod pages;
 mod run;
 mod settings;
 mod stop;
@@ -34,6 +36,7 @@ pub use client::{ClientOptions, FuseboxClient, Gate, GateOnError};
 pub use error::ClientError;
 pub use ledger::{LedgerView, Resolve};
 pub use ops::{parse_run_ref, DecisionTail, RunsListing};
+pub use pages::RunsPageView;
 pub use run::{Delivery, RunHandle, RunOptions};
 #[cfg(feature = "clap")]
 pub use settings::NatsArgs;

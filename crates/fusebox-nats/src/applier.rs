@@ -161,7 +161,7 @@ impl<S: GuardStore> Applier<S> {
         }
         self.settle_stops(&touched);
         for (query, reply) in queries {
-            let body = query::answer(self.store.engine(), &self.recent, &query);
+            let body = query::answer(&self.store, &self.recent, &query);
             self.outbox.answers.push(Output::Reply {
                 to: reply,
                 body: body.into(),

@@ -4,8 +4,9 @@
 //! written through the same log path as any other event, with ids derived from the request (its `id`, else a hash of
 //! its body), so a retried command is applied once and answered with the same decision.
 //! Their `ts_ms` is the wall clock here; the applier restamps a known run's command
-//! with that run's last event time. `status`, `fusebox.control.runs` and
-//! `fusebox.control.ledger` are read-only queries.
+//! with that run's last event time. `status`, `history`, `fusebox.control.runs` (a
+//! whole list, or with a body one page) and `fusebox.control.ledger` are read-only
+//! queries.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,7 +18,9 @@ use crate::inbound::Inbound;
 use crate::query::Query;
 use crate::reject::Origin;
 use crate::subjects::{parse_control, Control, ControlVerb};
-use crate::wire::{CancelRequest, LedgerQuery, ResolveRequest, ResumeRequest};
+use crate::wire::{
+    CancelRequest, HistoryQuery, LedgerQuery, ResolveRequest, ResumeRequest, RunsQuery,
+};
 
 pub(crate) async fn handle(inbound: &Inbound, message: async_nats::Message) {
     let Some(reply) = message.reply.clone() else {
@@ -26,9 +29,30 @@ pub(crate) async fn handle(inbound: &Inbound, message: async_nats::Message) {
     };
     let control_reply = reply.clone();
     let input = match parse_control(message.subject.as_str()) {
+        // A body asks for one page (the operator's page); none, for the whole list.
+        Some(Control::Runs) if !is_blank(&message.payload) => runs_query(&message.payload)
+            .map(|query| Input::Query {
+                query: Query::RunsPage {
+                    query,
+                    scope: inbound.scope,
+                },
+                reply,
+            }),
         Some(Control::Runs) => Ok(Input::Query {
             query: Query::Runs {
                 scope: inbound.scope,
+            },
+            reply,
+        }),
+        Some(Control::Run {
+            tenant,
+            run,
+            verb: ControlVerb::History,
+        }) => history_query(&message.payload).map(|query| Input::Query {
+            query: Query::History {
+                tenant: tenant.to_owned(),
+                run: run.to_owned(),
+                query,
             },
             reply,
         }),
@@ -59,7 +83,7 @@ pub(crate) async fn handle(inbound: &Inbound, message: async_nats::Message) {
         None => Err(EventError::new(
             RejectReason::InvalidField,
             format!(
-                "unknown control subject {:?}; expected fusebox.control.runs, fusebox.control.ledger or fusebox.control.<tenant>.<run>.(cancel|resume|status|resolve)",
+                "unknown control subject {:?}; expected fusebox.control.runs, fusebox.control.ledger or fusebox.control.<tenant>.<run>.(cancel|resume|status|resolve|history)",
                 message.subject.as_str()
             ),
         )),
@@ -81,8 +105,25 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+fn is_blank(payload: &[u8]) -> bool {
+    payload.iter().all(u8::is_ascii_whitespace)
+}
+
+fn runs_query(payload: &[u8]) -> Result<RunsQuery, EventError> {
+    serde_json::from_slice(payload)
+        .map_err(|err| EventError::new(RejectReason::InvalidField, format!("runs query: {err}")))
+}
+
+fn history_query(payload: &[u8]) -> Result<HistoryQuery, EventError> {
+    if is_blank(payload) {
+        return Ok(HistoryQuery::default());
+    }
+    serde_json::from_slice(payload)
+        .map_err(|err| EventError::new(RejectReason::InvalidField, format!("history query: {err}")))
+}
+
 fn ledger_query(payload: &[u8]) -> Result<LedgerQuery, EventError> {
-    if payload.iter().all(u8::is_ascii_whitespace) {
+    if is_blank(payload) {
         return Ok(LedgerQuery::default());
     }
     serde_json::from_slice(payload)
@@ -104,7 +145,12 @@ fn command(
         payload
     };
     let (verb, id, body) = match verb {
-        ControlVerb::Status => return Err(invalid("status is a query, not a command".to_owned())),
+        ControlVerb::Status | ControlVerb::History => {
+            return Err(invalid(format!(
+                "{} is a query, not a command",
+                verb.as_str()
+            )))
+        }
         ControlVerb::Cancel => {
             let request: CancelRequest = serde_json::from_slice(raw)
                 .map_err(|err| invalid(format!("cancel request: {err}")))?;

@@ -33,6 +33,18 @@ pub trait GuardStore: Send + 'static {
     fn waiting(&self) -> Vec<(String, String, u64)>;
     /// The guard state, for reads (status queries, deadlines).
     fn engine(&self) -> &Engine;
+    /// The run's applied events with their decisions, in applied order: the entries
+    /// after log position `after`, at most `limit` (the operator's page of one run).
+    /// `None`: this store keeps no log to read them from.
+    fn history(
+        &self,
+        _tenant: &str,
+        _run: &str,
+        _after: u64,
+        _limit: usize,
+    ) -> Result<Option<crate::wire::RunHistory>, StoreError> {
+        Ok(None)
+    }
     /// Called once after the last batch on a clean shutdown (e.g. to snapshot, so the
     /// next start replays nothing).
     fn close(&mut self) -> Result<(), StoreError> {

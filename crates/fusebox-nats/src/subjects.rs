@@ -148,14 +148,17 @@ pub enum ControlVerb {
     Status,
     /// An operator's word on an op_key (a `ledger_resolve` event of the run).
     Resolve,
+    /// The run's applied events with their decisions (a query, like `status`).
+    History,
 }
 
 impl ControlVerb {
-    pub const ALL: [ControlVerb; 4] = [
+    pub const ALL: [ControlVerb; 5] = [
         ControlVerb::Cancel,
         ControlVerb::Resume,
         ControlVerb::Status,
         ControlVerb::Resolve,
+        ControlVerb::History,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -164,6 +167,7 @@ impl ControlVerb {
             ControlVerb::Resume => "resume",
             ControlVerb::Status => "status",
             ControlVerb::Resolve => "resolve",
+            ControlVerb::History => "history",
         }
     }
 

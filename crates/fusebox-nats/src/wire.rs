@@ -96,6 +96,9 @@ pub struct LedgerQuery {
     /// At most this many entries (default [`LEDGER_LIMIT`]); `truncated` says when more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<usize>,
+    /// Only the keys held by this run (the operator's page of one run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 pub const LEDGER_LIMIT: usize = 1000;
@@ -172,4 +175,114 @@ pub struct RunStatusReply {
     pub report: Option<StopReport>,
     /// The run's latest notable decisions seen by this daemon process, oldest first.
     pub last_decisions: Vec<Decision>,
+}
+
+/// Body of `fusebox.control.runs` asking for one page of runs (the operator's page,
+/// `fusebox ui`); an empty body still asks for the whole list (`fusebox runs`). Runs are
+/// ordered newest activity first (`last_ts_ms` descending, then tenant and run), and
+/// every filter is optional.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RunsQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// `OPEN` or a terminal state (`STOPPED_LOOP_GUARD`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// A stop reason (`same_call_repeat`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Runs whose id contains this text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_contains: Option<String>,
+    /// Only runs after this one in the order (keyset paging: the last row of the
+    /// previous page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<RunsCursor>,
+    /// At most this many runs (default and cap [`RUNS_PAGE_LIMIT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+pub const RUNS_PAGE_LIMIT: usize = 500;
+
+/// A place in the runs order: the row a page continues after.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunsCursor {
+    pub last_ts_ms: u64,
+    pub tenant: String,
+    pub run: String,
+}
+
+/// One run on a page: its summary and what the operator's table shows besides.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRow {
+    #[serde(flatten)]
+    pub summary: RunSummary,
+    pub first_ts_ms: u64,
+    pub calls_refused: u64,
+    pub tokens: u64,
+    pub cost_usd: f64,
+}
+
+impl RunRow {
+    /// `OPEN`, or the run's terminal state: what the state filter and counts use.
+    pub fn state(&self) -> &str {
+        self.summary.terminal_state.as_deref().unwrap_or("OPEN")
+    }
+
+    pub fn cursor(&self) -> RunsCursor {
+        RunsCursor {
+            last_ts_ms: self.summary.last_ts_ms,
+            tenant: self.summary.tenant.clone(),
+            run: self.summary.run.clone(),
+        }
+    }
+}
+
+/// The answer to a [`RunsQuery`]; in a cluster one per partition (with `partition` /
+/// `partitions` set), merged by the asker: each partition's first `limit` rows after
+/// the cursor hold the merged page's.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RunsPage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
+    pub runs: Vec<RunRow>,
+    /// Runs matching every filter (all pages).
+    pub matched: u64,
+    /// Runs per state matching every filter but the state's.
+    pub states: std::collections::BTreeMap<String, u64>,
+}
+
+/// Body of `fusebox.control.<t>.<r>.history`: which part of the run's timeline.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct HistoryQuery {
+    /// Only entries after this log position (the last `position` of the previous page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+    /// At most this many entries (default and cap [`HISTORY_LIMIT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+pub const HISTORY_LIMIT: usize = 1000;
+
+/// One applied event of a run, as the daemon's log holds it, with its decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    pub position: u64,
+    /// The event in its wire form (`fusebox_core::Event`'s JSON).
+    pub event: Value,
+    pub decision: Decision,
+}
+
+/// The answer of `fusebox.control.<t>.<r>.history`: the run's events in applied order.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RunHistory {
+    pub entries: Vec<HistoryEntry>,
+    /// More entries follow the last one (ask again with `after`).
+    pub more: bool,
 }

@@ -4,6 +4,7 @@ mod cluster;
 mod config;
 mod connect;
 mod daemon;
+mod history;
 mod observer;
 mod signals;
 mod store;

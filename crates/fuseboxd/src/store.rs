@@ -2,6 +2,7 @@
 
 use fusebox_core::{Decision, Engine, Event};
 use fusebox_log::{Guard, Outcome};
+use fusebox_nats::wire::RunHistory;
 use fusebox_nats::{GuardStore, StoreError, Submitted};
 
 pub struct DurableStore(pub Guard);
@@ -37,6 +38,18 @@ impl GuardStore for DurableStore {
 
     fn engine(&self) -> &Engine {
         self.0.engine()
+    }
+
+    fn history(
+        &self,
+        tenant: &str,
+        run: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<RunHistory>, StoreError> {
+        Ok(Some(crate::history::run_history(
+            &self.0, tenant, run, after, limit,
+        )?))
     }
 
     fn close(&mut self) -> Result<(), StoreError> {

@@ -194,6 +194,22 @@ impl GuardStore for PartitionStore {
         self.guard.engine()
     }
 
+    fn history(
+        &self,
+        tenant: &str,
+        run: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<fusebox_nats::wire::RunHistory>, StoreError> {
+        Ok(Some(crate::history::run_history(
+            &self.guard,
+            tenant,
+            run,
+            after,
+            limit,
+        )?))
+    }
+
     fn close(&mut self) -> Result<(), StoreError> {
         self.guard.checkpoint()?;
         self.mark

@@ -209,6 +209,16 @@ impl<S: GuardStore> GuardStore for FeedStore<S> {
         self.inner.engine()
     }
 
+    fn history(
+        &self,
+        tenant: &str,
+        run: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<fusebox_nats::wire::RunHistory>, StoreError> {
+        self.inner.history(tenant, run, after, limit)
+    }
+
     fn close(&mut self) -> Result<(), StoreError> {
         self.inner.close()
     }

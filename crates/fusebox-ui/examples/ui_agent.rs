@@ -1,0 +1,162 @@
+//! The agents the operator's page is tested with (tests/ui/), behind the real gate:
+//!
+//! * `--mode loop`: a model turn, then the same search again and again, its query
+//!   carrying markup (`<script>…`), after a compaction — a runaway the guard warns,
+//!   blocks and stops with STOPPED_LOOP_GUARD;
+//! * `--mode steady`: a new page of a listing each step, with progress, until stopped
+//!   from outside (the page's cancel button);
+//! * `--mode hold`: one call with an op_key that is allowed and never reports its result,
+//!   so the key stays in flight for an operator to resolve.
+//!
+//! Prints one line per answer, and `STOPPED <terminal state> <reason>` once it knows
+//! the run is stopped; `--pause-ms` between calls keeps a run going long enough to be
+//! watched.
+
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use fusebox_client::{ClientOptions, FuseboxClient, Gate, NatsArgs, RunOptions};
+use fusebox_core::event::{
+    Args as CallArgs, ModelTurn, Output, ResultKind, ToolCall, ToolResult, Usage,
+};
+use serde_json::{json, Value};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Mode {
+    Loop,
+    Steady,
+    Hold,
+}
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[command(flatten)]
+    nats: NatsArgs,
+    #[arg(long, value_enum)]
+    mode: Mode,
+    #[arg(long)]
+    tenant: String,
+    #[arg(long)]
+    run: String,
+    #[arg(long, default_value_t = 300)]
+    pause_ms: u64,
+    /// Give up after this many calls.
+    #[arg(long, default_value_t = 200)]
+    max_calls: u64,
+}
+
+fn success(call_id: String, tool: &str, output: Value, progress: Option<u64>) -> ToolResult {
+    ToolResult {
+        call_id,
+        tool: tool.to_owned(),
+        kind: ResultKind::Success,
+        code: None,
+        retry_after_ms: None,
+        terminal: None,
+        output: Some(Output::Json(output)),
+        progress,
+    }
+}
+
+fn say(gate: &Gate) {
+    match gate {
+        Gate::Decided(d) => println!(
+            "{} {}",
+            d.action.as_str(),
+            d.reason.map(|r| r.as_str()).unwrap_or("")
+        ),
+        Gate::Refused(e) => println!("refused {}", e.message),
+        Gate::Unanswered { error, .. } => println!("unanswered {error}"),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let client =
+        FuseboxClient::connect_with(&args.nats.settings()?, ClientOptions::default()).await?;
+    let agent = match args.mode {
+        Mode::Loop => "researcher",
+        Mode::Steady => "triager",
+        Mode::Hold => "mailer",
+    };
+    let run = client
+        .start_run(
+            &args.tenant,
+            &args.run,
+            RunOptions {
+                agent: Some(agent.to_owned()),
+                ..RunOptions::default()
+            },
+        )
+        .await?;
+    let pause = Duration::from_millis(args.pause_ms);
+    match args.mode {
+        Mode::Hold => {
+            let call = ToolCall {
+                call_id: run.next_call_id().await,
+                tool: "send_invoice".to_owned(),
+                args: CallArgs::Json(json!({"to": "billing@example.invalid"})),
+                op_key: Some(format!("{}-invoice", args.run)),
+                effect: None,
+            };
+            let gate = run.tool_call(call).await;
+            say(&gate);
+            // The result never comes: the key stays in flight.
+            println!("HOLDING");
+            return Ok(());
+        }
+        Mode::Loop => {
+            let turn = ModelTurn {
+                stop_reason: "tool_use".to_owned(),
+                usage: Some(Usage {
+                    input_tokens: Some(1200),
+                    output_tokens: Some(80),
+                    ..Usage::default()
+                }),
+                cost_usd: Some(0.0042),
+                valid: None,
+            };
+            run.model_turn(turn).await?;
+            // A compaction, then progress (which ends the post-compaction watch), so the
+            // loop that follows is caught by the loop detectors: warn, block, stop.
+            run.compaction(Some("context_full".to_owned())).await?;
+            run.progress(1, Some("plan made".to_owned())).await?;
+        }
+        Mode::Steady => {}
+    }
+    let mut calls = 0;
+    while calls < args.max_calls && run.stopped().is_none() {
+        calls += 1;
+        let (tool, call_args, output, progress) = match args.mode {
+            Mode::Loop => (
+                "search",
+                json!({"query": "<script>alert('pwned')</script> weather tokyo", "notes": "x".repeat(300)}),
+                json!({"hits": ["jma.go.jp"]}),
+                None,
+            ),
+            _ => (
+                "list_issues",
+                json!({"page": calls}),
+                json!({"issues": [format!("ISSUE-{calls}")]}),
+                Some(calls),
+            ),
+        };
+        let (call_id, gate) = run.call(tool, call_args).await;
+        say(&gate);
+        if gate.may_run() {
+            run.tool_result(success(call_id, tool, output, progress))
+                .await?;
+        }
+        tokio::time::sleep(pause).await;
+    }
+    if let Ok(stop) = tokio::time::timeout(Duration::from_secs(10), run.wait_stopped()).await {
+        let report = stop.report.as_ref();
+        println!(
+            "STOPPED {} {}",
+            report.map_or("?", |r| r.terminal_state.as_str()),
+            report.map_or("?", |r| r.reason.as_str())
+        );
+    }
+    Ok(())
+}

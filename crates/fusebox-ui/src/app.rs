@@ -1,0 +1,441 @@
+//! The HTTP side: routes, the access check, and the handlers, each of which asks
+//! fuseboxd (through fusebox-client, as the CLI does) and renders what it was told.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Form, Router};
+use fusebox_client::{parse_run_ref, ClientError, FuseboxClient, LedgerItem, LedgerQuery, Resolve};
+use fusebox_nats::wire::{HistoryQuery, RunHistory, RunStatusReply};
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use crate::access::{Access, Caller};
+use crate::layout::problem;
+use crate::run_view::{run_live, run_page, RunPage};
+use crate::runs_view::{runs_live, runs_page, RunsParams};
+use crate::{actions_view, live};
+
+pub struct Ui {
+    pub client: FuseboxClient,
+    pub access: Access,
+    /// `by` for callers without a user name of their own (loopback, bearer token).
+    pub default_by: String,
+    /// Every form carries it; a POST without it is refused (another site's form cannot
+    /// act with the operator's browser credentials).
+    pub csrf: String,
+    /// A notable decision of some run arrived: `(tenant, run)`.
+    pub decisions: broadcast::Sender<(String, String)>,
+    /// How often a live page asks again when no decision arrived (new runs, steps).
+    pub refresh: Duration,
+    /// The Content-Security-Policy: no script runs but the page's own.
+    pub csp: HeaderValue,
+}
+
+pub type Shared = Arc<Ui>;
+
+pub fn router(ui: Shared) -> Router {
+    let run = "/runs/{tenant}/{run}";
+    Router::new()
+        .route("/", get(runs))
+        .route("/live/runs", get(live::runs))
+        .route(run, get(one_run))
+        .route(&format!("/live{run}"), get(live::run))
+        .route(&format!("{run}/cancel"), get(cancel_form).post(cancel))
+        .route(&format!("{run}/resume"), get(resume_form).post(resume))
+        .route(&format!("{run}/resolve"), get(resolve_form).post(resolve))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(ui.clone(), admit))
+        .with_state(ui)
+}
+
+/// The access check and the headers every answer gets.
+async fn admit(State(ui): State<Shared>, mut request: Request, next: Next) -> Response {
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let mut response = match ui.access.admit(authorization) {
+        Some(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        None => {
+            let mut refused = (
+                StatusCode::UNAUTHORIZED,
+                Html(
+                    problem(
+                        "Credentials needed",
+                        "This page needs the credentials of the config's [ui] section.",
+                    )
+                    .into_string(),
+                ),
+            )
+                .into_response();
+            if matches!(&ui.access, Access::Required { basic: Some(_), .. }) {
+                refused.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Basic realm=\"fusebox\", charset=\"UTF-8\""),
+                );
+            }
+            refused
+        }
+    };
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_SECURITY_POLICY, ui.csp.clone());
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+impl Ui {
+    fn by(&self, caller: &Caller) -> String {
+        match caller {
+            Caller::User(user) => user.clone(),
+            Caller::Local | Caller::Token => self.default_by.clone(),
+        }
+    }
+}
+
+pub fn page_response(code: StatusCode, markup: maud::Markup) -> Response {
+    (code, Html(markup.into_string())).into_response()
+}
+
+async fn not_found() -> Response {
+    page_response(
+        StatusCode::NOT_FOUND,
+        problem("Not found", "There is no such page."),
+    )
+}
+
+/// What went wrong asking fuseboxd, as a page.
+pub fn trouble(err: &ClientError) -> Response {
+    let code = match err {
+        ClientError::Refused(e) if e.reason == "unknown_run" => StatusCode::NOT_FOUND,
+        ClientError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
+        ClientError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    let title = if code == StatusCode::NOT_FOUND {
+        "Unknown run"
+    } else {
+        "fuseboxd did not answer"
+    };
+    page_response(code, problem(title, &err.to_string()))
+}
+
+/// The page of runs for `params`, or the page that says why not.
+pub async fn runs_markup(ui: &Ui, params: &RunsParams, whole: bool) -> Result<String, Response> {
+    let query = params
+        .query()
+        .map_err(|e| page_response(StatusCode::BAD_REQUEST, problem("Bad page position", &e)))?;
+    let view = ui.client.runs_page(&query).await.map_err(|e| trouble(&e))?;
+    let markup = if whole {
+        runs_page(params, &view.page, &view.unanswered)
+    } else {
+        runs_live(params, &view.page, &view.unanswered)
+    };
+    Ok(markup.into_string())
+}
+
+async fn runs(State(ui): State<Shared>, Query(params): Query<RunsParams>) -> Response {
+    match runs_markup(&ui, &params.normalised(), true).await {
+        Ok(html) => Html(html).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// A tenant and run id that can be a run (the subjects' character set): anything else is
+/// no run at all, and never reaches a subject.
+pub fn run_id(tenant: &str, run: &str) -> Result<(String, String), NotARun> {
+    parse_run_ref(&format!("{tenant}/{run}")).map_err(|_| NotARun(format!("{tenant}/{run}")))
+}
+
+/// A path that names no possible run: its 404 page.
+pub struct NotARun(String);
+
+impl IntoResponse for NotARun {
+    fn into_response(self) -> Response {
+        page_response(
+            StatusCode::NOT_FOUND,
+            problem("Unknown run", &format!("{} is not a run id", self.0)),
+        )
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct RunParams {
+    pub after: Option<u64>,
+}
+
+/// What one run's page shows.
+pub struct RunData {
+    pub status: RunStatusReply,
+    pub history: RunHistory,
+    pub ledger: Vec<LedgerItem>,
+}
+
+pub async fn fetch_run(
+    ui: &Ui,
+    tenant: &str,
+    run: &str,
+    after: Option<u64>,
+) -> Result<RunData, Response> {
+    let status = ui
+        .client
+        .run_status(tenant, run)
+        .await
+        .map_err(|e| trouble(&e))?;
+    let history = ui
+        .client
+        .history(tenant, run, &HistoryQuery { after, limit: None })
+        .await
+        .map_err(|e| trouble(&e))?;
+    let ledger = ui
+        .client
+        .ledger(&LedgerQuery {
+            tenant: Some(tenant.to_owned()),
+            run: Some(run.to_owned()),
+            ..LedgerQuery::default()
+        })
+        .await
+        .map_err(|e| trouble(&e))?;
+    Ok(RunData {
+        status,
+        history,
+        ledger: ledger.entries.into_iter().map(|(_, item)| item).collect(),
+    })
+}
+
+pub fn render_run(
+    tenant: &str,
+    run: &str,
+    after: Option<u64>,
+    data: &RunData,
+    whole: bool,
+) -> String {
+    let view = RunPage {
+        tenant,
+        run,
+        status: &data.status,
+        history: &data.history,
+        after,
+        ledger: &data.ledger,
+    };
+    if whole {
+        run_page(&view)
+    } else {
+        run_live(&view)
+    }
+    .into_string()
+}
+
+async fn one_run(
+    State(ui): State<Shared>,
+    Path((tenant, run)): Path<(String, String)>,
+    Query(params): Query<RunParams>,
+) -> Response {
+    let (tenant, run) = match run_id(&tenant, &run) {
+        Ok(ids) => ids,
+        Err(not_a_run) => return not_a_run.into_response(),
+    };
+    match fetch_run(&ui, &tenant, &run, params.after).await {
+        Ok(data) => Html(render_run(&tenant, &run, params.after, &data, true)).into_response(),
+        Err(response) => response,
+    }
+}
+
+fn forged() -> Response {
+    page_response(
+        StatusCode::FORBIDDEN,
+        problem(
+            "Not sent from this page",
+            "The form's token does not match: reload the page and try again.",
+        ),
+    )
+}
+
+async fn cancel_form(
+    State(ui): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((tenant, run)): Path<(String, String)>,
+) -> Response {
+    let (tenant, run) = match run_id(&tenant, &run) {
+        Ok(ids) => ids,
+        Err(not_a_run) => return not_a_run.into_response(),
+    };
+    if let Err(err) = ui.client.run_status(&tenant, &run).await {
+        return trouble(&err);
+    }
+    page_response(
+        StatusCode::OK,
+        actions_view::confirm_cancel(&tenant, &run, &ui.csrf, &ui.by(&caller)),
+    )
+}
+
+#[derive(Debug, Deserialize)]
+struct CancelForm {
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+}
+
+async fn cancel(
+    State(ui): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((tenant, run)): Path<(String, String)>,
+    Form(form): Form<CancelForm>,
+) -> Response {
+    let (tenant, run) = match run_id(&tenant, &run) {
+        Ok(ids) => ids,
+        Err(not_a_run) => return not_a_run.into_response(),
+    };
+    if form.csrf != ui.csrf {
+        return forged();
+    }
+    let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
+    let by = ui.by(&caller);
+    let outcome = ui.client.cancel(&tenant, &run, Some(&by), reason).await;
+    let (code, markup) = actions_view::answer("Cancel", &tenant, &run, &outcome);
+    page_response(code, markup)
+}
+
+async fn resume_form(
+    State(ui): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((tenant, run)): Path<(String, String)>,
+) -> Response {
+    let (tenant, run) = match run_id(&tenant, &run) {
+        Ok(ids) => ids,
+        Err(not_a_run) => return not_a_run.into_response(),
+    };
+    let status = match ui.client.run_status(&tenant, &run).await {
+        Ok(status) => status,
+        Err(err) => return trouble(&err),
+    };
+    match &status.report {
+        Some(report) => page_response(
+            StatusCode::OK,
+            actions_view::confirm_resume(&tenant, &run, report, &ui.csrf, &ui.by(&caller)),
+        ),
+        None => page_response(
+            StatusCode::CONFLICT,
+            problem(
+                "Nothing to resume",
+                &format!("{tenant}/{run} is open: it was not stopped"),
+            ),
+        ),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ResumeForm {
+    csrf: String,
+    evidence: String,
+}
+
+fn bad_input(message: &str) -> Response {
+    page_response(StatusCode::BAD_REQUEST, problem("Bad input", message))
+}
+
+async fn resume(
+    State(ui): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((tenant, run)): Path<(String, String)>,
+    Form(form): Form<ResumeForm>,
+) -> Response {
+    let (tenant, run) = match run_id(&tenant, &run) {
+        Ok(ids) => ids,
+        Err(not_a_run) => return not_a_run.into_response(),
+    };
+    if form.csrf != ui.csrf {
+        return forged();
+    }
+    let evidence: Value = match serde_json::from_str(&form.evidence) {
+        Ok(value @ Value::Object(_)) => value,
+        Ok(_) => {
+            return bad_input("The evidence must be a JSON object, e.g. {\"progress_version\": 7}.")
+        }
+        Err(err) => return bad_input(&format!("The evidence is not JSON: {err}")),
+    };
+    let by = ui.by(&caller);
+    let outcome = ui.client.resume(&tenant, &run, Some(&by), evidence).await;
+    let (code, markup) = actions_view::answer("Resume", &tenant, &run, &outcome);
+    page_response(code, markup)
+}
+
+#[derive(Debug, Deserialize)]
+struct OpKeyParams {
+    op_key: String,
+}
+
+async fn resolve_form(
+    State(ui): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((tenant, run)): Path<(String, String)>,
+    Query(params): Query<OpKeyParams>,
+) -> Response {
+    let (tenant, run) = match run_id(&tenant, &run) {
+        Ok(ids) => ids,
+        Err(not_a_run) => return not_a_run.into_response(),
+    };
+    page_response(
+        StatusCode::OK,
+        actions_view::confirm_resolve(&tenant, &run, &params.op_key, &ui.csrf, &ui.by(&caller)),
+    )
+}
+
+#[derive(Debug, Deserialize)]
+struct ResolveForm {
+    csrf: String,
+    op_key: String,
+    resolution: String,
+    #[serde(default)]
+    output: String,
+    #[serde(default)]
+    reason: String,
+}
+
+async fn resolve(
+    State(ui): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((tenant, run)): Path<(String, String)>,
+    Form(form): Form<ResolveForm>,
+) -> Response {
+    let (tenant, run) = match run_id(&tenant, &run) {
+        Ok(ids) => ids,
+        Err(not_a_run) => return not_a_run.into_response(),
+    };
+    if form.csrf != ui.csrf {
+        return forged();
+    }
+    let resolution = match form.resolution.as_str() {
+        "completed" => match serde_json::from_str(&form.output) {
+            Ok(output) => Resolve::Completed { output },
+            Err(err) => return bad_input(&format!("The result is not JSON: {err}")),
+        },
+        "released" => Resolve::Released,
+        other => return bad_input(&format!("{other:?}: choose completed or released")),
+    };
+    let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
+    let by = ui.by(&caller);
+    let outcome = ui
+        .client
+        .resolve(&tenant, &run, &form.op_key, resolution, Some(&by), reason)
+        .await;
+    let (code, markup) = actions_view::answer("Resolve", &tenant, &run, &outcome);
+    page_response(code, markup)
+}

@@ -1,0 +1,134 @@
+//! Live updates over server-sent events. A page's stream wakes on a notable decision
+//! (`fusebox.decisions.>`, the same feed as `fusebox tail`) or, failing one, every
+//! `refresh` (new runs and plain steps publish nothing), asks fuseboxd again, renders
+//! the page's live part and sends it only when it changed. The page's script swaps it
+//! in; nothing is rendered in the browser.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::Stream;
+use tokio::sync::broadcast;
+
+use crate::app::{fetch_run, render_run, run_id, runs_markup, RunParams, Shared};
+use crate::runs_view::RunsParams;
+
+/// Which decisions wake a stream.
+#[derive(Clone)]
+enum Watch {
+    Any,
+    Run(String, String),
+}
+
+/// Decisions that arrive together are answered with one render.
+const SETTLE: Duration = Duration::from_millis(100);
+
+async fn wake(
+    decisions: &mut broadcast::Receiver<(String, String)>,
+    watch: &Watch,
+    refresh: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + refresh;
+    loop {
+        match tokio::time::timeout_at(deadline, decisions.recv()).await {
+            Err(_) => return,
+            Ok(Ok((tenant, run))) => {
+                let ours = match watch {
+                    Watch::Any => true,
+                    Watch::Run(t, r) => *t == tenant && *r == run,
+                };
+                if ours {
+                    tokio::time::sleep(SETTLE).await;
+                    while decisions.try_recv().is_ok() {}
+                    return;
+                }
+            }
+            // Missed some: render now rather than guess which.
+            Ok(Err(broadcast::error::RecvError::Lagged(_))) => return,
+            Ok(Err(broadcast::error::RecvError::Closed)) => {
+                tokio::time::sleep_until(deadline).await;
+                return;
+            }
+        }
+    }
+}
+
+fn stream<F, Fut>(
+    ui: Shared,
+    watch: Watch,
+    first: String,
+    render: F,
+) -> impl Stream<Item = Result<Event, Infallible>>
+where
+    F: Fn(Shared) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Option<String>> + Send,
+{
+    let decisions = ui.decisions.subscribe();
+    futures_util::stream::unfold(
+        (ui, decisions, first, render),
+        move |(ui, mut decisions, mut last, render)| {
+            let watch = watch.clone();
+            async move {
+                loop {
+                    wake(&mut decisions, &watch, ui.refresh).await;
+                    // fuseboxd unreachable for a moment: keep what is shown, try again.
+                    let Some(html) = render(ui.clone()).await else {
+                        continue;
+                    };
+                    if html != last {
+                        last = html.clone();
+                        let event = Event::default().event("update").data(html);
+                        return Some((Ok(event), (ui, decisions, last, render)));
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// `/live/runs?…`: the runs page's counts, table and pager.
+pub async fn runs(State(ui): State<Shared>, Query(params): Query<RunsParams>) -> Response {
+    let params = params.normalised();
+    let first = match runs_markup(&ui, &params, false).await {
+        Ok(html) => html,
+        Err(response) => return response,
+    };
+    let render = move |ui: Shared| {
+        let params = params.clone();
+        async move { runs_markup(&ui, &params, false).await.ok() }
+    };
+    Sse::new(stream(ui.clone(), Watch::Any, first, render))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// `/live/runs/<tenant>/<run>`: everything of one run's page.
+pub async fn run(
+    State(ui): State<Shared>,
+    Path((tenant, run)): Path<(String, String)>,
+    Query(params): Query<RunParams>,
+) -> Response {
+    let (tenant, run) = match run_id(&tenant, &run) {
+        Ok(ids) => ids,
+        Err(not_a_run) => return not_a_run.into_response(),
+    };
+    let after = params.after;
+    let first = match fetch_run(&ui, &tenant, &run, after).await {
+        Ok(data) => render_run(&tenant, &run, after, &data, false),
+        Err(response) => return response,
+    };
+    let watch = Watch::Run(tenant.clone(), run.clone());
+    let render = move |ui: Shared| {
+        let (tenant, run) = (tenant.clone(), run.clone());
+        async move {
+            let data = fetch_run(&ui, &tenant, &run, after).await.ok()?;
+            Some(render_run(&tenant, &run, after, &data, false))
+        }
+    };
+    Sse::new(stream(ui.clone(), watch, first, render))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
