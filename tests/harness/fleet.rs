@@ -540,10 +540,12 @@ pub fn check_exactly_once(logs: &[RunLog]) -> BTreeSet<(String, String)> {
 }
 
 /// Every acknowledged event is in its run's state on whichever daemon owns it now
-/// (JetStream events may still be on their way: polled for up to 30 s), and the legit
-/// runs completed. Lists every run that falls short.
+/// (JetStream events may still be on their way: polled for up to 120 s — after a split
+/// heals on 2 cores, the owners' catch-up has taken over a minute), and the legit runs
+/// completed. Lists every run that falls short, and says how long the wait took.
 pub async fn check_acknowledged_events_applied(logs: &[RunLog], operator: &FuseboxClient) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(120);
     let mut pending: Vec<&RunLog> = logs.iter().collect();
     loop {
         let mut short = Vec::new();
@@ -570,6 +572,10 @@ pub async fn check_acknowledged_events_applied(logs: &[RunLog], operator: &Fuseb
             }
         }
         if short.is_empty() {
+            eprintln!(
+                "every acknowledged event applied after {} ms of polling",
+                started.elapsed().as_millis()
+            );
             return;
         }
         let list: Vec<String> = short
