@@ -611,6 +611,9 @@ pub(crate) fn progress(run: &mut RunState, event: &Event, update: &ProgressUpdat
         run.last_safe_checkpoint = Some(event.position());
         run.unmet_precondition = None;
         run.detection.clear_on_progress(None);
+        // The run moved on since its compaction: a row of identical calls after this is
+        // an ordinary loop.
+        run.detection.compaction_tail = None;
     }
     time_check(run, event)
 }
