@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,7 +43,7 @@ def say(words: str) -> Turn:
     return Turn(text=words)
 
 
-class _FakeModel:
+class _FakeModel(ABC):
     """The server and the script; subclasses speak one API."""
 
     def __init__(
@@ -92,11 +93,13 @@ class _FakeModel:
 
     # -- the API --------------------------------------------------------------------------
 
+    @abstractmethod
     def _is_turn(self, path: str, body: Any) -> bool:
-        raise NotImplementedError
+        """Whether this request asks the model for its next turn."""
 
+    @abstractmethod
     def _stream(self, turn: Turn) -> list[bytes]:
-        raise NotImplementedError
+        """The turn in the API's own streamed wire format."""
 
     def _other(self, path: str) -> Any:
         return {}
