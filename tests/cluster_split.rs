@@ -108,13 +108,11 @@ fn after(at: Instant, then: Option<Instant>) -> String {
     })
 }
 
-// Out of the default run until issue 25 §1 is fixed: in about one run in three here
-// (6 of ~14 on 2 cores today) an event the agent saw acknowledged is never applied by the
-// partition's owner after the heal ("gap timed out; applying the held events without
-// it"), still missing after 120 s of polling — a loss, not a slow catch-up. Run it with
-// `cargo test --workspace --test e2e_cluster_split -- --ignored --nocapture`.
+// Issue 25 §1 is open: in about one run in five here an event the agent saw
+// acknowledged is never applied by the partition's owner after the heal ("gap timed out;
+// applying the held events without it"), still missing after 120 s of polling — a loss,
+// which this test reports as such.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 25 §1: acknowledged events lost after a heal in ~1 run of 3; run with --ignored"]
 async fn a_daemon_cut_off_with_its_partitions_stops_serving_before_they_are_taken_over() {
     let nats = NatsCluster::start_split().await;
     let split = nats.split.as_ref().expect("split cluster");
