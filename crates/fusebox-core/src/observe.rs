@@ -285,15 +285,11 @@ fn answer(
     match kind {
         ResultKind::Retryable => retry_after(run, event, result, call_fp),
         ResultKind::Precondition => {
-            let gates = &mut run.detection.precondition_gates;
-            gates.retain(|g| g.call != call_fp);
-            if gates.len() == GATES_MAX {
-                gates.remove(0);
-            }
-            gates.push(PreconditionGate {
+            let gate = PreconditionGate {
                 call: call_fp,
                 code: result.code.clone(),
-            });
+            };
+            put_per_call(&mut run.detection.precondition_gates, gate, |g| g.call);
             run.unmet_precondition = Some(
                 result
                     .code
@@ -323,16 +319,13 @@ fn answer(
                 .iter()
                 .find(|c| c.call == call_fp && c.result == result_fp)
                 .map_or(event.ts_ms, |c| c.since_ms);
-            clocks.retain(|c| c.call != call_fp);
-            if clocks.len() == GATES_MAX {
-                clocks.remove(0);
-            }
-            clocks.push(PollClock {
+            let clock = PollClock {
                 call: call_fp,
                 result: result_fp,
                 since_ms,
                 patient_from_ms: event.ts_ms.saturating_add(wait_ms),
-            });
+            };
+            put_per_call(clocks, clock, |c| c.call);
             let budget_left_s =
                 budget_s.saturating_sub(event.ts_ms.saturating_sub(since_ms) / 1000);
             let critical = poll
@@ -496,6 +489,17 @@ fn watch_after_compaction(
     (count >= repeat_limit).then_some(count)
 }
 
+/// Puts `item` in a per-call list (retry gates, precondition gates, poll clocks) in place
+/// of the call's earlier one, forgetting the oldest past [`GATES_MAX`].
+fn put_per_call<T>(list: &mut Vec<T>, item: T, call_of: impl Fn(&T) -> Fingerprint) {
+    let call = call_of(&item);
+    list.retain(|other| call_of(other) != call);
+    if list.len() == GATES_MAX {
+        list.remove(0);
+    }
+    list.push(item);
+}
+
 fn fatal(code: Option<&str>) -> Closing {
     let (terminal, reason) = match code {
         Some("permission_denied") => (TerminalState::NeedsHuman, Reason::PermissionDenied),
@@ -528,17 +532,14 @@ fn retry_after(
         .iter()
         .find(|g| g.call == call_fp)
         .map_or(event.ts_ms, |g| g.since_ms);
-    gates.retain(|g| g.call != call_fp);
-    if gates.len() == GATES_MAX {
-        gates.remove(0);
-    }
-    gates.push(RetryGate {
+    let gate = RetryGate {
         call: call_fp,
         not_before_ms: event.ts_ms.saturating_add(wait_ms),
         attempts,
         since_ms,
         told: result.retry_after_ms.is_some_and(|ms| ms > 0),
-    });
+    };
+    put_per_call(gates, gate, |g| g.call);
     let mut decided = decision(event, Some(&result.call_id), Action::RetryAfter);
     decided.wait_ms = Some(wait_ms);
     decided.message = Some(message::retry_after(wait_ms, attempts));
