@@ -86,7 +86,7 @@ fn event_key(event: &Event) -> EventKey {
 
 impl<S: GuardStore> Applier<S> {
     pub(crate) fn new(
-        store: S,
+        mut store: S,
         backlog: Option<Backlog>,
         out: UnboundedSender<Outbox>,
         observer: Arc<dyn Observer>,
@@ -100,6 +100,19 @@ impl<S: GuardStore> Applier<S> {
             .filter(|(_, _, run)| !run.is_open())
             .map(|(t, r, _)| (t.to_owned(), r.to_owned()))
             .collect();
+        let owed = Outbox {
+            answers: Vec::new(),
+            publishes: store
+                .take_stops_to_publish()
+                .iter()
+                .map(|decision| Output::Stop {
+                    tenant: decision.tenant.clone(),
+                    run: decision.run.clone(),
+                    body: encode(decision),
+                })
+                .collect(),
+        };
+        owed.send(&out);
         Applier {
             store,
             backlog,
@@ -360,5 +373,86 @@ impl<S: GuardStore> Applier<S> {
             .count();
         self.observer.runs_active(open as u64);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fusebox_core::parse_event;
+    use tokio::sync::mpsc::unbounded_channel;
+
+    use super::*;
+    use crate::observer::NoopObserver;
+    use crate::store::MemoryStore;
+
+    /// A memory store that owes the kill switch the stops it was given.
+    struct Owing {
+        inner: MemoryStore,
+        stops: Vec<Decision>,
+    }
+
+    impl GuardStore for Owing {
+        fn submit_batch(&mut self, events: Vec<Event>) -> Result<Vec<Submitted>, StoreError> {
+            self.inner.submit_batch(events)
+        }
+        fn release_gap(&mut self, tenant: &str, run: &str) -> Result<Vec<Decision>, StoreError> {
+            self.inner.release_gap(tenant, run)
+        }
+        fn waiting(&self) -> Vec<(String, String, u64)> {
+            self.inner.waiting()
+        }
+        fn engine(&self) -> &fusebox_core::Engine {
+            self.inner.engine()
+        }
+        fn take_stops_to_publish(&mut self) -> Vec<Decision> {
+            std::mem::take(&mut self.stops)
+        }
+    }
+
+    fn cancelled_run() -> (MemoryStore, Decision) {
+        let mut store = MemoryStore::default();
+        let events = [
+            r#"{"v":1,"id":"e1","tenant":"acme","run":"r1","seq":1,"ts_ms":1,"type":"run_started","agent":"a"}"#,
+            r#"{"v":1,"id":"e2","tenant":"acme","run":"r1","ts_ms":2,"type":"cancel","by":"oncall","reason":"test"}"#,
+        ]
+        .map(|json| parse_event(json.as_bytes()).unwrap());
+        let outcomes = store.submit_batch(events.to_vec()).unwrap();
+        let Some(Submitted::Applied(decisions)) = outcomes.into_iter().nth(1) else {
+            panic!("cancel not applied")
+        };
+        let stop = decisions.into_iter().next().unwrap();
+        assert_eq!(stop.action, Action::Stop);
+        (store, stop)
+    }
+
+    #[test]
+    fn the_stops_a_store_owes_are_sent_to_the_kill_switch_before_anything_else() {
+        let (inner, stop) = cancelled_run();
+        let store = Owing {
+            inner,
+            stops: vec![stop.clone()],
+        };
+        let (out, mut sent) = unbounded_channel();
+        let options = ApplierOptions {
+            max_batch: 8,
+            gap_timeout: Duration::from_secs(5),
+            recent_decisions: 8,
+        };
+        let _applier = Applier::new(
+            store,
+            None,
+            out,
+            Arc::new(NoopObserver),
+            options,
+            Arc::new(Busy::default()),
+        );
+        let first = sent.try_recv().expect("the owed stops are sent at once");
+        assert!(first.answers.is_empty());
+        let [Output::Stop { tenant, run, body }] = first.publishes.as_slice() else {
+            panic!("one stop expected");
+        };
+        assert_eq!((tenant.as_str(), run.as_str()), ("acme", "r1"));
+        assert_eq!(body, &encode(&stop));
+        assert!(sent.try_recv().is_err(), "nothing else before input");
     }
 }

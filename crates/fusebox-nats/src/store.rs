@@ -45,6 +45,14 @@ pub trait GuardStore: Send + 'static {
     ) -> Result<Option<crate::wire::RunHistory>, StoreError> {
         Ok(None)
     }
+    /// Stops this store owes the kill switch when its service starts: a cluster
+    /// partition's catch-up closed their runs, and nobody may have published them. The
+    /// applier hands them to the stop publisher before anything else, which retries
+    /// them across a NATS outage like any other stop (a claim must not fail, and lose
+    /// them with the catch-up it did, because JetStream is electing a leader).
+    fn take_stops_to_publish(&mut self) -> Vec<Decision> {
+        Vec::new()
+    }
     /// Called once after the last batch on a clean shutdown (e.g. to snapshot, so the
     /// next start replays nothing).
     fn close(&mut self) -> Result<(), StoreError> {

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use fusebox_core::PolicySet;
 use fusebox_log::{Guard, GuardOptions, LogError};
-use fusebox_nats::subjects::{self, Scope};
+use fusebox_nats::subjects::Scope;
 use fusebox_nats::{setup, Observer, Service, ServiceError, ServiceOptions};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
@@ -535,8 +535,8 @@ async fn serve_partition(
     Ok(())
 }
 
-/// Everything before serving a partition: its log opened and caught up, the stops the
-/// catch-up found republished, its service started.
+/// Everything before serving a partition: its log opened and caught up, its service
+/// started with the stops the catch-up found to republish.
 async fn open_partition(
     shared: &Shared,
     js: &jetstream::Context,
@@ -558,16 +558,12 @@ async fn open_partition(
     let store = PartitionStore::catching_up(guard, replicator, ledger, mark);
     let (mut store, caught) =
         applied::catch_up(js, partition, FeedStore::new(store, shared.facts.clone())).await?;
-    store.inner_mut().serve();
+    // The stops go to the service's stop publisher, which retries them across an
+    // outage. Publishing them here, failing the claim when JetStream is electing a
+    // leader, lost them: the retried claim's catch-up finds the batches in the log
+    // already, so it closes no run and has no stop to publish.
+    store.inner_mut().serve(caught.stops.clone());
     store.inner_mut().replicator.continue_after(caught.last);
-    for decision in &caught.stops {
-        let body = serde_json::to_vec(decision).expect("decisions serialise");
-        js.publish(subjects::stop(&decision.tenant, &decision.run), body.into())
-            .await
-            .map_err(|e| ClusterError::nats("republishing a stop", e))?
-            .await
-            .map_err(|e| ClusterError::nats("republishing a stop", e))?;
-    }
     let options = ServiceOptions {
         scope: Scope::Partition {
             index: partition,

@@ -28,6 +28,8 @@ pub struct PartitionStore {
     /// run, call_id): a result only names its call, and the call's key must be settled
     /// in the shared ledger, also when the result was held and released later.
     in_flight: HashMap<CallKey, String>,
+    /// The stops the catch-up found (runs it closed), for the service's stop publisher.
+    stops_to_publish: Vec<Decision>,
 }
 
 type CallKey = (String, String, String);
@@ -64,12 +66,15 @@ impl PartitionStore {
             mark,
             replaying: Some(Vec::new()),
             in_flight: HashMap::new(),
+            stops_to_publish: Vec::new(),
         }
     }
 
     /// Ends catching up: from now on batches are looked up, claimed and replicated.
-    pub fn serve(&mut self) {
+    /// `stops` (those of the runs the catch-up closed) go out on the kill switch first.
+    pub fn serve(&mut self, stops: Vec<Decision>) {
         self.replaying = None;
+        self.stops_to_publish = stops;
         let engine = self.guard.engine();
         self.in_flight = engine
             .ledger()
@@ -181,6 +186,10 @@ impl GuardStore for PartitionStore {
         self.ledger
             .settle(self.replicator.fence(), self.guard.engine(), &keys.touched);
         Ok(decisions)
+    }
+
+    fn take_stops_to_publish(&mut self) -> Vec<Decision> {
+        std::mem::take(&mut self.stops_to_publish)
     }
 
     fn waiting(&self) -> Vec<(String, String, u64)> {

@@ -191,6 +191,10 @@ impl<S: GuardStore> GuardStore for FeedStore<S> {
         Ok(outcomes)
     }
 
+    fn take_stops_to_publish(&mut self) -> Vec<Decision> {
+        self.inner.take_stops_to_publish()
+    }
+
     fn release_gap(&mut self, tenant: &str, run: &str) -> Result<Vec<Decision>, StoreError> {
         let decisions = self.inner.release_gap(tenant, run)?;
         if self.sink.is_some() {
