@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE};
-use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, RetentionPolicy, StorageType};
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig, consumer::DeliverPolicy};
 use fusebox_core::{parse_event, Action, Decision, Event};
@@ -158,7 +158,7 @@ impl Replicator {
                     self.last = ack.sequence;
                     return Ok(());
                 }
-                Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {
+                Err(err) if failed_sequence_check(&err) => {
                     return Err(ReplicateError::Fenced(self.partition));
                 }
                 Err(err) if attempt < ATTEMPTS => {
@@ -174,6 +174,20 @@ impl Replicator {
             }
         }
     }
+}
+
+/// Whether a publish was refused by its expected-sequence check: JetStream's 10071,
+/// which async-nats names `WrongLastSequence`, or 10164 (`wrong last sequence: N`, the
+/// form nats-server 2.15 answers some header checks with), which it leaves as `Other`.
+/// Either means another daemon wrote to the partition: it is fenced, not unavailable
+/// (retrying would only refuse again, 20 times).
+fn failed_sequence_check(err: &PublishError) -> bool {
+    err.kind() == PublishErrorKind::WrongLastSequence
+        || std::error::Error::source(err)
+            .and_then(|source| source.downcast_ref::<jetstream::Error>())
+            .is_some_and(|answer| {
+                answer.error_code() == jetstream::ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+            })
 }
 
 /// What catching up found: the sequence the new owner continues from, and the stop
@@ -404,6 +418,25 @@ impl Replay {
 mod tests {
     use super::*;
     use fusebox_core::LedgerEntry;
+
+    #[test]
+    fn both_forms_of_a_failed_sequence_check_fence_the_partition() {
+        let answer = |code: u64| -> jetstream::Error {
+            serde_json::from_value(serde_json::json!({
+                "code": 400, "err_code": code, "description": "wrong last sequence: 7"
+            }))
+            .unwrap()
+        };
+        let named = PublishError::with_source(PublishErrorKind::WrongLastSequence, answer(10071));
+        let constant = PublishError::with_source(PublishErrorKind::Other, answer(10164));
+        let other = PublishError::with_source(PublishErrorKind::Other, answer(10077));
+        assert!(failed_sequence_check(&named));
+        assert!(failed_sequence_check(&constant));
+        assert!(!failed_sequence_check(&other));
+        assert!(!failed_sequence_check(&PublishError::new(
+            PublishErrorKind::TimedOut
+        )));
+    }
 
     #[test]
     fn a_batch_round_trips_through_its_stored_form() {
