@@ -33,8 +33,8 @@ use fusebox_e2e::cluster::{
     partition_of, tenant_client_at, wait_owners, ClusterDaemon, NatsCluster,
 };
 use fusebox_e2e::fleet::{
-    check_acknowledged_events_applied, check_answers_repeat, check_exactly_once, check_runs, join,
-    spawn_agent, Kind, RunLog, GATE_TIMEOUT, TENANTS,
+    check_acknowledged_events_applied, check_answers_repeat, check_exactly_once,
+    check_no_key_in_flight, check_runs, join, spawn_agent, Kind, RunLog, GATE_TIMEOUT, TENANTS,
 };
 use fusebox_e2e::netns::Netns;
 use tokio::task::JoinHandle;
@@ -297,6 +297,7 @@ async fn a_daemon_cut_off_with_its_partitions_stops_serving_before_they_are_take
     check_acknowledged_events_applied(&logs, &nats.operator_client().await).await;
     let admin = jetstream::new(nats.connect("fuseboxd", None).await);
     check_runs(&logs, &d2.config, &admin).await;
+    check_no_key_in_flight(&admin).await;
 
     let mut actions = BTreeMap::new();
     let mut by_side = [0; 2];

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use fusebox_client::{FuseboxClient, Gate};
-use fusebox_core::{Action, Decision, Event};
+use fusebox_core::{Action, Decision, Event, LedgerEntry};
 use fusebox_e2e::{
     bin, client, event, expected, fixture, free_port, repo_dir, Daemon, NatsServer, FIXTURES,
 };
+use futures_util::StreamExt;
 use serde_json::json;
 
 const PARTITIONS: u32 = 4;
@@ -408,4 +409,79 @@ async fn a_cluster_daemon_stops_on_sigterm_while_nats_is_unreachable() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let status = daemon.terminate();
     assert!(status.success(), "exit {status}:\n{}", daemon.logs());
+}
+
+/// The op_key entries of the shared ledger (`FUSEBOX_LEDGER`), by KV key.
+async fn shared_ledger(js: &jetstream::Context) -> Vec<(String, Option<LedgerEntry>)> {
+    let kv = js.get_key_value("FUSEBOX_LEDGER").await.unwrap();
+    let mut keys = kv.keys().await.unwrap();
+    let mut entries = Vec::new();
+    while let Some(key) = keys.next().await {
+        let key = key.unwrap();
+        let value = kv.get(key.clone()).await.unwrap().unwrap();
+        entries.push((key, serde_json::from_slice(value.as_ref()).unwrap()));
+    }
+    entries
+}
+
+/// An outcome a partition's owner committed but could not write to the shared ledger
+/// (cut off at its fence, issue 25 §1) is written back by the partition's next owner
+/// when it catches up: no key stays in flight for an operator to resolve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_owner_writes_back_an_outcome_the_shared_ledger_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = mapped_nats(dir.path());
+    let config = cluster_config(dir.path(), "alone");
+    let data = dir.path().join("alone");
+    let mut daemon = Daemon::start(&nats.url(), &config, &data).await;
+    wait_until_served(&[&daemon]).await;
+    let client = client(&nats.url()).await;
+    gate(&client, &ev("mailer", 1, started())).await;
+    let sent = gate(&client, &ev("mailer", 2, send("c1", "INC-9:notify"))).await;
+    assert!(sent.action.lets_tool_run(), "{sent:?}");
+    gate(&client, &ev("mailer", 3, result("c1", "SUCCESS"))).await;
+
+    // What the shared ledger holds when the write-back after the commit never came.
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let entries: [(String, Option<LedgerEntry>); 1] = shared_ledger(&js).await.try_into().unwrap();
+    let [(key, Some(LedgerEntry::Completed { run, call_id, .. }))] = entries else {
+        panic!("the completion was not written to the shared ledger: {entries:?}")
+    };
+    let in_flight = LedgerEntry::InFlight {
+        run,
+        call_id,
+        since_ms: 1,
+    };
+    let kv = js.get_key_value("FUSEBOX_LEDGER").await.unwrap();
+    kv.put(
+        key.clone(),
+        serde_json::to_vec(&Some(&in_flight)).unwrap().into(),
+    )
+    .await
+    .unwrap();
+    daemon.kill();
+
+    // The next owner (here the same daemon, restarted) catches the partitions up.
+    let daemon = Daemon::start(&nats.url(), &config, &data).await;
+    wait_until_served(&[&daemon]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let entries = shared_ledger(&js).await;
+        match entries.as_slice() {
+            [(k, Some(LedgerEntry::Completed { result, .. }))] if *k == key => {
+                assert!(result.contains("sent"), "{result}");
+                break;
+            }
+            other => assert!(
+                Instant::now() < deadline,
+                "the outcome was not written back: {other:?}\n{}",
+                daemon.logs()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And a later call with the key, in another run, gets the completed result.
+    gate(&client, &ev("retry", 1, started())).await;
+    let again = gate(&client, &ev("retry", 2, send("c1", "INC-9:notify"))).await;
+    assert_eq!(again.action, Action::UseCompletedResult, "{again:?}");
 }

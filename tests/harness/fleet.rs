@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use fusebox_client::{ClientError, FuseboxClient, Gate};
-use fusebox_core::{Action, Decision, Event, EventBody};
+use fusebox_core::{Action, Decision, Event, EventBody, LedgerEntry};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
@@ -589,6 +590,48 @@ pub async fn check_acknowledged_events_applied(logs: &[RunLog], operator: &Fuseb
             list.len()
         );
         pending = short.into_iter().map(|(log, _)| log).collect();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// No op_key is left in flight in the cluster's shared ledger (`FUSEBOX_LEDGER`): every
+/// run that executed one reported its result, and the partitions' owners wrote back the
+/// outcomes they caught up (a minority owner cut off at its fence commits outcomes it can
+/// no longer write), so after a heal no key needs an operator's `fusebox ledger resolve`.
+pub async fn check_no_key_in_flight(admin: &jetstream::Context) {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    loop {
+        let kv = retry("FUSEBOX_LEDGER", || admin.get_key_value("FUSEBOX_LEDGER")).await;
+        let mut keys = retry("ledger keys", || kv.keys()).await;
+        let (mut in_flight, mut settled) = (Vec::new(), 0);
+        while let Some(key) = keys.next().await {
+            let key = key.expect("a ledger key");
+            let value = retry("a ledger entry", || kv.get(key.clone())).await;
+            let entry: Option<LedgerEntry> = value
+                .map(|bytes| serde_json::from_slice(bytes.as_ref()).expect("a ledger entry's JSON"))
+                .unwrap_or_default();
+            match entry {
+                Some(entry @ LedgerEntry::InFlight { .. }) => {
+                    in_flight.push(format!("{key}: {entry:?}"))
+                }
+                Some(LedgerEntry::Completed { .. }) => settled += 1,
+                None => {}
+            }
+        }
+        if in_flight.is_empty() {
+            eprintln!(
+                "shared ledger: {settled} op_keys completed, none in flight after {} ms",
+                started.elapsed().as_millis()
+            );
+            assert!(settled > 0, "no op_key completed in the shared ledger");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} op_keys still in flight in the shared ledger: {in_flight:#?}",
+            in_flight.len()
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

@@ -16,13 +16,14 @@ use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE};
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, RetentionPolicy, StorageType};
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig, consumer::DeliverPolicy};
-use fusebox_core::{parse_event, Action, Decision, Event};
+use fusebox_core::{parse_event, Action, Decision, Event, EventBody};
 use fusebox_log::AdoptedOp;
 use fusebox_nats::{GuardStore, Submitted};
 use futures_util::StreamExt;
 use tokio::runtime::Handle;
 
-use super::store::PartitionStore;
+use super::shared_ledger::Touch;
+use super::store::{CallKey, PartitionStore};
 use super::{ClusterError, Fence, ATTEMPTS, RETRY_PAUSE};
 use crate::watchdog::FeedStore;
 
@@ -301,6 +302,15 @@ pub async fn catch_up(
                 .is_some_and(|run| !run.is_open())
         })
         .collect();
+    // Before the mark moves past them: outcomes the last owner committed but could not
+    // write back (a held mark brings their batches back into the next catch-up).
+    let (calls, op_calls) = (replay.calls, replay.op_calls);
+    let mut store = tokio::task::spawn_blocking(move || {
+        store.inner_mut().write_back(&calls, op_calls);
+        store
+    })
+    .await
+    .expect("write-back task");
     let position = store.inner().guard.position();
     store.inner_mut().mark.write(last, position);
     Ok((
@@ -323,6 +333,10 @@ struct Replay {
     /// waiting to learn whether the log has them: it does when it has a later batch
     /// (the log holds a prefix of the stream).
     adopt_only: Vec<Vec<AdoptedOp>>,
+    /// Every call and result of the batches read, and the calls that named an op_key:
+    /// their outcomes are written back to the shared ledger after the catch-up.
+    calls: BTreeSet<CallKey>,
+    op_calls: Vec<Touch>,
     batches_read: usize,
     batches_applied: usize,
 }
@@ -338,6 +352,7 @@ impl Replay {
         end_of_stream: bool,
     ) -> Result<(), ClusterError> {
         for (adopted, events) in chunk {
+            self.note_calls(&events);
             let Some(last) = events.last() else {
                 self.adopt_only.push(adopted);
                 continue;
@@ -360,6 +375,28 @@ impl Replay {
             self.flush_adopt_only(store)?;
         }
         Ok(())
+    }
+
+    fn note_calls(&mut self, events: &[Event]) {
+        for event in events {
+            let call_id = match &event.body {
+                EventBody::ToolCall(call) => {
+                    if let Some(op_key) = &call.op_key {
+                        self.op_calls.push((
+                            event.tenant.clone(),
+                            op_key.clone(),
+                            event.run.clone(),
+                            call.call_id.clone(),
+                        ));
+                    }
+                    &call.call_id
+                }
+                EventBody::ToolResult(result) => &result.call_id,
+                _ => continue,
+            };
+            self.calls
+                .insert((event.tenant.clone(), event.run.clone(), call_id.clone()));
+        }
     }
 
     fn flush_adopt_only(&mut self, store: &mut Catching) -> Result<(), ClusterError> {

@@ -19,6 +19,10 @@ const WRITE_EVERY: u32 = 1_000;
 pub struct AppliedMark {
     path: PathBuf,
     since_written: u32,
+    /// An outcome of a batch after the mark on disk is not in the shared ledger yet:
+    /// the mark stays there, so the next catch-up reads that batch again and writes
+    /// the outcome back.
+    held: bool,
 }
 
 impl AppliedMark {
@@ -26,6 +30,7 @@ impl AppliedMark {
         AppliedMark {
             path: partition_dir.join("applied.seq"),
             since_written: 0,
+            held: false,
         }
     }
 
@@ -52,10 +57,18 @@ impl AppliedMark {
         }
     }
 
+    /// Keeps the mark where it is for the rest of this owner's time (see `held`).
+    pub fn hold(&mut self) {
+        self.held = true;
+    }
+
     /// Writes the mark (write-then-rename, so a reader sees the old or the new one).
     /// A failure is only logged: the next owner then reads more of the stream.
     pub fn write(&mut self, sequence: u64, log_position: u64) {
         self.since_written = 0;
+        if self.held {
+            return;
+        }
         let temporary = self.path.with_extension("seq.tmp");
         let written = std::fs::write(&temporary, format!("{sequence} {log_position}\n"))
             .and_then(|()| std::fs::rename(&temporary, &self.path));
@@ -92,6 +105,12 @@ mod tests {
         );
         mark.committed(44, 99);
         assert_eq!(mark.read(100), 44);
+        mark.hold();
+        mark.write(45, 100);
+        for _ in 0..WRITE_EVERY {
+            mark.committed(46, 100);
+        }
+        assert_eq!(mark.read(100), 44, "a held mark is never moved");
         let file = dir.path().join("applied.seq");
         for damaged in ["", "44", "4x 99", "44 99 1"] {
             std::fs::write(&file, damaged).unwrap();

@@ -270,7 +270,10 @@ impl SharedLedger {
     /// local outcome back — a completion for good, or the key freed after a failure or
     /// when the call did not run. A failure here leaves the key in flight, which
     /// refuses rather than repeats.
-    pub fn settle(&self, fence: &Fence, engine: &Engine, touched: &[Touch]) {
+    /// Returns whether every outcome was written (or needed no write).
+    #[must_use]
+    pub fn settle(&self, fence: &Fence, engine: &Engine, touched: &[Touch]) -> bool {
+        let mut all = true;
         for (tenant, op_key, run, call_id) in touched {
             let key = kv_key(tenant, op_key);
             let local = engine.ledger().get(tenant, op_key);
@@ -298,9 +301,11 @@ impl SharedLedger {
                 }
             })();
             if let Err(err) = settled {
-                tracing::error!(%tenant, %op_key, %err, "cannot write an outcome to the shared ledger; other runs see the key in flight");
+                all = false;
+                tracing::error!(%tenant, %op_key, %err, "cannot write an outcome to the shared ledger yet; the partition's next owner writes it back");
             }
         }
+        all
     }
 }
 

@@ -2,7 +2,7 @@
 //! checked against the shared ledger and replicated to `FUSEBOX_APPLIED` before it is
 //! written locally (and so before anything about it is answered or acked).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 
 use fusebox_core::{Decision, Engine, Event, EventBody, LedgerEntry};
@@ -32,7 +32,8 @@ pub struct PartitionStore {
     stops_to_publish: Vec<Decision>,
 }
 
-type CallKey = (String, String, String);
+/// (tenant, run, call_id).
+pub type CallKey = (String, String, String);
 
 /// What one batch knows of its keys in the shared ledger: the revisions the engine
 /// decided on (claims check them), and the keys it touched (settled after the commit).
@@ -89,6 +90,46 @@ impl PartitionStore {
                 _ => None,
             })
             .collect();
+    }
+
+    /// Writes a committed batch's outcomes back to the shared ledger, then moves the
+    /// mark; an outcome not written holds the mark before this batch (see
+    /// [`AppliedMark::hold`]), so the next owner's catch-up writes it back.
+    fn settle_then_mark(&mut self, touched: &[Touch]) {
+        if !self
+            .ledger
+            .settle(self.replicator.fence(), self.guard.engine(), touched)
+        {
+            self.mark.hold();
+        }
+        self.mark
+            .committed(self.replicator.last(), self.guard.position());
+    }
+
+    /// After a catch-up: writes back the outcomes of the calls it read (`calls`:
+    /// (tenant, run, call_id) of each call and result in the batches read, applied or
+    /// already in the log) that the shared ledger may still hold in flight — the last
+    /// owner committed them but lost the ledger (its fence) before writing them.
+    /// `op_calls`: the read calls that named an op_key (a key their result released
+    /// is no longer in the local ledger to be found by its call).
+    pub fn write_back(&mut self, calls: &BTreeSet<CallKey>, op_calls: Vec<Touch>) {
+        let engine = self.guard.engine();
+        let mut touched: BTreeSet<Touch> = op_calls.into_iter().collect();
+        for (tenant, op_key, entry) in engine.ledger().iter() {
+            let (LedgerEntry::InFlight { run, call_id, .. }
+            | LedgerEntry::Completed { run, call_id, .. }) = entry;
+            let call = (tenant.to_owned(), run.clone(), call_id.clone());
+            if calls.contains(&call) {
+                touched.insert((call.0, op_key.to_owned(), call.1, call.2));
+            }
+        }
+        let touched: Vec<Touch> = touched.into_iter().collect();
+        if !self
+            .ledger
+            .settle(self.replicator.fence(), engine, &touched)
+        {
+            self.mark.hold();
+        }
     }
 
     /// Claims and replicates a decided batch, and says which keys it touched.
@@ -161,10 +202,7 @@ impl GuardStore for PartitionStore {
                         ledger, replicator, in_flight, keys, &adopted, engine, applied,
                     )
                 })?;
-        self.mark
-            .committed(self.replicator.last(), self.guard.position());
-        self.ledger
-            .settle(self.replicator.fence(), self.guard.engine(), &keys.touched);
+        self.settle_then_mark(&keys.touched);
         Ok(submitted(outcomes))
     }
 
@@ -181,10 +219,7 @@ impl GuardStore for PartitionStore {
                 let keys = &mut keys;
                 Self::before_commit(ledger, replicator, in_flight, keys, &[], engine, applied)
             })?;
-        self.mark
-            .committed(self.replicator.last(), self.guard.position());
-        self.ledger
-            .settle(self.replicator.fence(), self.guard.engine(), &keys.touched);
+        self.settle_then_mark(&keys.touched);
         Ok(decisions)
     }
 
