@@ -319,3 +319,86 @@ async fn a_stuck_log_stops_the_service_instead_of_hanging_it() {
         );
     }
 }
+
+/// An event JetStream acknowledged but the daemon's consumer never delivers (here: the
+/// consumer made anew past it, as consumers were seen to behave after a network split
+/// healed) is not lost: the gap it leaves is asked of the stream itself, and the
+/// event is applied from the stream's copy before the run goes on.
+#[tokio::test]
+async fn an_acknowledged_event_the_consumer_skips_is_applied_from_the_stream() {
+    use async_nats::jetstream::consumer::{pull, DeliverPolicy};
+    let mut setup = Setup::start().await;
+    let client = client(&setup.nats.url()).await;
+    let t = now_ms();
+    let ev = |seq: u64, body: serde_json::Value| {
+        let mut value = json!({"v":1,"id":format!("skipped-{seq}"),"tenant":"acme",
+            "run":"skipped","seq":seq,"ts_ms":t + seq});
+        value
+            .as_object_mut()
+            .unwrap()
+            .extend(body.as_object().unwrap().clone());
+        event(value)
+    };
+    let started = ev(1, json!({"type":"run_started","agent":"a"}));
+    gate(&client, &started).await;
+    setup.daemon.terminate();
+
+    // Acknowledged by JetStream while the daemon is down...
+    let call = ev(
+        2,
+        json!({"type":"tool_call","call_id":"c1","tool":"search","args":{"q":"x"}}),
+    );
+    client.report(&call).await.unwrap();
+    // ...and skipped by the daemon's consumer, made anew just past it.
+    let js = async_nats::jetstream::new(async_nats::connect(setup.nats.url()).await.unwrap());
+    let stream = js.get_stream("FUSEBOX_EVENTS").await.unwrap();
+    let stored = stream
+        .get_last_raw_message_by_subject("fusebox.events.acme.skipped")
+        .await
+        .unwrap();
+    let mut consumer: async_nats::jetstream::consumer::Consumer<pull::Config> =
+        stream.get_consumer("fuseboxd").await.unwrap();
+    let config = consumer.info().await.unwrap().config.clone();
+    stream.delete_consumer("fuseboxd").await.unwrap();
+    stream
+        .create_consumer(pull::Config {
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: stored.sequence + 1,
+            },
+            durable_name: config.durable_name,
+            filter_subject: config.filter_subject,
+            ack_policy: config.ack_policy,
+            ack_wait: config.ack_wait,
+            max_ack_pending: config.max_ack_pending,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    setup.daemon = Daemon::start(&setup.nats.url(), &setup.config, &setup.data_dir()).await;
+
+    // The next event waits out the gap; then the stream's copy of seq 2 comes first.
+    let result = ev(
+        3,
+        json!({"type":"tool_result","call_id":"c1","tool":"search",
+        "kind":"SUCCESS","output":{"hits":1}}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.gate(&result).await {
+            Gate::Decided(_) => break,
+            Gate::Refused(err) => panic!("refused: {err:?}"),
+            Gate::Unanswered { .. } => assert!(
+                Instant::now() < deadline,
+                "never answered:\n{}",
+                setup.daemon.logs()
+            ),
+        }
+    }
+    let status = client.run_status("acme", "skipped").await.unwrap();
+    assert_eq!(
+        (status.counters.events, status.summary.last_seq),
+        (3, Some(3)),
+        "the acknowledged event was not applied:\n{}",
+        setup.daemon.logs()
+    );
+}

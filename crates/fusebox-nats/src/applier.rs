@@ -16,8 +16,8 @@ use bytes::Bytes;
 use fusebox_core::{Action, Decision, Event};
 use tokio::sync::mpsc::{Receiver, UnboundedSender};
 
-use crate::backlog::Backlog;
 use crate::dispatch::{Outbox, Output};
+use crate::gap_probe::{Answer, Probe};
 use crate::observer::Observer;
 use crate::query::{self, Query};
 use crate::reject::{reject, Origin};
@@ -40,8 +40,13 @@ pub(crate) enum Input {
         query: Query,
         reply: Subject,
     },
-    /// Periodic: release timed-out gaps, write due ticks, refresh gauges.
+    /// Periodic: probe timed-out gaps, write due ticks, refresh gauges.
     Timer,
+    /// What the events stream holds for a gap that timed out.
+    Probed {
+        probe: Probe,
+        answer: Answer,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -53,9 +58,11 @@ pub(crate) struct ApplierOptions {
 
 pub(crate) struct Applier<S> {
     store: S,
-    /// Whether the events stream still owes the consumer messages; `None` without
-    /// JetStream (tests), where a timed-out gap is always released.
-    backlog: Option<Backlog>,
+    /// Where a timed-out gap is asked about (`gap_probe.rs`); `None` without JetStream
+    /// (tests), where a timed-out gap is released at once.
+    probes: Option<UnboundedSender<Probe>>,
+    /// Runs whose gap is being asked about.
+    probing: HashSet<RunKey>,
     out: UnboundedSender<Outbox>,
     /// What the batch being handled will send, handed over once it is durable.
     outbox: Outbox,
@@ -87,7 +94,7 @@ fn event_key(event: &Event) -> EventKey {
 impl<S: GuardStore> Applier<S> {
     pub(crate) fn new(
         mut store: S,
-        backlog: Option<Backlog>,
+        probes: Option<UnboundedSender<Probe>>,
         out: UnboundedSender<Outbox>,
         observer: Arc<dyn Observer>,
         options: ApplierOptions,
@@ -115,7 +122,8 @@ impl<S: GuardStore> Applier<S> {
         owed.send(&out);
         Applier {
             store,
-            backlog,
+            probes,
+            probing: HashSet::new(),
             out,
             outbox: Outbox::default(),
             observer,
@@ -158,16 +166,21 @@ impl<S: GuardStore> Applier<S> {
         let mut events = Vec::with_capacity(inputs.len());
         let mut queries = Vec::new();
         let mut timer = false;
+        let mut probed = Vec::new();
         for input in inputs {
             match input {
                 Input::Event { event, origin } => events.push((event, origin)),
                 Input::Query { query, reply } => queries.push((query, reply)),
                 Input::Timer => timer = true,
+                Input::Probed { probe, answer } => probed.push((probe, answer)),
             }
         }
         let mut touched = HashSet::new();
         if !events.is_empty() {
             self.submit(events, &mut touched)?;
+        }
+        for (probe, answer) in probed {
+            self.on_probed(probe, answer, &mut touched)?;
         }
         if timer {
             self.on_timer(&mut touched)?;
@@ -324,6 +337,61 @@ impl<S: GuardStore> Applier<S> {
         }
     }
 
+    fn release(
+        &mut self,
+        tenant: &str,
+        run: &str,
+        touched: &mut HashSet<RunKey>,
+    ) -> Result<(), StoreError> {
+        self.gap_since.remove(&(tenant.to_owned(), run.to_owned()));
+        for decision in self.store.release_gap(tenant, run)? {
+            self.decided(decision, touched);
+        }
+        Ok(())
+    }
+
+    fn still_missing(&self, probe: &Probe) -> bool {
+        self.store
+            .waiting()
+            .iter()
+            .any(|(t, r, seq)| *t == probe.tenant && *r == probe.run && *seq == probe.seq)
+    }
+
+    /// A timed-out gap as the events stream answered it: its missing event applied from
+    /// the stream's copy, or the held events applied without it when the stream does
+    /// not hold it (see `gap_probe.rs`); asked again at a later tick when unanswered.
+    fn on_probed(
+        &mut self,
+        probe: Probe,
+        answer: Answer,
+        touched: &mut HashSet<RunKey>,
+    ) -> Result<(), StoreError> {
+        self.probing
+            .remove(&(probe.tenant.clone(), probe.run.clone()));
+        if !self.still_missing(&probe) {
+            return Ok(());
+        }
+        let Probe { tenant, run, seq } = &probe;
+        match answer {
+            Answer::Holds(event) => {
+                tracing::warn!(%tenant, %run, missing_seq = seq, "gap timed out; the events stream holds the missing event its consumer has not delivered: applying the stream's copy");
+                self.submit(vec![(*event, Origin::Internal)], touched)?;
+                if self.still_missing(&probe) {
+                    // The stream's copy was refused: it can never fill the gap.
+                    self.release(tenant, run, touched)?;
+                }
+            }
+            Answer::Absent => {
+                tracing::warn!(%tenant, %run, missing_seq = seq, "gap timed out and the events stream does not hold the missing event; applying the held events without it");
+                self.release(tenant, run, touched)?;
+            }
+            Answer::Unanswered(err) => {
+                tracing::debug!(%tenant, %run, missing_seq = seq, %err, "the events stream did not answer for a missing event; asking again");
+            }
+        }
+        Ok(())
+    }
+
     fn on_timer(&mut self, touched: &mut HashSet<RunKey>) -> Result<(), StoreError> {
         let now = Instant::now();
         let waiting = self.store.waiting();
@@ -340,20 +408,18 @@ impl<S: GuardStore> Applier<S> {
             if now.duration_since(since) < self.options.gap_timeout {
                 continue;
             }
-            let held = self
-                .waiters
-                .values()
-                .flatten()
-                .filter(|origin| matches!(origin, Origin::Stream(_)))
-                .count();
-            if !self.backlog.as_ref().is_none_or(|b| b.drained(held)) {
-                tracing::debug!(%tenant, %run, missing_seq = seq, "gap timed out but the events stream has undelivered messages; waiting for them");
-                continue;
-            }
-            tracing::warn!(%tenant, %run, missing_seq = seq, "gap timed out; applying the held events without it");
-            self.gap_since.remove(&(tenant.clone(), run.clone()));
-            for decision in self.store.release_gap(&tenant, &run)? {
-                self.decided(decision, touched);
+            let key = (tenant.clone(), run.clone());
+            match &self.probes {
+                Some(_) if self.probing.contains(&key) => {}
+                Some(probes) => {
+                    if probes.send(Probe { tenant, run, seq }).is_ok() {
+                        self.probing.insert(key);
+                    }
+                }
+                None => {
+                    tracing::warn!(%tenant, %run, missing_seq = seq, "gap timed out; applying the held events without it");
+                    self.release(&tenant, &run, touched)?;
+                }
             }
         }
         let due = ticks::due(self.store.engine(), &self.last_seen, self.started, now);

@@ -19,6 +19,7 @@ mod applier;
 mod backlog;
 mod control;
 mod dispatch;
+mod gap_probe;
 mod gate;
 mod inbound;
 mod ingest;

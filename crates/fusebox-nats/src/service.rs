@@ -10,7 +10,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::applier::{Applier, ApplierOptions, Input};
-use crate::backlog::{watch_backlog, Backlog};
+use crate::backlog::watch_backlog;
+use crate::gap_probe::answer_probes;
 use crate::inbound::{serve_subscription, stopped, Inbound};
 use crate::observer::Observer;
 use crate::setup::{self, Placement, SetupError};
@@ -145,7 +146,7 @@ impl Service {
         let (tx, rx) = mpsc::channel(options.queue_capacity);
         let (out, out_rx) = mpsc::unbounded_channel();
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let backlog = Backlog::default();
+        let (probes, probe_rx) = mpsc::unbounded_channel();
         let busy = Arc::new(Busy::default());
         let dispatcher = tokio::spawn(dispatch::dispatch(
             client.clone(),
@@ -155,7 +156,7 @@ impl Service {
         ));
         let applier = Applier::new(
             store,
-            Some(backlog.clone()),
+            Some(probes),
             out.clone(),
             observer.clone(),
             ApplierOptions {
@@ -206,10 +207,17 @@ impl Service {
                 },
             )));
         }
+        tasks.push(tokio::spawn(answer_probes(
+            js.clone(),
+            options.scope,
+            inbound.accept.clone(),
+            probe_rx,
+            tx.clone(),
+            shutdown_rx.clone(),
+        )));
         tasks.push(tokio::spawn(watch_backlog(
             js.clone(),
             options.scope,
-            backlog,
             inbound.observer.clone(),
             options.timer_interval,
             shutdown_rx.clone(),

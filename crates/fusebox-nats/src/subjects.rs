@@ -94,6 +94,18 @@ impl Scope {
         }
     }
 
+    /// The subjects one run's events are stored on in `FUSEBOX_EVENTS`: all runs may
+    /// see both forms (the servers' mapping on or off), a partition only its own.
+    pub fn run_events_subjects(self, tenant: &str, run: &str) -> Vec<String> {
+        match self {
+            Scope::All => vec![
+                events(tenant, run),
+                format!("fusebox.events.{tenant}.*.{run}"),
+            ],
+            Scope::Partition { index: p, .. } => vec![format!("fusebox.events.{tenant}.{p}.{run}")],
+        }
+    }
+
     /// The durable consumer of `FUSEBOX_EVENTS`: one per partition, outliving the
     /// daemon that owns it, so a takeover continues from its ack floor.
     pub fn events_consumer(self) -> String {
