@@ -117,6 +117,11 @@ struct Partitions {
     /// A partition whose log got stuck (`ServiceError::Stalled`): the disk is this
     /// daemon's, so it stops altogether and the others take its partitions over.
     stuck: Option<ClusterError>,
+    /// Partitions given up whose service is still draining (its kill-switch publishes
+    /// may wait minutes for an unreachable NATS): waited for beside the loop, never in
+    /// it, so the other partitions' leases are still renewed meanwhile; not claimed
+    /// again until drained.
+    draining: BTreeMap<u32, JoinHandle<Option<ClusterError>>>,
 }
 
 /// An owned partition: its lease and the task serving it.
@@ -143,16 +148,18 @@ pub async fn serve(
     })
     .await?;
     let lease_time = Duration::from_millis(shared.cluster.lease_ms);
-    let leases = while_starting("binding the lease bucket", || {
-        Leases::open(
-            &js,
-            &shared.cluster.node_id,
-            shared.cluster.partitions,
-            lease_time,
-            replicas,
-        )
-    })
-    .await?;
+    let leases = Arc::new(
+        while_starting("binding the lease bucket", || {
+            Leases::open(
+                &js,
+                &shared.cluster.node_id,
+                shared.cluster.partitions,
+                lease_time,
+                replicas,
+            )
+        })
+        .await?,
+    );
     let ledger = while_starting("binding the ledger bucket", || {
         SharedLedger::open(&js, replicas, tokio::runtime::Handle::current())
     })
@@ -171,6 +178,7 @@ pub async fn serve(
         owned: BTreeMap::new(),
         totals: Arc::new(observe::Totals::default()),
         stuck: None,
+        draining: BTreeMap::new(),
     };
     let mut tick = tokio::time::interval(lease_time / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -195,8 +203,12 @@ pub async fn serve(
             partition,
             owned,
             Change::Released("shutdown"),
-        )
-        .await;
+        );
+    }
+    for (_, draining) in std::mem::take(&mut state.draining) {
+        if let Some(stuck) = draining.await.unwrap_or_default() {
+            state.stuck.get_or_insert(stuck);
+        }
     }
     shared.metrics.set_cluster_partitions_owned(0);
     if let Err(err) = within(RELEASE_WAIT, leases.leave()).await {
@@ -242,11 +254,23 @@ where
 async fn round(
     shared: &Shared,
     js: &jetstream::Context,
-    leases: &Leases,
+    leases: &Arc<Leases>,
     ledger: &Arc<SharedLedger>,
     state: &mut Partitions,
     lease_time: Duration,
 ) {
+    let drained: Vec<u32> = state
+        .draining
+        .iter()
+        .filter(|(_, task)| task.is_finished())
+        .map(|(&p, _)| p)
+        .collect();
+    for partition in drained {
+        let task = state.draining.remove(&partition).expect("listed");
+        if let Some(stuck) = task.await.unwrap_or_default() {
+            state.stuck.get_or_insert(stuck);
+        }
+    }
     // Every request is bounded by a quarter lease: a round stuck on an unreachable
     // JetStream must still get to the check below and stop serving in time.
     let bound = lease_time / 4;
@@ -299,7 +323,7 @@ async fn round(
     }
     for (partition, entry, lost) in gone {
         let change = lost.map_or(Change::Failed, Change::Lost);
-        give_up(shared, state, leases, partition, entry, change).await;
+        give_up(shared, state, leases, partition, entry, change);
     }
     let Some(live) = live else { return };
     let share = fair_share(shared.cluster.partitions, live);
@@ -307,7 +331,7 @@ async fn round(
         let (&partition, _) = state.owned.iter().next_back().expect("more than the share");
         let entry = state.owned.remove(&partition).expect("listed");
         let change = Change::Released("above the fair share");
-        give_up(shared, state, leases, partition, entry, change).await;
+        give_up(shared, state, leases, partition, entry, change);
     }
     if state.owned.len() >= share {
         return;
@@ -321,7 +345,7 @@ async fn round(
             break;
         }
         let partition = (offset + i) % n;
-        if state.owned.contains_key(&partition) {
+        if state.owned.contains_key(&partition) || state.draining.contains_key(&partition) {
             continue;
         }
         match within(bound, leases.claim(partition)).await {
@@ -446,21 +470,41 @@ async fn within<T>(
         .unwrap_or_else(|_| Err(ClusterError::nats("a lease request", "no answer in time")))
 }
 
-/// Stops serving a partition (draining what it received) and, unless it was lost,
-/// releases its lease so another daemon can take it at once.
-async fn give_up(
+/// Stops serving a partition: tells its service to stop, and leaves the waiting for
+/// it (and the lease's release) to [`drain`], beside the ownership loop.
+fn give_up(
     shared: &Shared,
     state: &mut Partitions,
-    leases: &Leases,
+    leases: &Arc<Leases>,
     partition: u32,
     owned: Owned,
     change: Change,
 ) {
     let _ = owned.stop.send(true);
-    if let Some(stuck) = log_end(partition, owned.task.await) {
-        state.stuck.get_or_insert(stuck);
-    }
-    state.totals.forget(&*shared.observer, partition);
+    let drained = drain(
+        shared.clone(),
+        leases.clone(),
+        state.totals.clone(),
+        partition,
+        owned,
+        change,
+    );
+    state.draining.insert(partition, tokio::spawn(drained));
+}
+
+/// Waits for a given-up partition's service to drain what it received and, unless the
+/// partition was lost, releases its lease so another daemon can take it at once.
+/// Returns the error when its log got stuck.
+async fn drain(
+    shared: Shared,
+    leases: Arc<Leases>,
+    totals: Arc<observe::Totals>,
+    partition: u32,
+    owned: Owned,
+    change: Change,
+) -> Option<ClusterError> {
+    let stuck = log_end(partition, owned.task.await);
+    totals.forget(&*shared.observer, partition);
     let (label, why) = match change {
         Change::Released(why) => ("released", why),
         Change::Lost(why) => ("lost", why),
@@ -469,12 +513,13 @@ async fn give_up(
     shared.metrics.cluster_partition_change(label);
     if label == "lost" {
         tracing::warn!(partition, why, "partition lost; stopped serving it");
-        return;
+        return stuck;
     }
     match within(RELEASE_WAIT, leases.release(partition, owned.lease)).await {
         Ok(()) => tracing::info!(partition, why, "partition released"),
         Err(err) => tracing::warn!(partition, why, %err, "releasing the lease failed; it ages out"),
     }
+    stuck
 }
 
 /// Logs how a partition's task ended; returns the error when its log got stuck.
