@@ -274,23 +274,26 @@ async fn round(
     // Every request is bounded by a quarter lease: a round stuck on an unreachable
     // JetStream must still get to the check below and stop serving in time.
     let bound = lease_time / 4;
-    let live = match within(bound, leases.heartbeat(shared.cluster.partitions)).await {
+    // Renew; a lease that is lost, or not renewed for most of its time, is given up
+    // at once: another daemon may own the partition already or soon.
+    // All at once, and beside the heartbeat: one after the other, a round with NATS
+    // unreachable would take a quarter lease per request, and the time between two
+    // renewals must stay well inside the fence.
+    let held: Vec<(u32, Lease)> = state.owned.iter().map(|(&p, o)| (p, o.lease)).collect();
+    let (heartbeat, renewals) = tokio::join!(
+        within(bound, leases.heartbeat(shared.cluster.partitions)),
+        futures_util::future::join_all(
+            held.iter()
+                .map(|&(partition, lease)| within(bound, leases.renew(partition, lease))),
+        )
+    );
+    let live = match heartbeat {
         Ok(live) => Some(live),
         Err(err) => {
             tracing::warn!(%err, "cluster heartbeat failed");
             None
         }
     };
-    // Renew; a lease that is lost, or not renewed for most of its time, is given up
-    // at once: another daemon may own the partition already or soon.
-    // All at once: one after the other, a round with NATS unreachable would take a
-    // quarter lease per partition, longer than the lease itself.
-    let held: Vec<(u32, Lease)> = state.owned.iter().map(|(&p, o)| (p, o.lease)).collect();
-    let renewals = futures_util::future::join_all(
-        held.iter()
-            .map(|&(partition, lease)| within(bound, leases.renew(partition, lease))),
-    )
-    .await;
     let mut gone = Vec::new();
     for ((partition, _), renewal) in held.into_iter().zip(renewals) {
         let entry = state.owned.get_mut(&partition).expect("listed");
