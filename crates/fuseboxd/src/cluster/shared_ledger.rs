@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 
 use async_nats::jetstream::kv::{self, CreateErrorKind, UpdateErrorKind};
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, stream::StorageType};
 use fusebox_core::{Engine, Event, EventBody, LedgerEntry};
 use fusebox_log::AdoptedOp;
@@ -29,6 +30,9 @@ use tokio::runtime::Handle;
 use super::{bind_bucket, ClusterError, Fence, ATTEMPTS, RETRY_PAUSE};
 
 pub const BUCKET: &str = "FUSEBOX_LEDGER";
+
+/// The header a KV delete or purge carries (`DEL`, `PURGE`); a put has none.
+const KV_OPERATION: &str = "KV-Operation";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimError {
@@ -89,26 +93,38 @@ impl SharedLedger {
         Ok(SharedLedger { kv, runtime })
     }
 
-    /// Reads a key with its revision (0 = never written).
+    /// Reads a key with its revision (0 = never written), from the bucket stream's
+    /// leader. Not `kv.entry`: that is a direct get, which any replica answers, and a
+    /// replica that lags (seen around a network split's heal) answers with what the key
+    /// was — a claim or a completion not there yet. Every decision here (adopt, claim,
+    /// write back) is only as good as the read it rests on.
     fn read(&self, fence: &Fence, key: &str) -> Result<(Shared, u64), ClaimError> {
+        let subject = format!("{}{key}", self.kv.prefix);
         self.retrying(fence, || async {
-            match self.kv.entry(key).await {
-                Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
-                    let shared = serde_json::from_slice(&entry.value).unwrap_or_else(|err| {
-                        tracing::error!(%key, %err, "unreadable shared ledger entry; treating it as in flight elsewhere");
-                        // Never stale: refused until an operator resolves the key.
-                        Some(LedgerEntry::InFlight {
-                            run: "?".to_owned(),
-                            call_id: "?".to_owned(),
-                            since_ms: u64::MAX,
-                        })
-                    });
-                    Ok((shared, entry.revision))
+            let message = match self.kv.stream.get_last_raw_message_by_subject(&subject).await {
+                Ok(message) => message,
+                Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                    return Ok((None, 0))
                 }
-                Ok(Some(entry)) => Ok((None, entry.revision)),
-                Ok(None) => Ok((None, 0)),
-                Err(err) => Err(err.to_string()),
+                Err(err) => return Err(err.to_string()),
+            };
+            let removed = message
+                .headers
+                .get(KV_OPERATION)
+                .is_some_and(|op| op.as_str() != "PUT");
+            if removed {
+                return Ok((None, message.sequence));
             }
+            let shared = serde_json::from_slice(&message.payload).unwrap_or_else(|err| {
+                tracing::error!(%key, %err, "unreadable shared ledger entry; treating it as in flight elsewhere");
+                // Never stale: refused until an operator resolves the key.
+                Some(LedgerEntry::InFlight {
+                    run: "?".to_owned(),
+                    call_id: "?".to_owned(),
+                    since_ms: u64::MAX,
+                })
+            });
+            Ok((shared, message.sequence))
         })
     }
 
@@ -277,29 +293,47 @@ impl SharedLedger {
         for (tenant, op_key, run, call_id) in touched {
             let key = kv_key(tenant, op_key);
             let local = engine.ledger().get(tenant, op_key);
-            let settled = (|| {
+            // A write that finds the key moved since its read (another writer, or its
+            // own retried write) reads again and decides again, rather than leave
+            // the key as it was: a lost write-back is a key in flight for good.
+            let settle_once = || -> Result<bool, ClaimError> {
                 let (shared, revision) = self.read(fence, &key)?;
                 let was_ours = matches!(&shared, Some(LedgerEntry::InFlight { run: r, call_id: c, .. }) if r == run && c == call_id);
-                match local {
+                let value = match local {
                     Some(
                         done @ LedgerEntry::Completed {
                             run: r, call_id: c, ..
                         },
-                    ) if r == run && c == call_id && (was_ours || shared.is_none()) => self
-                        .write(fence, &key, &Some(done.clone()), revision)
-                        .map(drop),
+                    ) if r == run && c == call_id && (was_ours || shared.is_none()) => {
+                        Some(done.clone())
+                    }
                     // A PENDING answer renewed the lease: other daemons judge it by this.
                     Some(
                         renewed @ LedgerEntry::InFlight {
                             run: r, call_id: c, ..
                         },
-                    ) if r == run && c == call_id && was_ours && shared.as_ref() != local => self
-                        .write(fence, &key, &Some(renewed.clone()), revision)
-                        .map(drop),
-                    None if was_ours => self.write(fence, &key, &None, revision).map(drop),
-                    _ => Ok(()),
+                    ) if r == run && c == call_id && was_ours && shared.as_ref() != local => {
+                        Some(renewed.clone())
+                    }
+                    None if was_ours => None,
+                    _ => return Ok(true),
+                };
+                Ok(self.write(fence, &key, &value, revision)?.is_some())
+            };
+            let mut settled = settle_once();
+            for _ in 1..SETTLE_READS {
+                if !matches!(settled, Ok(false)) {
+                    break;
                 }
-            })();
+                settled = settle_once();
+            }
+            let settled = match settled {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(ClaimError::Unavailable(format!(
+                    "the key kept changing under {SETTLE_READS} writes"
+                ))),
+                Err(err) => Err(err),
+            };
             if let Err(err) = settled {
                 all = false;
                 tracing::error!(%tenant, %op_key, %err, "cannot write an outcome to the shared ledger yet; the partition's next owner writes it back");
@@ -308,6 +342,9 @@ impl SharedLedger {
         all
     }
 }
+
+/// Reads (and writes) one write-back may take while the key changes under it.
+const SETTLE_READS: u32 = 3;
 
 /// (tenant, op_key, run, call_id): one call's use of a key.
 pub type Touch = (String, String, String, String);
