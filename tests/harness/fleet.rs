@@ -493,7 +493,15 @@ pub fn check_exactly_once(logs: &[RunLog]) -> BTreeSet<(String, String)> {
                 executed
                     .entry((&log.tenant, key))
                     .or_default()
-                    .push(format!("{}/{}", log.run, gated.decision.event_id));
+                    .push(format!(
+                        "{}/{} ({:?} {:?}, side {}, {} attempts)",
+                        log.run,
+                        gated.decision.event_id,
+                        gated.decision.action,
+                        gated.decision.reason,
+                        gated.side,
+                        gated.attempts
+                    ));
             }
         }
     }
