@@ -36,7 +36,13 @@ impl Agent {
     fn cases(self) -> &'static [&'static str] {
         match self {
             Agent::Codex => &["bad_input", "compaction", "legitimate", "rerun", "runaway"],
-            Agent::GeminiCli => &["bad_input", "legitimate", "rerun", "runaway"],
+            Agent::GeminiCli => &[
+                "bad_input",
+                "legitimate",
+                "merged_streams",
+                "rerun",
+                "runaway",
+            ],
         }
     }
 }
