@@ -59,6 +59,8 @@ pub struct Payload {
     #[serde(default)]
     pub turn_id: Option<String>,
     #[serde(default)]
+    pub transcript_path: Option<String>,
+    #[serde(default)]
     pub tool_name: Option<String>,
     #[serde(default)]
     pub tool_input: Option<Value>,
@@ -104,12 +106,14 @@ impl Payload {
 
 /// The guard event for a payload; `None` for hook events fusebox has nothing to say
 /// about. Ids come from the payload (`tool_use_id`, `turn_id`), so a hook run twice is
-/// applied once.
+/// applied once. `transcript_len` is the size of the payload's `transcript_path` when
+/// the hook ran: it tells one compaction from the next (see PreCompact below).
 pub fn event_for(
     payload: &Payload,
     tenant: &str,
     run: &str,
     agent: &str,
+    transcript_len: Option<u64>,
     ts_ms: u64,
 ) -> Result<Option<Event>, String> {
     let envelope = |id: String, body: EventBody| Event {
@@ -163,11 +167,15 @@ pub fn event_for(
             )
         }
         HookEvent::PreCompact => {
-            // The turn names the moment: a hook re-run within it sends the same id.
+            // PreCompact carries no id of its own, and one turn may compact more than
+            // once (`codex exec` is one turn: seen twice in one, 0.171). The transcript
+            // has grown by the next compaction and not between the hooks of one event
+            // (every hook of it saw the same size), so turn and size name the moment.
             let moment = format!(
-                "{}:{}:{}",
+                "{}:{}:{}:{}",
                 payload.turn_id.as_deref().unwrap_or(""),
                 payload.trigger.as_deref().unwrap_or(""),
+                transcript_len.unwrap_or(0),
                 payload.session_id
             );
             envelope(
@@ -283,18 +291,22 @@ mod tests {
     }
 
     #[test]
-    fn the_turn_names_a_compaction() {
-        let id = |turn: &str| {
+    fn the_turn_and_the_transcript_name_a_compaction() {
+        let id = |turn: &str, transcript_len: u64| {
             let payload = parse(&format!(
                 r#"{{"session_id":"s","hook_event_name":"PreCompact","turn_id":"{turn}","trigger":"auto"}}"#
             ));
-            event_for(&payload, "t", "r", "codex", 1)
+            event_for(&payload, "t", "r", "codex", Some(transcript_len), 1)
                 .unwrap()
                 .unwrap()
                 .id
         };
-        assert_eq!(id("a"), id("a"));
-        assert_ne!(id("a"), id("b"));
+        // Recorded (0.171, `codex exec` with a low model_auto_compact_token_limit): two
+        // hooks of the first compaction saw 35354 bytes, the second compaction of the
+        // same turn 54566.
+        assert_eq!(id("turn-1", 35354), id("turn-1", 35354));
+        assert_ne!(id("turn-1", 35354), id("turn-1", 54566));
+        assert_ne!(id("turn-1", 35354), id("turn-2", 35354));
     }
 
     #[test]
@@ -303,7 +315,9 @@ mod tests {
             let payload = parse(&format!(
                 r#"{{"session_id":"s","hook_event_name":"{name}"}}"#
             ));
-            assert!(event_for(&payload, "t", "r", "codex", 1).unwrap().is_none());
+            assert!(event_for(&payload, "t", "r", "codex", None, 1)
+                .unwrap()
+                .is_none());
         }
     }
 
@@ -311,7 +325,7 @@ mod tests {
     fn a_call_without_its_id_is_the_hooks_error() {
         let payload =
             parse(r#"{"session_id":"s","hook_event_name":"PreToolUse","tool_name":"Bash"}"#);
-        let err = event_for(&payload, "t", "r", "codex", 1).unwrap_err();
+        let err = event_for(&payload, "t", "r", "codex", None, 1).unwrap_err();
         assert!(err.contains("tool_use_id"), "{err}");
     }
 }
