@@ -35,7 +35,14 @@ impl Agent {
 
     fn cases(self) -> &'static [&'static str] {
         match self {
-            Agent::Codex => &["bad_input", "compaction", "legitimate", "rerun", "runaway"],
+            Agent::Codex => &[
+                "bad_input",
+                "compaction",
+                "legitimate",
+                "merged_streams",
+                "rerun",
+                "runaway",
+            ],
             Agent::GeminiCli => &[
                 "bad_input",
                 "legitimate",

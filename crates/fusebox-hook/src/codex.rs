@@ -19,7 +19,12 @@ use fusebox_core::{check_event, Action, Decision, Event, EventBody};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::common::{message_of, observe_context, stored_result, unasked_reason, unguarded_note};
+use crate::common::{
+    lines_in_one_order, message_of, observe_context, stored_result, unasked_reason, unguarded_note,
+};
+
+/// Codex's shell tool, as its hooks name it.
+const SHELL_TOOL: &str = "Bash";
 pub use crate::common::{run_id, Outcome};
 
 /// The hook events fusebox acts on. Anything else is answered with no opinion.
@@ -148,10 +153,16 @@ pub fn event_for(
             )
         }
         // Codex reports a failed command as its output (the exit code is in the text),
-        // so every result is a SUCCESS with that output: repetition is judged by it.
+        // so every result is a SUCCESS with that output: repetition is judged by it, the
+        // shell's lines in one order (its stdout and stderr come joined in arrival order).
         HookEvent::PostToolUse => {
             let (id, tool) = payload.tool_use()?;
-            let output = payload.tool_response.clone().unwrap_or(Value::Null);
+            let output = match &payload.tool_response {
+                Some(Value::String(text)) if tool == SHELL_TOOL => {
+                    Value::String(lines_in_one_order(text.lines()))
+                }
+                other => other.clone().unwrap_or(Value::Null),
+            };
             envelope(
                 format!("cx-{id}-result"),
                 EventBody::ToolResult(ToolResult {
@@ -307,6 +318,33 @@ mod tests {
         assert_eq!(id("turn-1", 35354), id("turn-1", 35354));
         assert_ne!(id("turn-1", 35354), id("turn-1", 54566));
         assert_ne!(id("turn-1", 35354), id("turn-2", 35354));
+    }
+
+    #[test]
+    fn a_shell_output_in_either_order_is_one_answer() {
+        // Recorded (0.171, `cat status.txt || echo running`): both orders of one run.
+        let output = |response: &str| {
+            let payload = parse(&format!(
+                r#"{{"session_id":"s","hook_event_name":"PostToolUse","tool_name":"Bash","tool_use_id":"c1","tool_response":{}}}"#,
+                serde_json::to_string(response).unwrap()
+            ));
+            let event = event_for(&payload, "t", "r", "codex", None, 1)
+                .unwrap()
+                .unwrap();
+            match event.body {
+                EventBody::ToolResult(result) => result.output,
+                other => panic!("{other:?}"),
+            }
+        };
+        let missing = "cat: status.txt: No such file or directory";
+        assert_eq!(
+            output(&format!("{missing}\nrunning\n")),
+            output(&format!("running\n{missing}\n"))
+        );
+        assert_ne!(
+            output("running\n"),
+            output(&format!("running\n{missing}\n"))
+        );
     }
 
     #[test]

@@ -25,7 +25,9 @@ use fusebox_core::{check_event, Action, Decision, Event, EventBody};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::common::{message_of, observe_context, stored_result, unasked_reason, unguarded_note};
+use crate::common::{
+    lines_in_one_order, message_of, observe_context, stored_result, unasked_reason, unguarded_note,
+};
 pub use crate::common::{run_id, Outcome};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,12 +284,9 @@ pub fn event_for(
 
 /// What the model read of a result (`llmContent`), as the loop detector must compare it:
 /// without the shell's `Process Group PGID: N` line (a new number for every run of the
-/// same command), and with the lines of a shell command's `Output:` in one order.
-/// Headless Gemini CLI reads a command's stdout and stderr on two pipes and joins them
-/// in arrival order, so one command answers `err⏎out` one time and `out⏎err` the next
-/// (seen with `cat missing || echo running`, 0.61). Either difference would make a
-/// repetition look like a new answer (progress) to the loop detector and let a runaway
-/// loop run on. The price: an output that only reorders the same lines is no news.
+/// same command), and with the lines of a shell command's `Output:` in one order
+/// ([`lines_in_one_order`]: headless Gemini CLI 0.61 joins stdout and stderr in arrival
+/// order). Either difference would make a repetition look like a new answer.
 fn model_output(tool: &str, response: &Value) -> Value {
     match response.get("llmContent") {
         Some(Value::String(text)) if tool == SHELL_TOOL => Value::String(shell_output(text)),
@@ -319,9 +318,8 @@ fn shell_output(text: &str) -> String {
     let mut kept: Vec<String> = Vec::new();
     let mut output: Option<Vec<&str>> = None;
     let flush = |output: &mut Option<Vec<&str>>, kept: &mut Vec<String>| {
-        if let Some(mut lines) = output.take() {
-            lines.sort_unstable();
-            kept.push(format!("Output: {}", lines.join("\n")));
+        if let Some(lines) = output.take() {
+            kept.push(format!("Output: {}", lines_in_one_order(lines)));
         }
     };
     for line in text.lines() {
