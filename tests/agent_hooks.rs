@@ -35,8 +35,21 @@ impl Agent {
 
     fn cases(self) -> &'static [&'static str] {
         match self {
-            Agent::Codex => &["bad_input", "compaction", "legitimate", "rerun", "runaway"],
-            Agent::GeminiCli => &["bad_input", "legitimate", "rerun", "runaway"],
+            Agent::Codex => &[
+                "bad_input",
+                "compaction",
+                "legitimate",
+                "merged_streams",
+                "rerun",
+                "runaway",
+            ],
+            Agent::GeminiCli => &[
+                "bad_input",
+                "legitimate",
+                "merged_streams",
+                "rerun",
+                "runaway",
+            ],
         }
     }
 }

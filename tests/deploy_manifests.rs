@@ -569,7 +569,11 @@ fn dockerfile_is_multi_stage_and_non_root() {
         .expect("a USER line");
     assert!(!user.contains("root") && !user.contains(" 0"), "{user}");
     // The binaries the image copies are the ones those packages build.
-    for (package, bin) in [("fuseboxd", "fuseboxd"), ("fusebox-cli", "fusebox")] {
+    for (package, bin) in [
+        ("fuseboxd", "fuseboxd"),
+        ("fusebox-cli", "fusebox"),
+        ("fusebox-hook-command", "fusebox-hook"),
+    ] {
         let manifest = read(&repo_dir().join(format!("crates/{package}/Cargo.toml")));
         assert!(
             manifest.contains(&format!("name = \"{bin}\"")),

@@ -1,6 +1,7 @@
 //! The coding-agent hook suites' stack and process: a nats-server + fuseboxd with a
 //! fixture directory's `policy.toml` laid over the shipped config, and one
-//! `fusebox hook <agent>` process per hook event, as the agent runs it.
+//! `fusebox-hook <agent>` process per hook event, as the agent runs it (the binary the
+//! printed settings install; `fusebox hook <agent>` runs the same code).
 
 use std::io::Write;
 use std::path::Path;
@@ -64,17 +65,17 @@ impl HookStack {
     }
 }
 
-/// One hook invocation, as the agent makes it: `fusebox hook <protocol> ARGS`, the
+/// One hook invocation, as the agent makes it: `fusebox-hook <protocol> ARGS`, the
 /// payload on stdin, the answer on stdout.
 pub fn run_hook(protocol: &str, args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(bin("fusebox"))
-        .args(["hook", protocol])
+    let mut child = Command::new(bin("fusebox-hook"))
+        .arg(protocol)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("fusebox runs");
+        .expect("fusebox-hook runs");
     child
         .stdin
         .take()

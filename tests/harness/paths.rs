@@ -44,8 +44,9 @@ pub fn require_tool(name: &str) -> PathBuf {
     })
 }
 
-/// A binary of this workspace (`fuseboxd`, `fusebox`, `fusebox-watchdog`, `fusebox-stack`),
-/// from the target directory this test was built in (or `$FUSEBOX_BIN_DIR`).
+/// A binary of this workspace (`fuseboxd`, `fusebox`, `fusebox-hook`, `fusebox-watchdog`,
+/// `fusebox-stack`), from the target directory this test was built in (or
+/// `$FUSEBOX_BIN_DIR`).
 ///
 /// Cargo builds a package's binaries for that package's own integration tests only, so
 /// the suites here cannot name them with `CARGO_BIN_EXE_*`; `cargo test --workspace`

@@ -1,7 +1,6 @@
 //! `fusebox`: the operator's and the scripts' command line.
 
 mod config;
-mod connection;
 mod generate;
 mod hook;
 mod ledger;

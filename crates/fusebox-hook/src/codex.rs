@@ -19,7 +19,12 @@ use fusebox_core::{check_event, Action, Decision, Event, EventBody};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::common::{message_of, observe_context, stored_result, unasked_reason, unguarded_note};
+use crate::common::{
+    lines_in_one_order, message_of, observe_context, stored_result, unasked_reason, unguarded_note,
+};
+
+/// Codex's shell tool, as its hooks name it.
+const SHELL_TOOL: &str = "Bash";
 pub use crate::common::{run_id, Outcome};
 
 /// The hook events fusebox acts on. Anything else is answered with no opinion.
@@ -58,6 +63,8 @@ pub struct Payload {
     pub hook_event_name: String,
     #[serde(default)]
     pub turn_id: Option<String>,
+    #[serde(default)]
+    pub transcript_path: Option<String>,
     #[serde(default)]
     pub tool_name: Option<String>,
     #[serde(default)]
@@ -104,12 +111,14 @@ impl Payload {
 
 /// The guard event for a payload; `None` for hook events fusebox has nothing to say
 /// about. Ids come from the payload (`tool_use_id`, `turn_id`), so a hook run twice is
-/// applied once.
+/// applied once. `transcript_len` is the size of the payload's `transcript_path` when
+/// the hook ran: it tells one compaction from the next (see PreCompact below).
 pub fn event_for(
     payload: &Payload,
     tenant: &str,
     run: &str,
     agent: &str,
+    transcript_len: Option<u64>,
     ts_ms: u64,
 ) -> Result<Option<Event>, String> {
     let envelope = |id: String, body: EventBody| Event {
@@ -144,10 +153,16 @@ pub fn event_for(
             )
         }
         // Codex reports a failed command as its output (the exit code is in the text),
-        // so every result is a SUCCESS with that output: repetition is judged by it.
+        // so every result is a SUCCESS with that output: repetition is judged by it, the
+        // shell's lines in one order (its stdout and stderr come joined in arrival order).
         HookEvent::PostToolUse => {
             let (id, tool) = payload.tool_use()?;
-            let output = payload.tool_response.clone().unwrap_or(Value::Null);
+            let output = match &payload.tool_response {
+                Some(Value::String(text)) if tool == SHELL_TOOL => {
+                    Value::String(lines_in_one_order(text.lines()))
+                }
+                other => other.clone().unwrap_or(Value::Null),
+            };
             envelope(
                 format!("cx-{id}-result"),
                 EventBody::ToolResult(ToolResult {
@@ -163,11 +178,15 @@ pub fn event_for(
             )
         }
         HookEvent::PreCompact => {
-            // The turn names the moment: a hook re-run within it sends the same id.
+            // PreCompact carries no id of its own, and one turn may compact more than
+            // once (`codex exec` is one turn: seen twice in one, 0.171). The transcript
+            // has grown by the next compaction and not between the hooks of one event
+            // (every hook of it saw the same size), so turn and size name the moment.
             let moment = format!(
-                "{}:{}:{}",
+                "{}:{}:{}:{}",
                 payload.turn_id.as_deref().unwrap_or(""),
                 payload.trigger.as_deref().unwrap_or(""),
+                transcript_len.unwrap_or(0),
                 payload.session_id
             );
             envelope(
@@ -283,18 +302,49 @@ mod tests {
     }
 
     #[test]
-    fn the_turn_names_a_compaction() {
-        let id = |turn: &str| {
+    fn the_turn_and_the_transcript_name_a_compaction() {
+        let id = |turn: &str, transcript_len: u64| {
             let payload = parse(&format!(
                 r#"{{"session_id":"s","hook_event_name":"PreCompact","turn_id":"{turn}","trigger":"auto"}}"#
             ));
-            event_for(&payload, "t", "r", "codex", 1)
+            event_for(&payload, "t", "r", "codex", Some(transcript_len), 1)
                 .unwrap()
                 .unwrap()
                 .id
         };
-        assert_eq!(id("a"), id("a"));
-        assert_ne!(id("a"), id("b"));
+        // Recorded (0.171, `codex exec` with a low model_auto_compact_token_limit): two
+        // hooks of the first compaction saw 35354 bytes, the second compaction of the
+        // same turn 54566.
+        assert_eq!(id("turn-1", 35354), id("turn-1", 35354));
+        assert_ne!(id("turn-1", 35354), id("turn-1", 54566));
+        assert_ne!(id("turn-1", 35354), id("turn-2", 35354));
+    }
+
+    #[test]
+    fn a_shell_output_in_either_order_is_one_answer() {
+        // Recorded (0.171, `cat status.txt || echo running`): both orders of one run.
+        let output = |response: &str| {
+            let payload = parse(&format!(
+                r#"{{"session_id":"s","hook_event_name":"PostToolUse","tool_name":"Bash","tool_use_id":"c1","tool_response":{}}}"#,
+                serde_json::to_string(response).unwrap()
+            ));
+            let event = event_for(&payload, "t", "r", "codex", None, 1)
+                .unwrap()
+                .unwrap();
+            match event.body {
+                EventBody::ToolResult(result) => result.output,
+                other => panic!("{other:?}"),
+            }
+        };
+        let missing = "cat: status.txt: No such file or directory";
+        assert_eq!(
+            output(&format!("{missing}\nrunning\n")),
+            output(&format!("running\n{missing}\n"))
+        );
+        assert_ne!(
+            output("running\n"),
+            output(&format!("running\n{missing}\n"))
+        );
     }
 
     #[test]
@@ -303,7 +353,9 @@ mod tests {
             let payload = parse(&format!(
                 r#"{{"session_id":"s","hook_event_name":"{name}"}}"#
             ));
-            assert!(event_for(&payload, "t", "r", "codex", 1).unwrap().is_none());
+            assert!(event_for(&payload, "t", "r", "codex", None, 1)
+                .unwrap()
+                .is_none());
         }
     }
 
@@ -311,7 +363,7 @@ mod tests {
     fn a_call_without_its_id_is_the_hooks_error() {
         let payload =
             parse(r#"{"session_id":"s","hook_event_name":"PreToolUse","tool_name":"Bash"}"#);
-        let err = event_for(&payload, "t", "r", "codex", 1).unwrap_err();
+        let err = event_for(&payload, "t", "r", "codex", None, 1).unwrap_err();
         assert!(err.contains("tool_use_id"), "{err}");
     }
 }

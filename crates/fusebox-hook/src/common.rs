@@ -81,6 +81,18 @@ pub fn unguarded_note(why: &str) -> String {
     format!("fusebox: {why}; the call runs unguarded (--on-error allow).")
 }
 
+/// A shell command's output with its lines in one order, as the loop detector must
+/// compare it. Codex CLI and headless Gemini CLI read a command's stdout and stderr on
+/// two pipes and join them in arrival order, so one command answers `err⏎out` one time
+/// and `out⏎err` the next (seen with `cat missing || echo running` in both); each new
+/// order would look like a new answer (progress) and let a runaway loop run on. The
+/// price: an output that only reorders the same lines is no news.
+pub fn lines_in_one_order<'a>(lines: impl IntoIterator<Item = &'a str>) -> String {
+    let mut lines: Vec<&str> = lines.into_iter().collect();
+    lines.sort_unstable();
+    lines.join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

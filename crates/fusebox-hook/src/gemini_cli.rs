@@ -25,7 +25,9 @@ use fusebox_core::{check_event, Action, Decision, Event, EventBody};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::common::{message_of, observe_context, stored_result, unasked_reason, unguarded_note};
+use crate::common::{
+    lines_in_one_order, message_of, observe_context, stored_result, unasked_reason, unguarded_note,
+};
 pub use crate::common::{run_id, Outcome};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,7 +254,10 @@ pub fn event_for(
                     code: failed.then(|| "tool_error".to_owned()),
                     retry_after_ms: failed.then_some(0),
                     terminal: None,
-                    output: Some(Output::inline_or_hash(model_output(&response))),
+                    output: Some(Output::inline_or_hash(model_output(
+                        payload.tool()?,
+                        &response,
+                    ))),
                     progress: None,
                 }),
             )
@@ -277,20 +282,63 @@ pub fn event_for(
     Ok(Some(event))
 }
 
-/// What the model read of a result (`llmContent`), without the shell's
-/// `Process Group PGID: N` line: a new number for every run of the same command, which
-/// would make each repetition look like a new answer (progress) to the loop detector.
-fn model_output(response: &Value) -> Value {
+/// What the model read of a result (`llmContent`), as the loop detector must compare it:
+/// without the shell's `Process Group PGID: N` line (a new number for every run of the
+/// same command), and with the lines of a shell command's `Output:` in one order
+/// ([`lines_in_one_order`]: headless Gemini CLI 0.61 joins stdout and stderr in arrival
+/// order). Either difference would make a repetition look like a new answer.
+fn model_output(tool: &str, response: &Value) -> Value {
     match response.get("llmContent") {
+        Some(Value::String(text)) if tool == SHELL_TOOL => Value::String(shell_output(text)),
         Some(Value::String(text)) => Value::String(
             text.lines()
-                .filter(|line| !line.starts_with("Process Group PGID:"))
+                .filter(|line| !line.starts_with(PGID))
                 .collect::<Vec<_>>()
                 .join("\n"),
         ),
         Some(other) => other.clone(),
         None => response.clone(),
     }
+}
+
+const SHELL_TOOL: &str = "run_shell_command";
+const PGID: &str = "Process Group PGID:";
+/// The sections of the shell tool's answer (`Output:` first), and the wrapper's end.
+const SHELL_SECTIONS: [&str; 7] = [
+    "Output: ",
+    "Error: ",
+    "Exit Code: ",
+    "Signal: ",
+    "Background PIDs: ",
+    PGID,
+    "</untrusted_context>",
+];
+
+fn shell_output(text: &str) -> String {
+    let mut kept: Vec<String> = Vec::new();
+    let mut output: Option<Vec<&str>> = None;
+    let flush = |output: &mut Option<Vec<&str>>, kept: &mut Vec<String>| {
+        if let Some(lines) = output.take() {
+            kept.push(format!("Output: {}", lines_in_one_order(lines)));
+        }
+    };
+    for line in text.lines() {
+        if SHELL_SECTIONS
+            .iter()
+            .any(|section| line.starts_with(section))
+        {
+            flush(&mut output, &mut kept);
+        }
+        if let Some(first) = line.strip_prefix("Output: ") {
+            output = Some(vec![first]);
+        } else if let Some(lines) = output.as_mut() {
+            lines.push(line);
+        } else if !line.starts_with(PGID) {
+            kept.push(line.to_owned());
+        }
+    }
+    flush(&mut output, &mut kept);
+    kept.join("\n")
 }
 
 /// The hook's answer on stdout for `event`. `warning` is what the call's BeforeTool was
@@ -457,9 +505,29 @@ mod tests {
     #[test]
     fn the_shells_process_group_is_not_part_of_the_output() {
         let response = json!({"llmContent": "<untrusted_context>\nOutput: hi\nProcess Group PGID: 13461\n</untrusted_context>"});
+        let expected = json!("<untrusted_context>\nOutput: hi\n</untrusted_context>");
+        assert_eq!(model_output(SHELL_TOOL, &response), expected);
+        assert_eq!(model_output("read_file", &response), expected);
+    }
+
+    #[test]
+    fn stdout_and_stderr_joined_in_either_order_are_one_answer() {
+        // Recorded (0.61, `cat status.txt || echo running`): the two orders of one run.
+        let answer = |output: &str| json!({"llmContent": format!("<untrusted_context>\nOutput: {output}\nProcess Group PGID: 23919\n</untrusted_context>")});
+        let err_first = answer("cat: status.txt: No such file or directory\nrunning");
+        let out_first = answer("running\ncat: status.txt: No such file or directory");
         assert_eq!(
-            model_output(&response),
-            json!("<untrusted_context>\nOutput: hi\n</untrusted_context>")
+            model_output(SHELL_TOOL, &err_first),
+            model_output(SHELL_TOOL, &out_first)
+        );
+        assert_eq!(
+            model_output(SHELL_TOOL, &err_first),
+            json!("<untrusted_context>\nOutput: cat: status.txt: No such file or directory\nrunning\n</untrusted_context>")
+        );
+        // Other output is still other output.
+        assert_ne!(
+            model_output(SHELL_TOOL, &err_first),
+            model_output(SHELL_TOOL, &answer("running"))
         );
     }
 }

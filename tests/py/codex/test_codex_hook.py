@@ -78,6 +78,30 @@ def test_runaway_loop_is_refused_and_every_later_call_denied(stack: Stack, ws: W
     assert status["open"] is False and status["agent"] == "codex", status
 
 
+def compaction_requests(api: FakeResponses) -> int:
+    """The requests in which Codex asked the model for a compaction's summary."""
+    prompt = "helping the next LLM seamlessly continue"
+    return sum(1 for body in api.bodies if prompt in json.dumps(body.get("input", [])[-1:]))
+
+
+def test_each_compaction_counts_once(stack: Stack, ws: Workspace) -> None:
+    # A low auto-compaction limit makes Codex compact after every answer of the scripted
+    # model, more than once in the one turn of `codex exec`: each compaction must reach
+    # the guard once, though Codex gives it no id and the turn stays the same.
+    hooks = printed_block(stack, "codex", stack.nats_url, TENANT)
+    steps = calls_then_give_up(lambda n: ws.command(f"echo step {n}"), calls=4)
+    with FakeResponses(respond=steps) as api:
+        run = ws.codex(api, hooks, user_keys="model_auto_compact_token_limit = 100")
+        compactions = compaction_requests(api)
+
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert compactions >= 2, compactions
+    status = run_status(stack, ws.codex_session())["summary"]
+    # run_started, a call and its result per execution, each compaction, run_finished.
+    expected = 1 + 2 * ws.executions() + compactions + 1
+    assert status["events"] == expected, (status, ws.executions(), compactions)
+
+
 def test_twelve_distinct_calls_run_untouched(stack: Stack, ws: Workspace) -> None:
     hooks = printed_block(stack, "codex", stack.nats_url, TENANT)
     pages = calls_then_give_up(lambda n: ws.command(f"echo page {n + 1}"), calls=12)

@@ -99,16 +99,20 @@ class Workspace:
 
     # -- Codex ------------------------------------------------------------------------------
 
-    def codex(self, api: FakeResponses, hooks_toml: str, timeout_s: float = 180) -> AgentRun:
+    def codex(
+        self, api: FakeResponses, hooks_toml: str, timeout_s: float = 180, user_keys: str = ""
+    ) -> AgentRun:
         """`codex exec` with the printed hooks pasted into ~/.codex/config.toml and a
-        custom Responses provider; the hooks trusted for the test with the bypass flag
-        (a user trusts them once, docs/agents/codex.md)."""
+        custom Responses provider (and the user's own top-level `user_keys`); the hooks
+        trusted for the test with the bypass flag (a user trusts them once,
+        docs/agents/codex.md)."""
         codex_home = self.home / ".codex"
         codex_home.mkdir(exist_ok=True)
         provider = f"""model = "gpt-5-codex"
 model_provider = "fake"
 approval_policy = "never"
 sandbox_mode = "danger-full-access"
+{user_keys}
 
 [model_providers.fake]
 name = "fake"

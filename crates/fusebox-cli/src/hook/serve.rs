@@ -27,8 +27,8 @@ use axum::Router;
 use fusebox_client::{ClientError, ClientOptions, FuseboxClient, Gate, GateOnError};
 use fusebox_hook::claude_code::{self, Outcome, Payload};
 
-use super::session_runs::SessionRuns;
-use super::{continue_resumed, now_ms, state_dir, GuardArgs, OnError};
+use fusebox_hook_command::session_runs::SessionRuns;
+use fusebox_hook_command::{continue_resumed, now_ms, state_dir, GuardArgs, OnError};
 
 /// The path Claude Code's hooks POST to.
 pub const CLAUDE_CODE_PATH: &str = "/claude-code";

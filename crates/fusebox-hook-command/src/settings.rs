@@ -4,9 +4,12 @@
 //! answer — or the command's deny when the guard is silent — always arrives before the
 //! agent gives up on the hook and runs the tool anyway.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+
+use crate::HOOK_BINARY;
 
 /// Claude Code's hook events fusebox listens to, and whether they take a tool matcher.
 const EVENTS: [(&str, bool); 6] = [
@@ -18,17 +21,37 @@ const EVENTS: [(&str, bool); 6] = [
     ("SessionEnd", false),
 ];
 
-/// This very binary with `args`, as one shell command line (Claude Code runs hook
+/// The lean hook binary with `args`, as one shell command line (Claude Code runs hook
 /// commands through a shell). The absolute path keeps the hook working whatever PATH
 /// the agent has.
 pub fn command_line(args: &[String]) -> Result<String, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let exe = hook_binary()?;
     let exe = exe.to_string_lossy().into_owned();
     Ok(std::iter::once(exe.as_str())
         .chain(args.iter().map(String::as_str))
         .map(shell_quote)
         .collect::<Vec<_>>()
         .join(" "))
+}
+
+/// `fusebox-hook`: this binary if it is that one, else the one installed beside it.
+/// `fusebox hook … --print-settings` prints the lean binary too: the agent starts a hook
+/// process for every tool call, so its start-up is on every call's path.
+fn hook_binary() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    if exe.file_name().is_some_and(|name| name == HOOK_BINARY) {
+        return Ok(exe);
+    }
+    let beside = exe.with_file_name(HOOK_BINARY);
+    if beside.is_file() {
+        Ok(beside)
+    } else {
+        Err(format!(
+            "{} is not installed beside {}: the printed hooks run it (install it with fusebox)",
+            beside.display(),
+            exe.display()
+        ))
+    }
 }
 
 fn shell_quote(word: &str) -> String {

@@ -36,7 +36,19 @@ pub fn hook(hook: &Hook) -> ExitCode {
             return reply.send(Answer::json(codex::kept_stop_answer(&report)));
         }
     }
-    let event = codex::event_for(&payload, hook.tenant(), &run, &hook.agent, now_ms());
+    let transcript_len = payload
+        .transcript_path
+        .as_deref()
+        .and_then(|path| std::fs::metadata(path).ok())
+        .map(|meta| meta.len());
+    let event = codex::event_for(
+        &payload,
+        hook.tenant(),
+        &run,
+        &hook.agent,
+        transcript_len,
+        now_ms(),
+    );
     let mut event = match event {
         Ok(Some(event)) => event,
         Ok(None) => return reply.send(Answer::json(json!({}))),

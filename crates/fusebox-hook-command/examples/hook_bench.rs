@@ -1,18 +1,20 @@
 //! How long the coding-agent hooks take, as the agent sees them, against a warm
 //! fuseboxd, beside the floors measured in the same run:
 //!
-//! - each command hook (`fusebox hook claude-code | codex | gemini-cli`): a whole process
-//!   per hook event (spawn, connect, ask, answer, exit), beside spawning a process that
-//!   does nothing (`/bin/true`);
+//! - each command hook (`fusebox-hook claude-code | codex | gemini-cli`, the lean binary
+//!   the printed settings install): a whole process per hook event (spawn, connect, ask,
+//!   answer, exit), beside spawning a process that does nothing (`/bin/true`), and the
+//!   same hook run through the full CLI (`fusebox hook claude-code`) for comparison;
 //! - the HTTP hook (`fusebox hook serve`, Claude Code's `"type": "http"`): one POST on a
 //!   kept-alive connection, beside a gate request/reply from a warm client (and a raw
 //!   NATS request/reply to an echo responder).
 //!
 //! ```text
-//! cargo build --release -p fusebox-cli --bin fusebox --example hook_bench
-//! target/release/fusebox-stack &   # or any fuseboxd + nats-server; note its nats_url
+//! cargo build --release -p fusebox-hook-command --bin fusebox-hook --example hook_bench
+//! cargo build --release -p fusebox-cli --bin fusebox   # for `hook serve`
+//! target/debug/fusebox-stack &   # or any fuseboxd + nats-server; note its nats_url
 //! target/release/examples/hook_bench --nats-url nats://127.0.0.1:PORT \
-//!     --fusebox target/release/fusebox --samples 500
+//!     --hook target/release/fusebox-hook --fusebox target/release/fusebox --samples 500
 //! ```
 //!
 //! Each sample is one call event (the hook on the critical path before every tool call)
@@ -29,6 +31,7 @@ use serde_json::{json, Value};
 
 struct Options {
     nats_url: String,
+    hook: String,
     fusebox: String,
     samples: usize,
 }
@@ -36,6 +39,7 @@ struct Options {
 fn options() -> Options {
     let mut options = Options {
         nats_url: "nats://127.0.0.1:4222".to_owned(),
+        hook: "target/release/fusebox-hook".to_owned(),
         fusebox: "target/release/fusebox".to_owned(),
         samples: 500,
     };
@@ -46,9 +50,10 @@ fn options() -> Options {
             .unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--nats-url" => options.nats_url = value,
+            "--hook" => options.hook = value,
             "--fusebox" => options.fusebox = value,
             "--samples" => options.samples = value.parse().expect("--samples N"),
-            _ => panic!("unknown flag {flag} (--nats-url, --fusebox, --samples)"),
+            _ => panic!("unknown flag {flag} (--nats-url, --hook, --fusebox, --samples)"),
         }
     }
     options
@@ -222,7 +227,6 @@ async fn main() {
     let state_dir = state.to_string_lossy().into_owned();
     let hook_args = |agent: Agent| {
         [
-            "hook".to_owned(),
             agent.protocol().to_owned(),
             "--nats-url".to_owned(),
             options.nats_url.clone(),
@@ -237,8 +241,8 @@ async fn main() {
         let args = hook_args(agent);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         for i in 0..10 {
-            spawn(&options.fusebox, &args, &agent.payload(&session, false, i));
-            spawn(&options.fusebox, &args, &agent.payload(&session, true, i));
+            spawn(&options.hook, &args, &agent.payload(&session, false, i));
+            spawn(&options.hook, &args, &agent.payload(&session, true, i));
         }
     }
 
@@ -293,12 +297,37 @@ async fn main() {
     percentiles("raw NATS request/reply (warm connection)", raw);
     let gate_p50 = percentiles("gate request/reply (warm client, incl. commit)", gate);
 
-    for agent in agents {
-        let args = hook_args(agent);
+    // The lean binary for each agent, then the full CLI running the same hook (in
+    // sessions of its own: the same ids would be answered from the daemon's dedup).
+    let full_cli = {
+        let mut args = vec!["hook".to_owned()];
+        args.extend(hook_args(Agent::ClaudeCode));
+        (
+            options.fusebox.as_str(),
+            args,
+            Agent::ClaudeCode,
+            "fusebox hook",
+            format!("{session}-cli"),
+        )
+    };
+    let runs = agents
+        .iter()
+        .map(|&agent| {
+            let args = hook_args(agent).to_vec();
+            (
+                options.hook.as_str(),
+                args,
+                agent,
+                "fusebox-hook",
+                session.clone(),
+            )
+        })
+        .chain([full_cli]);
+    for (program, args, agent, name, session) in runs {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut hook = Vec::new();
         for i in 10..options.samples + 10 {
-            let (took, answer) = spawn(&options.fusebox, &args, &agent.payload(&session, false, i));
+            let (took, answer) = spawn(program, &args, &agent.payload(&session, false, i));
             let answer: Value = serde_json::from_slice(&answer).expect("the answer is JSON");
             assert_eq!(
                 answer,
@@ -306,17 +335,18 @@ async fn main() {
                 "the guard must let a legitimate call run"
             );
             hook.push(took);
-            spawn(&options.fusebox, &args, &agent.payload(&session, true, i));
+            spawn(program, &args, &agent.payload(&session, true, i));
         }
         let p50 = percentiles(
-            &format!("hook {} process, call -> execute", agent.protocol()),
+            &format!("{name} {} process, call -> execute", agent.protocol()),
             hook,
         );
         println!(
-            "{:<48} {:.2}x the spawn floor, +{:.2} ms",
+            "{:<48} {:.2}x the spawn floor, +{:.2} ms; gate +{:.2} ms",
             "",
             p50.as_secs_f64() / spawn_p50.as_secs_f64(),
-            (p50.as_secs_f64() - spawn_p50.as_secs_f64()) * 1e3
+            (p50.as_secs_f64() - spawn_p50.as_secs_f64()) * 1e3,
+            (p50.as_secs_f64() - gate_p50.as_secs_f64()) * 1e3
         );
     }
 

@@ -1,0 +1,363 @@
+//! The coding-agent hook commands: the guard for coding agents whose code nobody
+//! changes, through the hook commands they run before and after every tool call. Built
+//! as the lean `fusebox-hook` binary (what `--print-settings` / `--print-config`
+//! install: a hook process starts per tool call, so its start-up is on every call's
+//! path) and run by `fusebox hook <agent>` too — one implementation.
+//!
+//! One invocation is one hook event: read the payload on stdin, ask fuseboxd (through
+//! fusebox-client, within a deadline shorter than the agent's hook timeout), print the
+//! agent's answer on stdout. Nothing is decided here. Closed on failure (`reply.rs`):
+//! whatever goes wrong, the agent gets an answer that refuses the call, in time, unless
+//! `--on-error allow` says otherwise. What outlives one process is kept in the state
+//! directory (`state_dir.rs`): a resumed session's run, Codex's kept stops, Gemini CLI's
+//! call numbering.
+
+mod call_books;
+mod claude_code;
+mod codex;
+pub mod connection;
+mod gemini_cli;
+mod kept_stops;
+mod reply;
+pub mod session_runs;
+pub mod settings;
+pub mod state_dir;
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Subcommand, ValueEnum};
+use fusebox_client::{ClientError, ClientOptions, Gate, GateOnError};
+use fusebox_hook::claude_code::Outcome;
+
+use connection::Connection;
+use session_runs::SessionRuns;
+
+/// The lean binary's name: what the printed settings run.
+pub const HOOK_BINARY: &str = "fusebox-hook";
+
+/// The command hooks, one per agent protocol (`fusebox-hook <agent>`, `fusebox hook
+/// <agent>`).
+#[derive(Subcommand)]
+pub enum Agent {
+    /// Claude Code's hook protocol (SessionStart, PreToolUse, PostToolUse,
+    /// PostToolUseFailure, PreCompact, SessionEnd).
+    ///
+    /// Setup: `fusebox hook claude-code --print-settings` prints the block for
+    /// ~/.claude/settings.json (or a project's .claude/settings.json); merge its "hooks"
+    /// into yours. Each tool call is then asked of fuseboxd first: a block or stop denies
+    /// it with the guard's message as the reason, a warn reaches the model as context, a
+    /// stop also ends the session. One session is one run (tenant from --tenant).
+    /// See docs/agents/claude-code.md.
+    #[command(verbatim_doc_comment)]
+    ClaudeCode(ClaudeCodeArgs),
+    /// OpenAI Codex CLI's hook protocol (SessionStart, PreToolUse, PostToolUse,
+    /// PreCompact, SessionEnd).
+    ///
+    /// Setup: `fusebox hook codex --print-config` prints the block for
+    /// ~/.codex/config.toml; trust the hooks once (Codex skips untrusted hooks silently).
+    /// A block or stop denies the call with the guard's message as the reason, a warn
+    /// reaches the model as context. No hook answer can end a Codex turn, so after a stop
+    /// every later call of the session is denied with the stop report.
+    /// See docs/agents/codex.md.
+    #[command(verbatim_doc_comment)]
+    Codex(CodexArgs),
+    /// Gemini CLI's hook protocol (SessionStart, BeforeTool, AfterTool, SessionEnd).
+    ///
+    /// Setup: `fusebox hook gemini-cli --print-settings` prints the block for
+    /// ~/.gemini/settings.json (user level: project hooks are skipped in untrusted
+    /// folders). A block denies the call, a stop ends the agent, a warn reaches the model
+    /// with the call's result. See docs/agents/gemini-cli.md.
+    #[command(verbatim_doc_comment)]
+    GeminiCli(GeminiCliArgs),
+}
+
+/// What every agent's hook takes.
+#[derive(clap::Args)]
+pub struct GuardArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    /// The tenant the sessions' runs belong to.
+    #[arg(long, env = "FUSEBOX_TENANT", default_value = DEFAULT_TENANT)]
+    pub tenant: String,
+    /// The agent name of the sessions' runs: `[agents.<name>.policy]` in fusebox.toml
+    /// applies to them [default: claude-code, codex or gemini-cli].
+    #[arg(long, env = "FUSEBOX_AGENT")]
+    pub agent: Option<String>,
+    /// How long to wait for fuseboxd (connect + answer) before --on-error applies. Keep it
+    /// below the hook's own timeout in the agent's settings, which the printed block sets.
+    #[arg(long, env = "FUSEBOX_HOOK_TIMEOUT", default_value = "3s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// What a tool call does when fuseboxd cannot be asked: deny it, or let it run unguarded.
+    #[arg(long, env = "FUSEBOX_ON_ERROR", value_enum, default_value_t = OnError::Deny)]
+    pub on_error: OnError,
+    /// Where the hook keeps what outlives one hook process: a resumed session's run,
+    /// Codex's kept stops, Gemini CLI's call numbering
+    /// [default: $XDG_STATE_HOME/fusebox/<agent>, else ~/.local/state/fusebox/<agent>].
+    #[arg(long, env = "FUSEBOX_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct ClaudeCodeArgs {
+    #[command(flatten)]
+    guard: GuardArgs,
+    /// Print the settings.json block that installs this hook, and exit.
+    #[arg(long)]
+    print_settings: bool,
+    /// With --print-settings: HTTP hooks to this `fusebox hook serve` URL instead of the
+    /// command (e.g. http://127.0.0.1:7474/claude-code).
+    #[arg(long, value_name = "URL", requires = "print_settings")]
+    http: Option<String>,
+    /// With --http: the environment variable holding the bearer token Claude Code sends
+    /// (an endpoint on a non-loopback address requires one).
+    #[arg(long, value_name = "VAR", requires = "http")]
+    token_env: Option<String>,
+}
+
+#[derive(clap::Args)]
+pub struct CodexArgs {
+    #[command(flatten)]
+    guard: GuardArgs,
+    /// Print the config.toml block that installs this hook, and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+#[derive(clap::Args)]
+pub struct GeminiCliArgs {
+    #[command(flatten)]
+    guard: GuardArgs,
+    /// Print the settings.json block that installs this hook, and exit.
+    #[arg(long)]
+    print_settings: bool,
+}
+
+const DEFAULT_TENANT: &str = "default";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+/// After `--timeout`, how long the process may still take before its fallback answer is
+/// printed regardless (the agent's own timeout, as printed, is 5 s beyond `--timeout`).
+const DEADLINE_MARGIN: Duration = Duration::from_millis(1500);
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnError {
+    Deny,
+    Allow,
+}
+
+/// Prints the settings block asked for, or answers one hook event.
+pub fn run(agent: &Agent) -> Result<ExitCode, String> {
+    let printed = match agent {
+        Agent::ClaudeCode(a) if a.print_settings && a.http.is_some() => {
+            Some(settings::claude_code_http(
+                a.http.as_deref().unwrap_or_default(),
+                a.token_env.as_deref(),
+                &settings::command_line(&a.guard.flags("claude-code"))?,
+                a.guard.timeout,
+            )?)
+        }
+        Agent::ClaudeCode(a) if a.print_settings => Some(settings::claude_code(
+            &settings::command_line(&a.guard.flags("claude-code"))?,
+            a.guard.timeout,
+        )),
+        Agent::Codex(a) if a.print_config => Some(settings::codex(
+            &settings::command_line(&a.guard.flags("codex"))?,
+            a.guard.timeout,
+        )),
+        Agent::GeminiCli(a) if a.print_settings => Some(settings::gemini_cli(
+            &settings::command_line(&a.guard.flags("gemini-cli"))?,
+            a.guard.timeout,
+        )),
+        _ => None,
+    };
+    if let Some(block) = printed {
+        println!("{block}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    Ok(match agent {
+        Agent::ClaudeCode(a) => claude_code::hook(&Hook::new(&a.guard, "claude-code")),
+        Agent::Codex(a) => codex::hook(&Hook::new(&a.guard, "codex")),
+        Agent::GeminiCli(a) => gemini_cli::hook(&Hook::new(&a.guard, "gemini-cli")),
+    })
+}
+
+impl GuardArgs {
+    /// The flags that reproduce these settings where they differ from the defaults.
+    pub fn flags(&self, protocol: &str) -> Vec<String> {
+        let mut flags = vec![protocol.to_owned()];
+        flags.extend(self.connection.flags());
+        if self.tenant != DEFAULT_TENANT {
+            flags.extend(["--tenant".to_owned(), self.tenant.clone()]);
+        }
+        if let Some(agent) = self.agent.as_ref().filter(|a| *a != protocol) {
+            flags.extend(["--agent".to_owned(), agent.clone()]);
+        }
+        if self.timeout != DEFAULT_TIMEOUT {
+            flags.extend([
+                "--timeout".to_owned(),
+                format!("{}ms", self.timeout.as_millis()),
+            ]);
+        }
+        if self.on_error == OnError::Allow {
+            flags.extend(["--on-error".to_owned(), "allow".to_owned()]);
+        }
+        if let Some(dir) = &self.state_dir {
+            flags.extend(["--state-dir".to_owned(), dir.display().to_string()]);
+        }
+        flags
+    }
+}
+
+/// One hook process's settings, resolved.
+struct Hook<'a> {
+    args: &'a GuardArgs,
+    agent: String,
+    state_dir: Option<PathBuf>,
+}
+
+impl<'a> Hook<'a> {
+    fn new(args: &'a GuardArgs, protocol: &str) -> Hook<'a> {
+        Hook {
+            args,
+            agent: args.agent.clone().unwrap_or_else(|| protocol.to_owned()),
+            state_dir: state_dir::resolve(args.state_dir.clone(), protocol),
+        }
+    }
+
+    fn tenant(&self) -> &str {
+        &self.args.tenant
+    }
+
+    fn allowed(&self) -> bool {
+        self.args.on_error == OnError::Allow
+    }
+
+    /// When the fallback answer is printed whatever is still going on.
+    fn deadline(&self) -> Duration {
+        self.args.timeout + DEADLINE_MARGIN
+    }
+
+    fn runs(&self) -> SessionRuns {
+        SessionRuns::new(self.state_dir.clone())
+    }
+
+    /// What the daemon's answer (or its absence) means for the call.
+    fn outcome<'g>(&self, gate: &'g Gate) -> Outcome<'g> {
+        match gate {
+            Gate::Decided(decision) => Outcome::Decided(decision),
+            Gate::Refused(error) => Outcome::Failed {
+                why: format!("fuseboxd refused the event: {}", error.message),
+                allowed: false,
+            },
+            Gate::Unanswered { error, .. } => Outcome::Failed {
+                why: error.to_string(),
+                allowed: self.allowed(),
+            },
+        }
+    }
+
+    /// Connect and ask, the two together within `--timeout`. For a resumed session,
+    /// first whether its run was closed by its end; then the session goes on in its next
+    /// run (`session` names it).
+    fn ask(&self, event: &mut fusebox_core::Event, resumed: Option<&str>) -> Gate {
+        let args = self.args;
+        let unanswered = |error| Gate::Unanswered {
+            error,
+            allowed: self.allowed(),
+        };
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => return unanswered(ClientError::Usage(e.to_string())),
+        };
+        let options = ClientOptions {
+            timeout: args.timeout,
+            gate_on_error: match args.on_error {
+                OnError::Deny => GateOnError::Deny,
+                OnError::Allow => GateOnError::Allow,
+            },
+        };
+        let runs = self.runs();
+        runtime.block_on(async {
+            let asked = async {
+                let client = match args.connection.connect(&args.tenant, options).await {
+                    Ok(client) => client,
+                    Err(error) => return unanswered(error),
+                };
+                if let Some(session) = resumed {
+                    continue_resumed(&client, &runs, event, session).await;
+                }
+                client.gate(event).await
+            };
+            tokio::time::timeout(args.timeout, asked)
+                .await
+                .unwrap_or_else(|_| {
+                    unanswered(ClientError::Timeout {
+                        subject: format!("{} (connect + answer)", args.connection.nats_url),
+                        timeout_ms: args.timeout.as_millis() as u64,
+                    })
+                })
+        })
+    }
+}
+
+/// A session resumed after its end (its run COMPLETED) goes on in its next run.
+pub async fn continue_resumed(
+    client: &fusebox_client::FuseboxClient,
+    runs: &SessionRuns,
+    event: &mut fusebox_core::Event,
+    session: &str,
+) {
+    let status = client.run_status(&event.tenant, &event.run).await;
+    let ended = status
+        .is_ok_and(|s| !s.summary.open && s.summary.terminal_state.as_deref() == Some("COMPLETED"));
+    if ended {
+        match runs.advance(&event.tenant, session) {
+            Ok(next) => event.run = next,
+            Err(e) => eprintln!("fusebox: cannot record the session's next run: {e}"),
+        }
+    }
+}
+
+/// The payload on stdin, whole.
+fn read_stdin() -> Result<Vec<u8>, String> {
+    let mut input = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut input)
+        .map_err(|e| format!("cannot read the hook payload: {e}"))?;
+    Ok(input)
+}
+
+/// A line on stderr for the user's hook log when the guard gave no decision.
+fn log_failure(event_name: &str, event_id: &str, outcome: &Outcome) {
+    if let Outcome::Failed { why, .. } = outcome {
+        eprintln!("fusebox: {event_name} {event_id}: {why}");
+    }
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A duration flag: `500ms`, `5s` (or `5`), `2m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected e.g. 500ms, 5s, 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("{text:?}: expected e.g. 500ms, 5s, 2m")),
+    }
+}
