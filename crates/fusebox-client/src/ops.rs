@@ -7,7 +7,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_nats::Subscriber;
 use fusebox_core::Decision;
 use fusebox_nats::subjects::{self, ControlVerb};
-use fusebox_nats::wire::{CancelRequest, PartitionRuns, ResumeRequest, RunStatusReply, RunSummary};
+use fusebox_nats::wire::{
+    CancelRequest, PartitionRuns, ResumeRequest, RunStatusReply, RunSummary, WatchdogReply,
+    WatchdogRequest, WatchdogResume,
+};
 use futures_util::StreamExt;
 use serde_json::Value;
 
@@ -193,6 +196,23 @@ impl FuseboxClient {
         };
         let body = serde_json::to_vec(&request).expect("requests serialise");
         self.command(subjects::control(tenant, run, ControlVerb::Resume), body)
+            .await
+    }
+
+    /// The cloud watchdog's state (`fusebox watchdog status`): halted or running.
+    pub async fn watchdog_status(&self) -> Result<WatchdogReply, ClientError> {
+        self.request(subjects::CONTROL_WATCHDOG.to_owned(), Vec::new())
+            .await
+    }
+
+    /// Resumes a watchdog halted by `on_blast_radius = "halt"` (`fusebox watchdog
+    /// resume`); `by` is journaled with the resume. The reply says whether it was halted.
+    pub async fn watchdog_resume(&self, by: &str) -> Result<WatchdogReply, ClientError> {
+        let request = WatchdogRequest {
+            resume: Some(WatchdogResume { by: by.to_owned() }),
+        };
+        let body = serde_json::to_vec(&request).expect("requests serialise");
+        self.request(subjects::CONTROL_WATCHDOG.to_owned(), body)
             .await
     }
 
