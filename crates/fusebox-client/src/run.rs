@@ -2,7 +2,10 @@
 //! §2 — event ids, `seq`, `ts_ms`, `run_started` — so an agent only says what happened.
 //!
 //! Ids are `<run>-<seq>`: deterministic per event, so an event re-sent after a timeout
-//! is answered from the daemon's dedup (the same decision), never applied twice.
+//! is answered from the daemon's dedup (the same decision), never applied twice. The one
+//! exception is `run_started`, `<run>-1.<handle nonce>`, always inline: a second handle
+//! for a run id the daemon already has (a restarted worker) is refused at start with
+//! [`ClientError::RunExists`] instead of being answered the old process's decisions.
 //!
 //! Ordering: the daemon applies a run's events by `seq` and holds an event whose `seq`
 //! is ahead of a missing one, so a lost event would stall the run. An event whose
@@ -77,6 +80,8 @@ pub struct RunHandle {
     envelope: Mutex<Envelope>,
     stop: Arc<watch::Sender<Option<Decision>>>,
     watcher: JoinHandle<()>,
+    /// Makes this handle's `run_started` id its own (see the module docs).
+    nonce: String,
 }
 
 impl FuseboxClient {
@@ -115,6 +120,7 @@ impl FuseboxClient {
             envelope: Mutex::new(Envelope::default()),
             stop,
             watcher,
+            nonce: handle_nonce(),
         };
         if handle.stopped().is_none() {
             let started = EventBody::RunStarted(RunStarted {
@@ -122,7 +128,17 @@ impl FuseboxClient {
                 tools: options.tools,
                 policy: options.policy,
             });
-            handle.observe(started).await?;
+            // Inline whatever the delivery: a refusal must reach the caller.
+            handle.send(started, true).await.map_err(|err| match err {
+                ClientError::Refused(refused) if refused.reason == "run_exists" => {
+                    ClientError::RunExists {
+                        tenant: tenant.to_owned(),
+                        run: run.to_owned(),
+                        message: refused.message,
+                    }
+                }
+                err => err,
+            })?;
         }
         Ok(handle)
     }
@@ -277,10 +293,14 @@ impl RunHandle {
         let mut envelope = self.envelope.lock().await;
         envelope.seq += 1;
         let seq = envelope.seq;
+        let id = match body {
+            EventBody::RunStarted(_) => format!("{}-{seq}.{}", self.run, self.nonce),
+            _ => format!("{}-{seq}", self.run),
+        };
         envelope.queue.push_back(Queued {
             event: Event {
                 v: 1,
-                id: format!("{}-{seq}", self.run),
+                id,
                 tenant: self.tenant.clone(),
                 run: self.run.clone(),
                 seq: Some(seq),
@@ -336,6 +356,15 @@ impl RunHandle {
         }
         Ok(answer)
     }
+}
+
+/// Tells this process's handles apart from another's for the same run id: the clock's
+/// nanoseconds and the process id, in hex.
+fn handle_nonce() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("{:x}", nanos ^ (u64::from(std::process::id()) << 48))
 }
 
 fn gate_subject(event: &Event) -> String {

@@ -30,6 +30,7 @@ from fusebox_guard import (
     Refused,
     ResultKind,
     ResultMode,
+    RunExists,
     SyncFusebox,
     TLSConfig,
     Usage,
@@ -405,6 +406,27 @@ async def test_a_retried_request_is_answered_from_the_daemons_dedup(
     # (which an op_key in flight would have blocked).
     assert again.raw == first.raw
     await fb.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", [ResultMode.INLINE, ResultMode.PASSIVE])
+async def test_a_restarted_worker_reusing_a_run_id_is_told_the_run_exists(
+    stack: Stack, mode: ResultMode
+) -> None:
+    """Run-id reuse (issue 25 §3): a second process starting a run id the daemon already
+    has gets `RunExists` naming the run from `start`, not the old process's decisions."""
+    run_id = fresh_run(f"reused-{mode.value}")
+    old = await Fusebox.connect(stack.nats_url, tenant=TENANT)
+    first = await old.start_run(run_id)
+    assert (await first.tool_call("search", {"q": "x"})).may_run
+    await old.close()
+    restarted = await Fusebox.connect(stack.nats_url, tenant=TENANT, results=mode)
+    with pytest.raises(RunExists) as refused:
+        await restarted.start_run(run_id)
+    assert refused.value.reason == "run_exists"
+    assert (refused.value.tenant, refused.value.run) == (TENANT, run_id)
+    assert f"{TENANT}/{run_id} already exists" in str(refused.value)
+    await restarted.close()
 
 
 # --- error kinds ----------------------------------------------------------------------
