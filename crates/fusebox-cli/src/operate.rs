@@ -200,19 +200,22 @@ pub fn run(target: &Target, op: Op) -> Result<(), String> {
             }
             Op::Ledger(op) => crate::ledger::run(&client, target, op).await,
             Op::WatchdogStatus => {
-                let reply = client.watchdog_status().await.map_err(|e| e.to_string())?;
-                print_watchdog(&reply, target.json)
+                let replies = client.watchdog_status().await.map_err(|e| e.to_string())?;
+                replies
+                    .iter()
+                    .try_for_each(|r| print_watchdog(r, target.json))
             }
             Op::WatchdogResume { by } => {
-                let reply = client
+                let replies = client
                     .watchdog_resume(&by)
                     .await
                     .map_err(|e| e.to_string())?;
-                print_watchdog(&reply, target.json)?;
-                if reply.resumed || !reply.halted {
-                    Ok(())
-                } else {
-                    Err("the watchdog is still halted".to_owned())
+                replies
+                    .iter()
+                    .try_for_each(|r| print_watchdog(r, target.json))?;
+                match replies.iter().filter(|r| r.halted).count() {
+                    0 => Ok(()),
+                    n => Err(format!("{n} watchdog(s) still halted")),
                 }
             }
         }
