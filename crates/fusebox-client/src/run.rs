@@ -69,6 +69,9 @@ struct Envelope {
     seq: u64,
     calls: u64,
     queue: VecDeque<Queued>,
+    /// The daemon said the run id is another process's (`run_exists`): nothing more is
+    /// sent, since a later id would be that process's, answered from the dedup.
+    exists: Option<String>,
 }
 
 /// One run. Cheap to share behind an `Arc`; every method takes `&self`.
@@ -129,16 +132,7 @@ impl FuseboxClient {
                 policy: options.policy,
             });
             // Inline whatever the delivery: a refusal must reach the caller.
-            handle.send(started, true).await.map_err(|err| match err {
-                ClientError::Refused(refused) if refused.reason == "run_exists" => {
-                    ClientError::RunExists {
-                        tenant: tenant.to_owned(),
-                        run: run.to_owned(),
-                        message: refused.message,
-                    }
-                }
-                err => err,
-            })?;
+            handle.send(started, true).await?;
         }
         Ok(handle)
     }
@@ -232,6 +226,14 @@ impl RunHandle {
             Ok(Some(decision)) => Gate::Decided(decision),
             Ok(None) => unreachable!("an inline send answers with a decision"),
             Err(ClientError::Refused(error)) => Gate::Refused(error),
+            // Never `gate_on_error`: the daemon answered, and the run is not this process's.
+            Err(ClientError::RunExists { message, .. }) => {
+                Gate::Refused(fusebox_nats::wire::WireError {
+                    reason: "run_exists".to_owned(),
+                    message,
+                    event_id: None,
+                })
+            }
             Err(error) => Gate::Unanswered {
                 error,
                 allowed: self.client.options.gate_on_error == GateOnError::Allow,
@@ -291,6 +293,9 @@ impl RunHandle {
         inline: bool,
     ) -> Result<Option<Decision>, ClientError> {
         let mut envelope = self.envelope.lock().await;
+        if let Some(message) = &envelope.exists {
+            return Err(self.run_exists(message.clone()));
+        }
         envelope.seq += 1;
         let seq = envelope.seq;
         let id = match body {
@@ -310,6 +315,14 @@ impl RunHandle {
             inline,
         });
         self.flush(&mut envelope).await
+    }
+
+    fn run_exists(&self, message: String) -> ClientError {
+        ClientError::RunExists {
+            tenant: self.tenant.clone(),
+            run: self.run.clone(),
+            message,
+        }
     }
 
     async fn observe(&self, body: EventBody) -> Result<Option<Decision>, ClientError> {
@@ -342,6 +355,13 @@ impl RunHandle {
                         latch(&self.stop, decision.clone());
                     }
                     answer = decision;
+                }
+                Err(ClientError::Refused(error)) if error.reason == "run_exists" => {
+                    // A queued run_started (the daemon was unreachable at start) for a run
+                    // id another process has: drop everything, send nothing more.
+                    envelope.queue.clear();
+                    envelope.exists = Some(error.message.clone());
+                    return Err(self.run_exists(error.message));
                 }
                 Err(ClientError::Refused(error)) => {
                     let refused = envelope.queue.pop_front().expect("the head");
@@ -419,6 +439,7 @@ mod tests {
             seq: 5,
             calls: 0,
             queue: [queued("r", 4), queued("r", 5)].into(),
+            exists: None,
         };
         renumber(&mut envelope, "r", 3);
         let ids: Vec<_> = envelope.queue.iter().map(|q| q.event.id.as_str()).collect();

@@ -516,6 +516,37 @@ async def test_an_event_that_failed_is_resent_before_the_next_one() -> None:
         await daemon.close()
 
 
+@pytest.mark.asyncio
+async def test_a_queued_run_started_refused_as_run_exists_sends_nothing_more() -> None:
+    """The daemon unreachable at start: run_started waits in the queue. When the resent
+    one is refused `run_exists`, the call behind it is not sent (its id would be the
+    other process's, answered from the dedup) and is refused with `RunExists`."""
+    with bare_nats() as url:
+        daemon = await nats.connect(url)
+        seen: list[str] = []
+
+        async def answer(msg: Msg) -> None:
+            event = json.loads(msg.data)
+            seen.append(event["type"])
+            if len(seen) == 1:
+                return  # the first request is lost
+            error = {"reason": "run_exists", "message": "run exists", "event_id": event["id"]}
+            await msg.respond(json.dumps({"error": error}).encode())
+
+        await daemon.subscribe("fusebox.gate.>", cb=answer)
+        await daemon.flush()
+        fb = await Fusebox.connect(url, tenant=TENANT, timeout_s=0.3)
+        run = fb.run(fresh_run("exists"))
+        await run.start(watch_stop=False)
+        assert isinstance(run.start_error, GateTimeout)
+        for q in (1, 2):
+            gate = await run.tool_call("search", {"q": q})
+            assert not gate.may_run and isinstance(gate.error, RunExists), gate
+        assert seen == ["run_started", "run_started"]
+        await fb.close()
+        await daemon.close()
+
+
 # --- result modes, kill switch, sync facade ---------------------------------------------
 
 

@@ -81,6 +81,9 @@ class Run:
         self._stop: Decision | None = None
         self._started = False
         self._nonce = secrets.token_hex(6)
+        #: Set once the daemon said this run id belongs to another process: nothing more
+        #: is sent (a later id would be the other process's, answered from the dedup).
+        self._exists: RunExists | None = None
         #: Why `run_started` is not delivered yet (it is re-sent with the next event).
         self.start_error: GuardUnavailable | None = None
 
@@ -105,10 +108,8 @@ class Run:
         try:
             # Inline whatever the result mode: a refusal must reach the caller.
             await self._send("run_started", started, inline=True)
-        except Refused as err:
+        except Refused:
             await self.close()
-            if err.reason == "run_exists":
-                raise RunExists(self.tenant, self.id, err.message, err.event_id) from err
             raise
         except GuardUnavailable as err:
             # Queued: re-sent before the run's first gate, which decides (gate_on_error)
@@ -295,6 +296,8 @@ class Run:
 
     async def _send(self, type: str, body: dict[str, Any], *, inline: bool) -> Decision | None:
         async with self._lock:
+            if self._exists is not None:
+                raise self._exists
             queued = self._make(type, body, inline)
             self._queue.append(queued)
             await self._flush()
@@ -327,6 +330,15 @@ class Run:
             try:
                 decision = await self._deliver(head)
             except Refused as err:
+                if err.reason == "run_exists":
+                    # run_started was queued (the daemon was unreachable at start) and the
+                    # run id is another process's: fail everything, send nothing more.
+                    self._exists = RunExists(self.tenant, self.id, err.message, err.event_id)
+                    for queued in self._queue:
+                        if not queued.done.done():
+                            queued.done.set_exception(self._exists)
+                    self._queue.clear()
+                    return
                 # Not applied: give its seq to the events behind it.
                 self._queue.pop(0)
                 self._renumber(head.seq)
