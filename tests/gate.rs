@@ -49,3 +49,50 @@ async fn a_retried_gate_request_gets_the_identical_decision() {
     let status = client.run_status("demo", "exact-repeat").await.unwrap();
     assert_eq!(status.counters.events, events.len() as u64);
 }
+
+/// Run-id reuse (issue 25 §3): a restarted worker that starts a run id the daemon already
+/// has is refused at `start_run` with `RunExists` naming the run — inline or passive —
+/// instead of being answered the old process's decisions from the deduplication.
+#[tokio::test]
+async fn a_restarted_worker_reusing_a_run_id_is_told_the_run_exists() {
+    use fusebox_client::{ClientError, Delivery, RunOptions};
+    let setup = Setup::start().await;
+    let old = client(&setup.nats.url()).await;
+    let run = old
+        .start_run("demo", "reused-1", RunOptions::default())
+        .await
+        .expect("the first process starts the run");
+    let (_, gate) = run.call("search", serde_json::json!({"q": "x"})).await;
+    assert!(gate.may_run());
+    drop(run);
+    drop(old);
+    for delivery in [Delivery::Inline, Delivery::Passive] {
+        let restarted = client(&setup.nats.url()).await;
+        let options = RunOptions {
+            delivery,
+            ..RunOptions::default()
+        };
+        match restarted.start_run("demo", "reused-1", options).await {
+            Err(ClientError::RunExists {
+                tenant,
+                run,
+                message,
+            }) => {
+                assert_eq!((tenant.as_str(), run.as_str()), ("demo", "reused-1"));
+                assert!(
+                    message.contains("demo/reused-1 already exists"),
+                    "{message}"
+                );
+            }
+            Err(other) => panic!("{delivery:?}: not RunExists: {other}"),
+            Ok(_) => panic!("{delivery:?}: a second process started run demo/reused-1"),
+        }
+    }
+    // Nothing of the refused starts was applied.
+    let status = client(&setup.nats.url())
+        .await
+        .run_status("demo", "reused-1")
+        .await
+        .unwrap();
+    assert_eq!(status.counters.events, 2);
+}

@@ -136,6 +136,10 @@ fn ec2(endpoint: &str) -> aws_sdk_ec2::Client {
 }
 
 async fn launch(ec2: &aws_sdk_ec2::Client, run: &str) -> String {
+    launch_tagged(ec2, run, ("fusebox:max-lifetime", "3600")).await
+}
+
+async fn launch_tagged(ec2: &aws_sdk_ec2::Client, run: &str, extra: (&str, &str)) -> String {
     let tag = |k: &str, v: &str| Tag::builder().key(k).value(v).build();
     let out = ec2
         .run_instances()
@@ -149,7 +153,7 @@ async fn launch(ec2: &aws_sdk_ec2::Client, run: &str) -> String {
                 .tags(tag("fusebox:managed", "true"))
                 .tags(tag("fusebox:tenant", "demo"))
                 .tags(tag("fusebox:run", run))
-                .tags(tag("fusebox:max-lifetime", "3600"))
+                .tags(tag(extra.0, extra.1))
                 .build(),
         )
         .send()
@@ -174,11 +178,15 @@ async fn state(ec2: &aws_sdk_ec2::Client, id: &str) -> String {
 
 /// The shipped config with the watchdog on moto: 1 s grace, a sweep every 2 s.
 fn config(dir: &Path, moto: &str) -> PathBuf {
+    config_with(dir, moto, "")
+}
+
+fn config_with(dir: &Path, moto: &str, extra: &str) -> PathBuf {
     let path = write_config(dir);
     let mut doc: toml::Table = toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let watchdog: toml::Table = toml::from_str(&format!(
         "enabled = true\nregions = [\"us-east-1\"]\nendpoint_url = \"{moto}\"\n\
-         grace_s = 1\nsweep_cron = \"*/2 * * * * *\"\nrecheck_after_s = 1\n"
+         grace_s = 1\nsweep_cron = \"*/2 * * * * *\"\nrecheck_after_s = 1\n{extra}"
     ))
     .unwrap();
     doc.insert("watchdog".into(), toml::Value::Table(watchdog));
@@ -422,6 +430,133 @@ async fn every_dashboard_and_alert_expression_has_data_after_demo_load() {
         started.elapsed().as_secs_f64()
     );
     assert!(started.elapsed() < Duration::from_secs(120), "too slow");
+}
+
+fn fusebox_watchdog(nats: &NatsServer, args: &[&str]) -> (bool, String) {
+    let out = Command::new(fusebox_e2e::bin("fusebox"))
+        .arg("watchdog")
+        .args(args)
+        .args(["--nats-url", &nats.url()])
+        .output()
+        .expect("running fusebox watchdog");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn halted_gauge(metrics_port: u16) -> Option<String> {
+    let (_, exposition) = http_get(metrics_port, "/metrics").ok()?;
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix("fusebox_watchdog_halted "))
+        .map(str::to_owned)
+}
+
+/// `on_blast_radius = "halt"` latches (issue 25 §3): two overdue instances against a
+/// limit of one halt the watchdog; once one is gone the other fits the limit, and it is
+/// still left alone — through a restart — until `fusebox watchdog resume --by`, which is
+/// journaled. The halt shows in `fusebox watchdog status` and `fusebox_watchdog_halted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_halted_watchdog_stays_halted_until_an_operator_resumes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let moto = Moto::start();
+    let nats = NatsServer::start();
+    let config = config_with(
+        dir.path(),
+        &moto.url(),
+        "on_blast_radius = \"halt\"\nmax_terminations_per_sweep = 1\nmax_termination_share = 1.0\n",
+    );
+    let ec2 = ec2(&moto.url());
+    let past = ("fusebox:deadline", "2020-01-01T00:00:00Z");
+    let first = launch_tagged(&ec2, "old-1", past).await;
+    let second = launch_tagged(&ec2, "old-2", past).await;
+    let data = dir.path().join("data");
+    let nats_url = nats.url();
+    let start = || {
+        Daemon::start_with(&nats_url, &config, &data, |cmd| {
+            cmd.env("AWS_ACCESS_KEY_ID", "testing")
+                .env("AWS_SECRET_ACCESS_KEY", "testing")
+                .env("AWS_EC2_METADATA_DISABLED", "true");
+        })
+    };
+    let mut daemon = start().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, out) = fusebox_watchdog(&nats, &["status"]);
+        assert!(ok, "{out}");
+        if out.contains("HALTED") {
+            assert!(
+                out.contains("blast-radius") || out.contains("max_terminations_per_sweep"),
+                "{out}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never halted: {out}\n{}",
+            daemon.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while halted_gauge(daemon.metrics_port).as_deref() != Some("1") {
+        assert!(Instant::now() < deadline, "fusebox_watchdog_halted never 1");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // One goes by other hands: the other fits the limit now, and still stays.
+    ec2.terminate_instances()
+        .instance_ids(&first)
+        .send()
+        .await
+        .expect("TerminateInstances on moto");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(state(&ec2, &second).await, "running", "{}", daemon.logs());
+
+    // A restart comes back halted (the journal holds the halt).
+    daemon.terminate();
+    let daemon = start().await;
+    let (ok, out) = fusebox_watchdog(&nats, &["status", "--json"]);
+    let status: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(ok && status["halted"] == true, "{out}\n{}", daemon.logs());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(state(&ec2, &second).await, "running", "{}", daemon.logs());
+
+    let (ok, out) = fusebox_watchdog(&nats, &["resume", "--by", "oncall"]);
+    assert!(ok && out.contains("resumed by oncall"), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = state(&ec2, &second).await;
+        if now == "terminated" || now == "shutting-down" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not terminated after the resume: {now}\n{}",
+            daemon.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let journal = std::fs::read_to_string(data.join("watchdog.journal")).unwrap();
+    assert!(
+        journal.contains(r#""type":"halted""#)
+            && journal.contains(r#""type":"resumed""#)
+            && journal.contains(r#""by":"oncall""#),
+        "halt and resume not journaled:\n{journal}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while halted_gauge(daemon.metrics_port).as_deref() != Some("0") {
+        assert!(
+            Instant::now() < deadline,
+            "fusebox_watchdog_halted never back to 0"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (ok, out) = fusebox_watchdog(&nats, &["resume", "--by", "oncall"]);
+    assert!(ok && out.contains("not halted"), "{out}");
 }
 
 #[test]

@@ -29,7 +29,11 @@ fn fusebox(stack: &SecuredStack, user: &str, via: Via, args: &[&str]) -> Command
             cmd.env_remove(key);
         }
     }
-    let inbox = user.strip_prefix("tenant-").map(|t| format!("_INBOX.{t}"));
+    // Tenants and the benchmark have inboxes of their own (deploy/nats/accounts.conf).
+    let inbox = match user {
+        "bench" => Some("_INBOX.bench".to_owned()),
+        user => user.strip_prefix("tenant-").map(|t| format!("_INBOX.{t}")),
+    };
     match via {
         Via::Flags => {
             cmd.args(["--nats-url", &stack.url(), "--nats-user", user])
@@ -188,4 +192,38 @@ async fn every_operator_command_works_as_the_operator_and_is_refused_to_a_tenant
     )));
     let status: Value = serde_json::from_str(out.trim()).expect("status JSON");
     assert_eq!(status["summary"]["open"], true, "{status}");
+}
+
+/// `fusebox bench gate` (issue 25 §3): the operator may not put events in, so the
+/// benchmark is refused to it with a pointer to the `bench` user, and runs as that user
+/// under the shipped permissions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_gate_runs_as_the_bench_user_and_tells_the_operator_so() {
+    let stack = SecuredStack::start().await;
+    let bench = [
+        "bench",
+        "gate",
+        "--serial",
+        "20",
+        "--parallel",
+        "50",
+        "--in-flight",
+        "8",
+        "--ingest",
+        "50",
+    ];
+    let out = run(fusebox(&stack, "operator", Via::Env, &bench));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the operator may not publish gate requests"
+    );
+    assert!(
+        stderr.contains("refused") && stderr.contains("`bench` user"),
+        "{stderr}"
+    );
+    for via in [Via::Flags, Via::File] {
+        let out = ok(&run(fusebox(&stack, "bench", via, &bench)));
+        assert!(out.contains("raw"), "{out}");
+    }
 }

@@ -74,7 +74,13 @@ fuzz_target!(|data: &[u8]| {
     let Some(result) = input.result else {
         return;
     };
-    let reported = mapping::tool_result("c1", &tool, &result, ResultKind::Retryable);
+    let reported = mapping::tool_result(
+        "c1",
+        &tool,
+        &result,
+        ResultKind::Retryable,
+        fusebox_core::event::INLINE_LIMIT,
+    );
     assert_eq!(accepted(&envelope(EventBody::ToolResult(reported))), valid_name);
     let failed = mapping::failed_result("c1", &tool, "upstream_error", &tool);
     assert_eq!(accepted(&envelope(EventBody::ToolResult(failed))), valid_name);

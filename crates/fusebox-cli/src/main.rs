@@ -61,6 +61,18 @@ struct Remote {
     json: bool,
 }
 
+/// `fusebox watchdog status|resume`: the daemon's watchdog, through
+/// `fusebox.control.watchdog`. `resume` ends a halt of `on_blast_radius = "halt"`, which
+/// otherwise holds (across restarts) whatever the overdue count does.
+#[derive(Parser)]
+struct WatchdogControl {
+    #[command(flatten)]
+    remote: Remote,
+    /// Who resumes the watchdog (journaled with the resume); default $USER.
+    #[arg(long)]
+    by: Option<String>,
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = text.split_at(
         text.find(|c: char| !c.is_ascii_digit())
@@ -320,7 +332,9 @@ enum Command {
     /// Example: fusebox tune --baseline config/fusebox.toml export.jsonl > proposal.toml
     #[command(verbatim_doc_comment)]
     Tune(tune::Args),
-    /// The cloud cost watchdog (runs the fusebox-watchdog binary): list, sweep.
+    /// The cloud cost watchdog: `status` and `resume [--by NAME]` (a halt of
+    /// on_blast_radius = "halt" holds until resumed) ask the running fuseboxd; list,
+    /// sweep, check run the fusebox-watchdog binary.
     #[command(disable_help_flag = true)]
     Watchdog {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -477,7 +491,26 @@ fn main() -> ExitCode {
                 }
             })
         }
-        Command::Watchdog { args } => watchdog_forward::run(&args),
+        Command::Watchdog { args } => match args.first().map(String::as_str) {
+            // Status and resume talk to the daemon's watchdog; the rest is the binary's.
+            Some(verb @ ("status" | "resume")) => {
+                match WatchdogControl::try_parse_from(
+                    [format!("fusebox watchdog {verb}")]
+                        .into_iter()
+                        .chain(args[1..].iter().cloned()),
+                ) {
+                    Ok(control) if verb == "status" => {
+                        operate(control.remote, operate::Op::WatchdogStatus)
+                    }
+                    Ok(control) => match control.by.or_else(|| std::env::var("USER").ok()) {
+                        Some(by) => operate(control.remote, operate::Op::WatchdogResume { by }),
+                        None => Err("say who resumes the watchdog: --by <name>".to_owned()),
+                    },
+                    Err(err) => err.exit(),
+                }
+            }
+            _ => watchdog_forward::run(&args),
+        },
         Command::Mcp(args) => Ok(fusebox_mcp::main(args)),
         Command::Ui(args) => Ok(fusebox_ui::main(args)),
         Command::Hook(args) => hook::run(args),

@@ -4,7 +4,7 @@
 use std::io::{self, Write};
 use std::time::Duration;
 
-use fusebox_client::{parse_run_ref, ClientOptions, FuseboxClient, NatsSettings};
+use fusebox_client::{parse_run_ref, ClientError, ClientOptions, FuseboxClient, NatsSettings};
 use fusebox_core::Decision;
 use serde::Serialize;
 
@@ -35,12 +35,25 @@ pub enum Op {
         options: fusebox_client::bench::BenchOptions,
     },
     Ledger(crate::ledger::LedgerOp),
+    WatchdogStatus,
+    WatchdogResume {
+        by: String,
+    },
 }
 
 pub(crate) fn print_json(value: &impl Serialize) -> Result<(), String> {
     let mut out = io::stdout().lock();
     serde_json::to_writer(&mut out, value).map_err(|e| e.to_string())?;
     writeln!(out).map_err(|e| e.to_string())
+}
+
+fn print_watchdog(reply: &fusebox_client::WatchdogReply, json: bool) -> Result<(), String> {
+    if json {
+        return print_json(reply);
+    }
+    let state = if reply.halted { "HALTED" } else { "running" };
+    println!("watchdog {state}: {}", reply.message);
+    Ok(())
 }
 
 pub(crate) fn print_decision(decision: &Decision, json: bool) -> Result<(), String> {
@@ -172,11 +185,39 @@ pub fn run(target: &Target, op: Op) -> Result<(), String> {
             Op::BenchGate { options } => {
                 let report = fusebox_client::bench::run(&client, &options)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| match e {
+                        // The operator may not put events in: the benchmark has a user
+                        // of its own in the deploy configs.
+                        ClientError::PermissionDenied { .. } => format!(
+                            "{e}; the benchmark runs as the `bench` user of \
+                             deploy/nats/accounts.conf, with inbox prefix `_INBOX.bench` \
+                             (--nats-user bench --nats-inbox-prefix _INBOX.bench)"
+                        ),
+                        e => e.to_string(),
+                    })?;
                 println!("{report}");
                 Ok(())
             }
             Op::Ledger(op) => crate::ledger::run(&client, target, op).await,
+            Op::WatchdogStatus => {
+                let replies = client.watchdog_status().await.map_err(|e| e.to_string())?;
+                replies
+                    .iter()
+                    .try_for_each(|r| print_watchdog(r, target.json))
+            }
+            Op::WatchdogResume { by } => {
+                let replies = client
+                    .watchdog_resume(&by)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                replies
+                    .iter()
+                    .try_for_each(|r| print_watchdog(r, target.json))?;
+                match replies.iter().filter(|r| r.halted).count() {
+                    0 => Ok(()),
+                    n => Err(format!("{n} watchdog(s) still halted")),
+                }
+            }
         }
     })
 }

@@ -14,6 +14,14 @@ pub enum ClientError {
     Request { subject: String, detail: String },
     #[error("fuseboxd refused the request: {}", .0.message)]
     Refused(WireError),
+    /// `start_run` for a run id the daemon already has events of (a restarted worker
+    /// reusing it): refused, so the old process's decisions are not replayed to this one.
+    #[error("run {tenant}/{run} already exists: {message}; start the run under a new run id")]
+    RunExists {
+        tenant: String,
+        run: String,
+        message: String,
+    },
     #[error("unexpected answer on {subject}: {detail}")]
     BadAnswer { subject: String, detail: String },
     #[error("JetStream {what} failed: {detail}")]

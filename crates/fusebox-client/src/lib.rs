@@ -43,4 +43,6 @@ pub use settings::NatsArgs;
 pub use settings::{NatsSettings, DEFAULT_URL};
 pub use stop::StopWatch;
 
-pub use fusebox_nats::wire::{LedgerItem, LedgerQuery, RunStatusReply, RunSummary, WireError};
+pub use fusebox_nats::wire::{
+    LedgerItem, LedgerQuery, RunStatusReply, RunSummary, WatchdogReply, WireError,
+};

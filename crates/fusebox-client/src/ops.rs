@@ -7,11 +7,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_nats::Subscriber;
 use fusebox_core::Decision;
 use fusebox_nats::subjects::{self, ControlVerb};
-use fusebox_nats::wire::{CancelRequest, PartitionRuns, ResumeRequest, RunStatusReply, RunSummary};
+use fusebox_nats::wire::{
+    CancelRequest, PartitionRuns, ResumeRequest, RunStatusReply, RunSummary, WatchdogReply,
+    WatchdogRequest, WatchdogResume,
+};
 use futures_util::StreamExt;
 use serde_json::Value;
 
 use crate::client::FuseboxClient;
+
+/// How long [`FuseboxClient::watchdog_resume`] waits for another daemon's watchdog after
+/// an answer (they answer within milliseconds of each other).
+pub const MORE_WATCHDOGS: std::time::Duration = std::time::Duration::from_millis(300);
 use crate::error::ClientError;
 
 /// `"tenant/run"` → `("tenant", "run")`.
@@ -194,6 +201,62 @@ impl FuseboxClient {
         let body = serde_json::to_vec(&request).expect("requests serialise");
         self.command(subjects::control(tenant, run, ControlVerb::Resume), body)
             .await
+    }
+
+    /// The cloud watchdogs' states (`fusebox watchdog status`): halted or running, one
+    /// answer per daemon (see [`FuseboxClient::watchdog_resume`]).
+    pub async fn watchdog_status(&self) -> Result<Vec<WatchdogReply>, ClientError> {
+        self.watchdogs(Vec::new()).await
+    }
+
+    /// Resumes the watchdogs halted by `on_blast_radius = "halt"` (`fusebox watchdog
+    /// resume`); `by` is journaled with each resume. Every daemon runs a watchdog of its
+    /// own and hears the request, so the answers are gathered: until the client's timeout
+    /// for the first, then [`MORE_WATCHDOGS`] after the last.
+    pub async fn watchdog_resume(&self, by: &str) -> Result<Vec<WatchdogReply>, ClientError> {
+        let request = WatchdogRequest {
+            resume: Some(WatchdogResume { by: by.to_owned() }),
+        };
+        self.watchdogs(serde_json::to_vec(&request).expect("requests serialise"))
+            .await
+    }
+
+    async fn watchdogs(&self, body: Vec<u8>) -> Result<Vec<WatchdogReply>, ClientError> {
+        let subject = subjects::CONTROL_WATCHDOG.to_owned();
+        let failed = |detail: String| ClientError::Request {
+            subject: subject.clone(),
+            detail,
+        };
+        let started = std::time::Instant::now();
+        let inbox = self.nats().new_inbox();
+        let mut answers = self
+            .nats()
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        self.nats()
+            .publish_with_reply(subject.clone(), inbox, body.into())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let mut deadline = tokio::time::Instant::now() + self.options().timeout;
+        let mut replies = Vec::new();
+        while let Ok(Some(message)) = tokio::time::timeout_at(deadline, answers.next()).await {
+            // 503: no daemon with a watchdog subscribes.
+            if message.status.is_some_and(|s| s.is_server_error()) {
+                return Err(ClientError::NoResponders { subject });
+            }
+            replies.push(serde_json::from_slice(&message.payload).map_err(|e| {
+                ClientError::BadAnswer {
+                    subject: subject.clone(),
+                    detail: e.to_string(),
+                }
+            })?);
+            deadline = deadline.min(tokio::time::Instant::now() + MORE_WATCHDOGS);
+        }
+        if replies.is_empty() {
+            return Err(self.unanswered(&subject, started));
+        }
+        Ok(replies)
     }
 
     /// Live decisions (`fusebox tail`), of one run, one tenant (`run` = `None`) or all

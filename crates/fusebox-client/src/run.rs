@@ -2,7 +2,10 @@
 //! §2 — event ids, `seq`, `ts_ms`, `run_started` — so an agent only says what happened.
 //!
 //! Ids are `<run>-<seq>`: deterministic per event, so an event re-sent after a timeout
-//! is answered from the daemon's dedup (the same decision), never applied twice.
+//! is answered from the daemon's dedup (the same decision), never applied twice. The one
+//! exception is `run_started`, `<run>-1.<handle nonce>`, always inline: a second handle
+//! for a run id the daemon already has (a restarted worker) is refused at start with
+//! [`ClientError::RunExists`] instead of being answered the old process's decisions.
 //!
 //! Ordering: the daemon applies a run's events by `seq` and holds an event whose `seq`
 //! is ahead of a missing one, so a lost event would stall the run. An event whose
@@ -66,6 +69,9 @@ struct Envelope {
     seq: u64,
     calls: u64,
     queue: VecDeque<Queued>,
+    /// The daemon said the run id is another process's (`run_exists`): nothing more is
+    /// sent, since a later id would be that process's, answered from the dedup.
+    exists: Option<String>,
 }
 
 /// One run. Cheap to share behind an `Arc`; every method takes `&self`.
@@ -77,6 +83,8 @@ pub struct RunHandle {
     envelope: Mutex<Envelope>,
     stop: Arc<watch::Sender<Option<Decision>>>,
     watcher: JoinHandle<()>,
+    /// Makes this handle's `run_started` id its own (see the module docs).
+    nonce: String,
 }
 
 impl FuseboxClient {
@@ -115,6 +123,7 @@ impl FuseboxClient {
             envelope: Mutex::new(Envelope::default()),
             stop,
             watcher,
+            nonce: handle_nonce(),
         };
         if handle.stopped().is_none() {
             let started = EventBody::RunStarted(RunStarted {
@@ -122,7 +131,8 @@ impl FuseboxClient {
                 tools: options.tools,
                 policy: options.policy,
             });
-            handle.observe(started).await?;
+            // Inline whatever the delivery: a refusal must reach the caller.
+            handle.send(started, true).await?;
         }
         Ok(handle)
     }
@@ -216,6 +226,14 @@ impl RunHandle {
             Ok(Some(decision)) => Gate::Decided(decision),
             Ok(None) => unreachable!("an inline send answers with a decision"),
             Err(ClientError::Refused(error)) => Gate::Refused(error),
+            // Never `gate_on_error`: the daemon answered, and the run is not this process's.
+            Err(ClientError::RunExists { message, .. }) => {
+                Gate::Refused(fusebox_nats::wire::WireError {
+                    reason: "run_exists".to_owned(),
+                    message,
+                    event_id: None,
+                })
+            }
             Err(error) => Gate::Unanswered {
                 error,
                 allowed: self.client.options.gate_on_error == GateOnError::Allow,
@@ -275,12 +293,19 @@ impl RunHandle {
         inline: bool,
     ) -> Result<Option<Decision>, ClientError> {
         let mut envelope = self.envelope.lock().await;
+        if let Some(message) = &envelope.exists {
+            return Err(self.run_exists(message.clone()));
+        }
         envelope.seq += 1;
         let seq = envelope.seq;
+        let id = match body {
+            EventBody::RunStarted(_) => format!("{}-{seq}.{}", self.run, self.nonce),
+            _ => format!("{}-{seq}", self.run),
+        };
         envelope.queue.push_back(Queued {
             event: Event {
                 v: 1,
-                id: format!("{}-{seq}", self.run),
+                id,
                 tenant: self.tenant.clone(),
                 run: self.run.clone(),
                 seq: Some(seq),
@@ -290,6 +315,14 @@ impl RunHandle {
             inline,
         });
         self.flush(&mut envelope).await
+    }
+
+    fn run_exists(&self, message: String) -> ClientError {
+        ClientError::RunExists {
+            tenant: self.tenant.clone(),
+            run: self.run.clone(),
+            message,
+        }
     }
 
     async fn observe(&self, body: EventBody) -> Result<Option<Decision>, ClientError> {
@@ -323,6 +356,13 @@ impl RunHandle {
                     }
                     answer = decision;
                 }
+                Err(ClientError::Refused(error)) if error.reason == "run_exists" => {
+                    // A queued run_started (the daemon was unreachable at start) for a run
+                    // id another process has: drop everything, send nothing more.
+                    envelope.queue.clear();
+                    envelope.exists = Some(error.message.clone());
+                    return Err(self.run_exists(error.message));
+                }
                 Err(ClientError::Refused(error)) => {
                     let refused = envelope.queue.pop_front().expect("the head");
                     renumber(envelope, &self.run, refused.event.seq.expect("numbered"));
@@ -336,6 +376,15 @@ impl RunHandle {
         }
         Ok(answer)
     }
+}
+
+/// Tells this process's handles apart from another's for the same run id: the clock's
+/// nanoseconds and the process id, in hex.
+fn handle_nonce() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("{:x}", nanos ^ (u64::from(std::process::id()) << 48))
 }
 
 fn gate_subject(event: &Event) -> String {
@@ -390,6 +439,7 @@ mod tests {
             seq: 5,
             calls: 0,
             queue: [queued("r", 4), queued("r", 5)].into(),
+            exists: None,
         };
         renumber(&mut envelope, "r", 3);
         let ids: Vec<_> = envelope.queue.iter().map(|q| q.event.id.as_str()).collect();

@@ -164,11 +164,26 @@ pub(crate) fn latched(run: &RunState, event: &Event, call_id: Option<&str>) -> O
     Some(decided)
 }
 
-/// The stored result a `use_completed_result` answer carries.
-pub(crate) fn stored_result(output: Option<&crate::event::Output>) -> String {
+/// The stored result a `use_completed_result` answer carries. A result that came only as
+/// its hash (too large for the producer to send) is not there to give back: what is
+/// stored instead says so and where the result is — the call that made it — under
+/// [`RESULT_NOT_STORED`](crate::ledger::RESULT_NOT_STORED), never the bare hash as if it
+/// were the result.
+pub(crate) fn stored_result(
+    output: Option<&crate::event::Output>,
+    event: &Event,
+    call_id: &str,
+) -> String {
     let value = match output {
         Some(crate::event::Output::Json(value)) => return message::compact_json(value),
-        Some(crate::event::Output::Hash(hash)) => serde_json::json!({ "output_hash": hash }),
+        Some(crate::event::Output::Hash(hash)) => serde_json::json!({
+            crate::ledger::RESULT_NOT_STORED: {
+                "output_hash": hash,
+                "run": event.run,
+                "call_id": call_id,
+                "completed_at_ms": event.ts_ms,
+            }
+        }),
         None => Value::Null,
     };
     message::compact_json(&value)

@@ -117,10 +117,14 @@ pub enum Args {
 pub const INLINE_LIMIT: usize = 32 * 1024;
 
 /// The hash a value travels as (lowercase hex SHA-256 of its compact JSON) when that
-/// JSON is longer than [`INLINE_LIMIT`]; `None` when it travels inline.
-fn hash_if_large(value: &Value) -> Option<String> {
+/// JSON is longer than `limit`; `None` when it travels inline.
+fn hash_if_larger(value: &Value, limit: usize) -> Option<String> {
     let bytes = serde_json::to_vec(value).expect("a JSON value serialises");
-    (bytes.len() > INLINE_LIMIT).then(|| hex_sha256(&bytes))
+    (bytes.len() > limit).then(|| hex_sha256(&bytes))
+}
+
+fn hash_if_large(value: &Value) -> Option<String> {
+    hash_if_larger(value, INLINE_LIMIT)
 }
 
 /// Lowercase hex SHA-256.
@@ -143,6 +147,13 @@ impl Output {
     /// `output` inline, or `output_hash` above [`INLINE_LIMIT`].
     pub fn inline_or_hash(value: Value) -> Output {
         hash_if_large(&value).map_or(Output::Json(value), Output::Hash)
+    }
+
+    /// `output` inline up to `limit` bytes of JSON, else `output_hash`: for the result of
+    /// a call with an `op_key`, which the ledger stores for a repeat (the event must still
+    /// fit the daemon's `max_event_bytes` and NATS's `max_payload`).
+    pub fn inline_up_to(value: Value, limit: usize) -> Output {
+        hash_if_larger(&value, limit).map_or(Output::Json(value), Output::Hash)
     }
 }
 

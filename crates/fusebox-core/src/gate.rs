@@ -227,7 +227,10 @@ pub(crate) fn gate(
             .push(entry(Outcome::Answered, None), policy.history_size);
         run.counters.calls_answered += 1;
         let mut decided = decision(event, Some(&call.call_id), Action::UseCompletedResult);
-        decided.message = Some(message::completed_result(op_key));
+        decided.message = Some(match result.get(crate::ledger::RESULT_NOT_STORED) {
+            Some(elsewhere) => message::completed_result_not_stored(op_key, elsewhere),
+            None => message::completed_result(op_key),
+        });
         decided.result = Some(result);
         return count_no_progress(run, event, call, decided);
     }

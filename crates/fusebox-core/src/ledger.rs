@@ -7,6 +7,12 @@
 
 use std::collections::BTreeMap;
 
+/// The key of a stored result that is not the result: the operation completed, but its
+/// result came only as `output_hash` (larger than the producer sends inline), so the
+/// ledger keeps where it is instead — `{"fusebox_result_not_stored": {"output_hash",
+/// "run", "call_id", "completed_at_ms"}}` — and a later call with the key is told so.
+pub const RESULT_NOT_STORED: &str = "fusebox_result_not_stored";
+
 use serde::{Deserialize, Serialize};
 
 use crate::sharded::ShardedMap;

@@ -207,6 +207,21 @@ pub fn completed_result(op_key: &str) -> String {
     format!("operation {op_key} already completed; its stored result is attached. Do not repeat it; use a new operation key for a deliberate second one.")
 }
 
+/// A completed operation whose result was too large to store: where it came from.
+pub fn completed_result_not_stored(op_key: &str, elsewhere: &serde_json::Value) -> String {
+    let text = |key: &str| elsewhere.get(key).and_then(|v| v.as_str()).unwrap_or("?");
+    let at = elsewhere
+        .get("completed_at_ms")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or_default();
+    format!(
+        "operation {op_key} already completed (run {}, call {}, at {at} ms since the epoch), but its result was too large to store and is not attached (its SHA-256 is {}): look it up where the tool keeps it. Do not repeat it; use a new operation key for a deliberate second one.",
+        text("run"),
+        text("call_id"),
+        text("output_hash"),
+    )
+}
+
 /// The message of every stop: what happened and what the agent must do now.
 pub fn stop(report: &StopReport) -> String {
     let why = match report.reason {

@@ -133,7 +133,7 @@ fn answer(
     if let Some(op_key) = op_key {
         match result.kind {
             ResultKind::Success => {
-                let stored = stored_result(result.output.as_ref());
+                let stored = stored_result(result.output.as_ref(), event, &result.call_id);
                 ledger.complete(&event.tenant, op_key, &event.run, &result.call_id, stored);
                 run.note_completed_operation(op_key);
             }

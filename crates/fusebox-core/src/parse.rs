@@ -35,6 +35,10 @@ pub enum RejectReason {
     InvalidField,
     TenantMismatch,
     SeqRegression,
+    /// A `run_started` numbered as a run's first events for a run that has gone past
+    /// them: another process (a restarted worker) reusing a run id. Refused, so it never
+    /// gets the old process's decisions back from the deduplication.
+    RunExists,
     /// An `instance_launched` for a cloud the daemon's watchdog has no driver for (or a
     /// daemon without a watchdog): accepted, the instance would silently go unwatched.
     UnwatchedProvider,
@@ -52,11 +56,12 @@ impl RejectReason {
             RejectReason::InvalidField => "invalid_field",
             RejectReason::TenantMismatch => "tenant_mismatch",
             RejectReason::SeqRegression => "seq_regression",
+            RejectReason::RunExists => "run_exists",
             RejectReason::UnwatchedProvider => "unwatched_provider",
         }
     }
 
-    pub const ALL: [RejectReason; 10] = [
+    pub const ALL: [RejectReason; 11] = [
         RejectReason::MalformedJson,
         RejectReason::TooLarge,
         RejectReason::UnsupportedVersion,
@@ -66,6 +71,7 @@ impl RejectReason {
         RejectReason::InvalidField,
         RejectReason::TenantMismatch,
         RejectReason::SeqRegression,
+        RejectReason::RunExists,
         RejectReason::UnwatchedProvider,
     ];
 }

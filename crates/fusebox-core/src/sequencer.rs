@@ -109,11 +109,29 @@ impl Sequencer {
             order.ids.insert(id, NOT_RECORDED);
             return Ok(Admission::Ready(vec![event]));
         };
-        let refuse = |message: String| {
-            let mut err = EventError::new(RejectReason::SeqRegression, message);
+        let refuse_as = |reason, message: String| {
+            let mut err = EventError::new(reason, message);
             err.event_id = Some(event.id.clone());
             Err(err)
         };
+        let refuse = |message| refuse_as(RejectReason::SeqRegression, message);
+        if seq < order.next_seq && matches!(event.body, crate::event::EventBody::RunStarted(_)) {
+            // A new id (a re-sent one is a duplicate above) starting the run over: a
+            // second process with the same run id. Its later ids would be the old
+            // process's, answered with the old decisions, so the run is refused whole.
+            return refuse_as(
+                RejectReason::RunExists,
+                format!(
+                    "run {}/{} already exists (applied up to seq {}): a run id names one \
+                     execution of an agent, and a restarted worker must start a new run id \
+                     (the tenant's op_key ledger still keeps completed operations from \
+                     running twice)",
+                    event.tenant,
+                    event.run,
+                    order.next_seq - 1
+                ),
+            );
+        }
         if seq < order.next_seq {
             return refuse(format!(
                 "seq {seq} goes backwards: run {} already applied up to seq {}",

@@ -261,3 +261,41 @@ fn events_ahead_of_their_seq_wait_for_the_gap() {
         RejectReason::SeqRegression
     );
 }
+
+/// Run-id reuse (issue 25 §3): a `run_started` with a new id for a run past its first
+/// `seq` is another process starting the same run over; it is refused as `run_exists`,
+/// naming the run. A re-sent one (the same id) stays a duplicate, and a late
+/// `run_started` without `seq` is still applied.
+#[test]
+fn a_second_run_started_for_a_run_is_refused_naming_it() {
+    let started = |id: &str, seq: Option<u64>| {
+        let seq = seq.map(|s| format!(r#","seq":{s}"#)).unwrap_or_default();
+        let line = format!(
+            r#"{{"v":1,"id":"{id}","tenant":"a","run":"r"{seq},"ts_ms":1,"type":"run_started"}}"#
+        );
+        parse_event(line.as_bytes()).expect("valid")
+    };
+    let mut sequencer = Sequencer::default();
+    assert!(matches!(
+        sequencer.admit(started("r-1", Some(1))),
+        Ok(Admission::Ready(_))
+    ));
+    assert!(matches!(
+        sequencer.admit(event("r-2", 2)),
+        Ok(Admission::Ready(_))
+    ));
+    assert!(matches!(
+        sequencer.admit(started("r-1", Some(1))),
+        Ok(Admission::Duplicate)
+    ));
+    let err = sequencer
+        .admit(started("r-1.b7", Some(1)))
+        .expect_err("a second process");
+    assert_eq!(err.reason, RejectReason::RunExists);
+    assert_eq!(err.reason.as_str(), "run_exists");
+    assert!(err.to_string().contains("run a/r already exists"), "{err}");
+    assert!(matches!(
+        sequencer.admit(started("late", None)),
+        Ok(Admission::Ready(_))
+    ));
+}

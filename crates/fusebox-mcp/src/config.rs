@@ -4,6 +4,13 @@
 //! ```toml
 //! # what a failing tool (isError) is reported as: RETRYABLE (default) or PRECONDITION
 //! error_kind = "RETRYABLE"
+//! # the result of a call with an op_key goes to fuseboxd whole up to this many bytes of
+//! # JSON, so the ledger can answer a repeat with it; past it only its hash (and the
+//! # repeat is told the operation completed and where). Keep it below fuseboxd's
+//! # [guard] max_event_bytes (1 MiB) and the NATS server's max_payload (1 MiB by default,
+//! # 2 MB in deploy/nats) minus the event's envelope; other results go as their hash
+//! # above 32 KiB, as ever.
+//! max_stored_result_bytes = 524288
 //!
 //! [tools.write_file]
 //! op_key_arg = "path"   # op_key = "write_file:<path>": one write per path, ever
@@ -32,6 +39,18 @@ pub struct GatewayConfig {
     pub error_kind: ResultKind,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+    /// Up to this many bytes of JSON, the result of a call with an op_key is sent whole
+    /// (and stored in the ledger for a repeat); see the module docs.
+    #[serde(default = "default_max_stored_result_bytes")]
+    pub max_stored_result_bytes: usize,
+}
+
+/// Half of fuseboxd's default `max_event_bytes` and of nats-server's default
+/// `max_payload` (both 1 MiB): room for the envelope and JSON escaping.
+pub const DEFAULT_MAX_STORED_RESULT_BYTES: usize = 512 * 1024;
+
+fn default_max_stored_result_bytes() -> usize {
+    DEFAULT_MAX_STORED_RESULT_BYTES
 }
 
 impl Default for GatewayConfig {
@@ -39,6 +58,7 @@ impl Default for GatewayConfig {
         GatewayConfig {
             error_kind: default_error_kind(),
             tools: BTreeMap::new(),
+            max_stored_result_bytes: DEFAULT_MAX_STORED_RESULT_BYTES,
         }
     }
 }

@@ -174,12 +174,21 @@ fn report_json(report: &StopReport) -> String {
 }
 
 /// `use_completed_result`: the stored output rebuilt as a tool result, with the guard's
-/// note first so the model knows the operation already happened.
+/// note first so the model knows the operation already happened. A result too large to
+/// have been stored is the note alone (which says where the result is), as an error
+/// result: the call gets no tool result, and no placeholder is passed off as the tool's
+/// content or `structuredContent` (which an `outputSchema` would have to validate).
 fn completed_result(decision: &Decision) -> CallToolResult {
     let note = decision.message.clone().unwrap_or_else(|| {
         "fusebox: this operation already completed; here is its result.".to_owned()
     });
+    let not_stored = |stored: &Value| {
+        stored
+            .get(fusebox_core::ledger::RESULT_NOT_STORED)
+            .is_some()
+    };
     let mut result = match &decision.result {
+        Some(stored) if not_stored(stored) => return error_result(format!("fusebox: {note}")),
         Some(stored) => result_from_output(stored),
         None => CallToolResult::success(Vec::new()),
     };
@@ -211,12 +220,15 @@ pub fn output_of(result: &CallToolResult) -> Value {
 
 /// The `tool_result` for the upstream's answer. `isError` is `error_kind`
 /// (RETRYABLE unless configured), so a failing tool counts against the error budget
-/// and is never progress.
+/// and is never progress. The output goes whole up to `inline_limit` bytes of JSON, else
+/// as its hash: `max_stored_result_bytes` for a call with an op_key (the ledger keeps
+/// it for a repeat), [`INLINE_LIMIT`](fusebox_core::event::INLINE_LIMIT) for the rest.
 pub fn tool_result(
     call_id: &str,
     tool: &str,
     result: &CallToolResult,
     error_kind: ResultKind,
+    inline_limit: usize,
 ) -> ToolResult {
     let failed = result.is_error == Some(true);
     ToolResult {
@@ -230,7 +242,7 @@ pub fn tool_result(
         code: failed.then(|| "tool_error".to_owned()),
         retry_after_ms: None,
         terminal: None,
-        output: Some(Output::inline_or_hash(output_of(result))),
+        output: Some(Output::inline_up_to(output_of(result), inline_limit)),
         progress: None,
     }
 }
@@ -284,6 +296,7 @@ pub const NOTE_KEY: &str = "fusebox_note";
 #[cfg(test)]
 mod tests {
     use fusebox_client::{ClientError, WireError};
+    use fusebox_core::event::INLINE_LIMIT;
     use serde_json::json;
 
     use super::*;
@@ -455,6 +468,21 @@ mod tests {
         assert_ne!(stored.is_error, Some(true));
         assert!(text_of(&stored).ends_with("sent"));
 
+        // Too large to have been stored: the guard's note alone, as an error result,
+        // nothing passed off as the tool's content.
+        let Verdict::Answer(elsewhere) = verdict(&Gate::Decided(decision(json!({
+            "action":"use_completed_result","message":"completed (run r, call c1), not attached",
+            "result":{"fusebox_result_not_stored":{"output_hash":"ab","run":"r","call_id":"c1","completed_at_ms":1}}
+        })))) else {
+            panic!("use_completed_result answers")
+        };
+        assert_eq!(
+            text_of(&elsewhere),
+            "fusebox: completed (run r, call c1), not attached"
+        );
+        assert_eq!(elsewhere.is_error, Some(true));
+        assert_eq!(elsewhere.structured_content, None);
+
         let report = json!({"terminal_state":"STOPPED_LOOP_GUARD","reason":"no_progress","completed_steps":3,
             "progress_version":null,"completed_operations":[],"last_safe_checkpoint":null,
             "unmet_precondition":null,"resume_condition":"verified_precondition_change","fired_guards":[]});
@@ -495,7 +523,7 @@ mod tests {
     #[test]
     fn upstream_answers_become_tool_results() {
         let ok = CallToolResult::success(vec![ContentBlock::text("a\nb")]);
-        let reported = tool_result("c1", "list", &ok, ResultKind::Retryable);
+        let reported = tool_result("c1", "list", &ok, ResultKind::Retryable, INLINE_LIMIT);
         assert_eq!(reported.kind, ResultKind::Success);
         assert_eq!(
             reported.output,
@@ -505,12 +533,18 @@ mod tests {
         let mut structured = CallToolResult::success(vec![ContentBlock::text("{\"n\":1}")]);
         structured.structured_content = Some(json!({"n":1}));
         assert_eq!(
-            tool_result("c1", "t", &structured, ResultKind::Retryable).output,
+            tool_result("c1", "t", &structured, ResultKind::Retryable, INLINE_LIMIT).output,
             Some(Output::Json(json!({"n":1})))
         );
 
         let failed = CallToolResult::error(vec![ContentBlock::text("ENOENT")]);
-        let reported = tool_result("c1", "read", &failed, ResultKind::Precondition);
+        let reported = tool_result(
+            "c1",
+            "read",
+            &failed,
+            ResultKind::Precondition,
+            INLINE_LIMIT,
+        );
         assert_eq!(reported.kind, ResultKind::Precondition);
         assert_eq!(reported.code.as_deref(), Some("tool_error"));
 

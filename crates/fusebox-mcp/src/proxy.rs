@@ -311,6 +311,11 @@ impl Session {
         let annotations = listed.as_ref().and_then(|t| t.annotations.as_ref());
         let effect = mapping::effect_of(tool_config, annotations);
         let op_key = mapping::op_key_of(&tool, tool_config, params.arguments.as_ref());
+        // The ledger answers a repeat of a keyed call with its result: send it whole.
+        let inline_limit = match op_key {
+            Some(_) => settings.config.max_stored_result_bytes,
+            None => fusebox_core::event::INLINE_LIMIT,
+        };
         let call_id = self.run.call_id();
         let gate = self
             .run
@@ -330,8 +335,13 @@ impl Session {
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         match self.forward(request, &context).await {
             Ok(ServerResult::CallToolResult(result)) => {
-                let reported =
-                    mapping::tool_result(&call_id, &tool, &result, settings.config.error_kind);
+                let reported = mapping::tool_result(
+                    &call_id,
+                    &tool,
+                    &result,
+                    settings.config.error_kind,
+                    inline_limit,
+                );
                 let stop = self.run.report(reported).await;
                 let output_schema = listed.as_ref().and_then(|t| t.output_schema.as_deref());
                 let mut result = mapping::with_note(result, note, output_schema);

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::StatusCode;
 use fusebox_client::{FuseboxClient, Gate};
 use fusebox_core::decision::Decision;
-use fusebox_core::event::{Effect, EventBody, RunFinished, RunStarted, ToolResult};
+use fusebox_core::event::{Effect, EventBody, Output, RunFinished, RunStarted, ToolResult};
 use fusebox_core::Event;
 use futures_util::StreamExt;
 use rmcp::model::{CallToolResult, JsonObject};
@@ -184,8 +184,27 @@ impl GuardedRun {
     /// applied it before the agent can make its next call. A stop in the answer latches
     /// the session and is returned.
     pub async fn report(&self, result: ToolResult) -> Option<Decision> {
-        let event = self.event(EventBody::ToolResult(result));
-        match self.client.gate(&event).await {
+        let event = self.event(EventBody::ToolResult(result.clone()));
+        let mut answer = self.client.gate(&event).await;
+        if let Gate::Refused(error) = &answer {
+            if let (Some(Output::Json(value)), "too_large") =
+                (&result.output, error.reason.as_str())
+            {
+                // Past this daemon's `max_event_bytes` (below `max_stored_result_bytes`):
+                // the hash still completes or releases the op_key, which must not stay
+                // in flight for want of the result's bytes.
+                tracing::warn!(message = %error.message, "tool_result too large for fuseboxd; sending its hash");
+                let hashed = ToolResult {
+                    output: Some(Output::inline_up_to(value.clone(), 0)),
+                    ..result
+                };
+                answer = self
+                    .client
+                    .gate(&self.event(EventBody::ToolResult(hashed)))
+                    .await;
+            }
+        }
+        match answer {
             Gate::Decided(decision) if decision.report.is_some() => {
                 self.latch(mapping::stop_result(&decision));
                 Some(decision)

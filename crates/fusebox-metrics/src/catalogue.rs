@@ -214,6 +214,14 @@ pub const WATCHDOG_PROTECTED: MetricDef = def(
     "Managed instances past their deadline that are protected and so only reported.",
 );
 
+pub const WATCHDOG_HALTED: MetricDef = def(
+    "fusebox_watchdog_halted",
+    Gauge,
+    &[],
+    false,
+    "1 while the watchdog is halted by on_blast_radius = \"halt\" (it terminates nothing until `fusebox watchdog resume`), else 0.",
+);
+
 pub const CLUSTER_PARTITIONS: MetricDef = def(
     "fusebox_cluster_partitions",
     Gauge,
@@ -263,6 +271,7 @@ pub const CATALOGUE: &[&MetricDef] = &[
     &WATCHDOG_HELD,
     &WATCHDOG_HELD_TOTAL,
     &WATCHDOG_PROTECTED,
+    &WATCHDOG_HALTED,
     &CLUSTER_PARTITIONS,
     &CLUSTER_PARTITIONS_OWNED,
     &CLUSTER_HANDOVERS,

@@ -185,6 +185,11 @@ impl Metrics {
         self.watchdog_protected.set(gauge_value(instances));
     }
 
+    /// Whether the watchdog is halted until an operator resumes it.
+    pub fn set_watchdog_halted(&self, halted: bool) {
+        self.watchdog_halted.set(i64::from(halted));
+    }
+
     /// Cluster mode: the configured partition count.
     pub fn set_cluster_partitions(&self, partitions: u32) {
         self.cluster_partitions.set(i64::from(partitions));

@@ -27,6 +27,10 @@ pub(crate) async fn handle(inbound: &Inbound, message: async_nats::Message) {
         tracing::debug!(subject = %message.subject, "control message without a reply subject ignored");
         return;
     };
+    if message.subject.as_str() == crate::subjects::CONTROL_WATCHDOG {
+        // The watchdog's own subscriber answers; an error from here would race it.
+        return;
+    }
     let control_reply = reply.clone();
     let input = match parse_control(message.subject.as_str()) {
         // A body asks for one page (the operator's page); none, for the whole list.

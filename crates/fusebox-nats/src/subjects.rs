@@ -21,6 +21,10 @@ pub const CONTROL_FILTER: &str = "fusebox.control.>";
 pub const CONTROL_RUNS: &str = "fusebox.control.runs";
 /// Request/reply: the op_key ledger's entries (body: a `LedgerQuery`).
 pub const CONTROL_LEDGER: &str = "fusebox.control.ledger";
+/// The cloud watchdog's status and an operator's resume of a halted watchdog: answered
+/// by each daemon's watchdog itself (not partition-mapped: three tokens), never by the
+/// control service.
+pub const CONTROL_WATCHDOG: &str = "fusebox.control.watchdog";
 /// Every notable decision of every run, for `fusebox tail`.
 pub const DECISIONS_FILTER: &str = "fusebox.decisions.>";
 

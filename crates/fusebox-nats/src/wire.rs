@@ -286,3 +286,34 @@ pub struct RunHistory {
     /// More entries follow the last one (ask again with `after`).
     pub more: bool,
 }
+
+/// A request on `fusebox.control.watchdog`: an empty body (or `{}`) asks for the status;
+/// `resume` resumes a watchdog halted by `on_blast_radius = "halt"`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct WatchdogRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<WatchdogResume>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatchdogResume {
+    /// Who resumes it (journaled with the resume).
+    pub by: String,
+}
+
+/// The answer on `fusebox.control.watchdog`: the watchdog's state after the request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatchdogReply {
+    /// Halted: terminating nothing until an operator resumes it.
+    pub halted: bool,
+    /// When it halted (Unix ms) and why, while halted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted_since_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// This request resumed it.
+    #[serde(default)]
+    pub resumed: bool,
+    /// The answer in words.
+    pub message: String,
+}

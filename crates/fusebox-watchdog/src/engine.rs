@@ -107,7 +107,27 @@ impl<P: Provider> Watchdog<P> {
             }
             Fact::InstanceLaunched(f) => state.launched(f, cfg.default_max_lifetime_s),
             Fact::RunEnded(f) => state.run_ended(f, cfg.grace_s),
+            Fact::Halted(f) => {
+                // The first halt is the one to report; a later one changes nothing.
+                state.halted.get_or_insert(f);
+            }
+            Fact::Resumed(f) => {
+                if let Some(halted) = state.halted.take() {
+                    tracing::warn!(by = %f.by, halted_since_ms = halted.at_ms, "watchdog resumed by an operator");
+                }
+            }
         }
+    }
+
+    /// Why the watchdog is halted, if it is (`on_blast_radius = "halt"`): it terminates
+    /// nothing until [`Fact::Resumed`] is recorded.
+    pub fn halted(&self) -> Option<crate::facts::Halted> {
+        self.inner.state().halted.clone()
+    }
+
+    /// The watchdog's clock, for stamping an operator's resume.
+    pub fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
     }
 
     /// The facts that rebuild the watchdog's timers as they are now (for compacting a
@@ -197,9 +217,15 @@ impl<P: Provider> Watchdog<P> {
 
     /// Current gauges and counters for the metrics crate.
     pub fn stats(&self) -> WatchdogStats {
-        let next = self.inner.state().next_wake();
-        self.inner
+        let (next, halted) = {
+            let mut state = self.inner.state();
+            (state.next_wake(), state.halted.is_some())
+        };
+        let mut stats = self
+            .inner
             .counters()
-            .snapshot(self.inner.clock.now_ms(), next)
+            .snapshot(self.inner.clock.now_ms(), next);
+        stats.halted = halted;
+        stats
     }
 }

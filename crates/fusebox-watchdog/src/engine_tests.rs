@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::clock::ManualClock;
-use crate::config::{RetryConfig, WatchdogConfig};
+use crate::config::{BlastRadiusAction, RetryConfig, WatchdogConfig};
 use crate::engine::Watchdog;
-use crate::facts::InstanceLaunched;
+use crate::facts::{InstanceLaunched, Resumed};
 use crate::provider::{
     ErrorKind, Instance, InstanceState, Op, Page, Provider, ProviderError, Selector, Terminated,
 };
@@ -101,14 +101,8 @@ struct Rig {
     wd: Watchdog<Fake>,
 }
 
-fn rig(instances: Vec<Instance>) -> Rig {
-    let cloud = Arc::new(FakeCloud {
-        instances: Mutex::new(instances),
-        ..Default::default()
-    });
-    let clock = Arc::new(ManualClock::new(NOW));
-    let sink = Arc::new(MemorySink::default());
-    let cfg = WatchdogConfig {
+fn config() -> WatchdogConfig {
+    WatchdogConfig {
         max_termination_share: 1.0,
         retry: RetryConfig {
             max_attempts: 3,
@@ -116,7 +110,20 @@ fn rig(instances: Vec<Instance>) -> Rig {
             max_backoff_ms: 1_000,
         },
         ..Default::default()
-    };
+    }
+}
+
+fn rig(instances: Vec<Instance>) -> Rig {
+    rig_with(config(), instances)
+}
+
+fn rig_with(cfg: WatchdogConfig, instances: Vec<Instance>) -> Rig {
+    let cloud = Arc::new(FakeCloud {
+        instances: Mutex::new(instances),
+        ..Default::default()
+    });
+    let clock = Arc::new(ManualClock::new(NOW));
+    let sink = Arc::new(MemorySink::default());
     let wd = Watchdog::new(cfg, Fake(cloud.clone()), clock.clone(), sink.clone()).unwrap();
     Rig {
         cloud,
@@ -262,4 +269,62 @@ async fn launch_fact_for_another_provider_is_ignored() {
         ts_ms: NOW,
     });
     assert_eq!(r.wd.stats().next_deadline_ms, None);
+}
+
+/// `on_blast_radius = "halt"` latches (issue 25 §3): once a pass finds more overdue
+/// instances than the limit allows, the watchdog terminates nothing — also when the
+/// overdue count fits again, and after a restart fed the journaled halt — until an
+/// operator's resume is recorded.
+#[tokio::test(start_paused = true)]
+async fn a_halt_holds_until_an_operator_resumes_the_watchdog() {
+    let cfg = WatchdogConfig {
+        max_terminations_per_sweep: 2,
+        on_blast_radius: BlastRadiusAction::Halt,
+        ..config()
+    };
+    let fleet: Vec<_> = (0..5)
+        .map(|n| managed(&format!("i-{n}"), NOW - 10_000, PAST))
+        .collect();
+    let r = rig_with(cfg.clone(), fleet);
+    let report = r.wd.sweep().await;
+    assert_eq!((report.terminations.len(), report.held), (0, 5));
+    let halted = r.wd.halted().expect("the sweep halts the watchdog");
+    assert!(r.wd.stats().halted);
+    assert_eq!(r.sink.snapshot().halts, vec![halted.clone()]);
+
+    // Someone else cleaned up three: two overdue fit the limit, but the halt holds.
+    r.cloud.instances.lock().unwrap().truncate(2);
+    let report = r.wd.sweep().await;
+    assert_eq!((report.terminations.len(), report.held), (0, 2));
+    assert!(report
+        .alert
+        .expect("held, so alerted")
+        .why
+        .contains("halted"));
+    assert_eq!(r.sink.snapshot().halts.len(), 1, "one halt, reported once");
+
+    // A restart: the journal's facts (the halt among them) rebuild a halted watchdog.
+    let restarted = Watchdog::new(
+        cfg,
+        Fake(r.cloud.clone()),
+        r.clock.clone(),
+        Arc::new(MemorySink::default()),
+    )
+    .unwrap();
+    restarted.restore(r.wd.live_facts());
+    assert_eq!(restarted.halted(), Some(halted));
+    assert_eq!(restarted.sweep().await.terminations.len(), 0);
+
+    restarted.record(Resumed {
+        at_ms: restarted.now_ms(),
+        by: "oncall".into(),
+    });
+    assert_eq!(restarted.halted(), None);
+    assert!(!restarted.stats().halted);
+    let report = restarted.sweep().await;
+    assert_eq!((report.terminations.len(), report.held), (2, 0));
+    assert!(report
+        .terminations
+        .iter()
+        .all(|t| t.outcome == Outcome::Terminated));
 }

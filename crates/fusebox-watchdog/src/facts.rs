@@ -24,12 +24,34 @@ pub struct RunEnded {
     pub ts_ms: u64,
 }
 
-/// Either fact, for feeding a whole log back at start-up.
+/// A pass found more overdue instances than the blast-radius limit allows under
+/// `on_blast_radius = "halt"`: the watchdog terminates nothing until an operator resumes
+/// it (a latch, so a fleet that shrinks back under the limit is not taken as the all-clear).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Halted {
+    /// When the watchdog halted, Unix ms (watchdog clock).
+    pub at_ms: u64,
+    /// What the pass saw, in words (the blast-radius alert's `why`).
+    pub why: String,
+}
+
+/// An operator resumed a halted watchdog (`fusebox watchdog resume`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumed {
+    pub at_ms: u64,
+    /// Who resumed it, as the operator said.
+    pub by: String,
+}
+
+/// Any fact, for feeding a whole journal back at start-up: the daemon's launches and run
+/// ends, and the watchdog's own halt and an operator's resume (so both survive a restart).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Fact {
     InstanceLaunched(InstanceLaunched),
     RunEnded(RunEnded),
+    Halted(Halted),
+    Resumed(Resumed),
 }
 
 impl From<InstanceLaunched> for Fact {
@@ -41,5 +63,17 @@ impl From<InstanceLaunched> for Fact {
 impl From<RunEnded> for Fact {
     fn from(f: RunEnded) -> Self {
         Fact::RunEnded(f)
+    }
+}
+
+impl From<Halted> for Fact {
+    fn from(f: Halted) -> Self {
+        Fact::Halted(f)
+    }
+}
+
+impl From<Resumed> for Fact {
+    fn from(f: Resumed) -> Self {
+        Fact::Resumed(f)
     }
 }

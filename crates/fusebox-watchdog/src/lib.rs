@@ -29,7 +29,10 @@
 //! the reason is given, so a clock jump or a bad tag cannot wipe a fleet. What the pass
 //! does with the overdue instances past the limit is the operator's choice
 //! (`on_blast_radius`): terminate up to the limit and hold the rest (`cap_per_pass`, the
-//! default), or terminate none of them and page (`halt`).
+//! default), or terminate none of them and page (`halt`). A halt latches: the watchdog
+//! terminates nothing more until an operator resumes it (`fusebox watchdog resume`,
+//! recorded as a [`Fact::Resumed`]), even when the overdue count fits the limit again —
+//! what tripped it (a clock jump, bad tags) is for a person to rule out.
 //!
 //! ## Wiring it into the daemon
 //!
@@ -95,7 +98,7 @@ pub use config::{BlastRadiusAction, ConfigError, RetryConfig, WatchdogConfig};
 pub use deadline::{Deadline, Reason};
 pub use ec2::Ec2Provider;
 pub use engine::Watchdog;
-pub use facts::{Fact, InstanceLaunched, RunEnded};
+pub use facts::{Fact, Halted, InstanceLaunched, Resumed, RunEnded};
 pub use inventory::{Inventory, InventoryItem};
 pub use pass::{PassKind, PassReport};
 pub use permissions::{PermissionCheck, PermissionStatus};

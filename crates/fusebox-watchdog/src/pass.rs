@@ -9,6 +9,7 @@ use tokio::task::JoinSet;
 
 use crate::deadline::Reason;
 use crate::engine::Inner;
+use crate::facts::Halted;
 use crate::plan::{self, Assessed, Plan};
 use crate::provider::{Instance, Provider, Selector};
 use crate::sink::{BlastRadiusAlert, ProtectedInstance, Termination};
@@ -94,7 +95,8 @@ impl<P: Provider> Inner<P> {
                 .map(|i| plan::assess(i, &state, &self.cfg))
                 .collect();
             let floor = self.counters().managed;
-            let plan = plan::plan(&assessed, now, &verifying, floor, &self.cfg);
+            let halted = state.halted.is_some();
+            let plan = plan::plan(&assessed, now, &verifying, floor, halted, &self.cfg);
             for key in &plan.done {
                 state.disarm_instance(key);
                 state.launched.remove(key);
@@ -112,6 +114,9 @@ impl<P: Provider> Inner<P> {
 
         self.report_protected(&plan);
         let alert = self.check_blast_radius(&plan, now);
+        if plan.halted {
+            self.latch_halt(&plan, now);
+        }
         let terminations = self.execute(&plan).await;
         if kind == PassKind::Sweep && region_errors.is_empty() {
             self.update_fleet_counters(&assessed, &plan);
@@ -256,6 +261,25 @@ impl<P: Provider> Inner<P> {
         tracing::error!(why = %alert.why, "blast-radius limit reached");
         self.sink.blast_radius(&alert);
         Some(alert)
+    }
+
+    /// The pass that trips `on_blast_radius = "halt"` halts the watchdog until an operator
+    /// resumes it; the sink journals the halt, so it also holds across a restart.
+    fn latch_halt(&self, plan: &Plan, now: u64) {
+        let halted = {
+            let mut state = self.state();
+            if state.halted.is_some() {
+                return;
+            }
+            let halted = Halted {
+                at_ms: now,
+                why: plan::why_held(plan, &self.cfg),
+            };
+            state.halted = Some(halted.clone());
+            halted
+        };
+        tracing::error!(why = %halted.why, "watchdog halted until an operator resumes it (fusebox watchdog resume)");
+        self.sink.halted(&halted);
     }
 
     fn update_fleet_counters(&self, assessed: &[Assessed], plan: &Plan) {

@@ -113,17 +113,22 @@ pub struct Plan {
     pub allowed: usize,
     /// Managed, live instances the share limit counts from.
     pub managed: usize,
+    /// Nothing was terminated because the watchdog is halted (`on_blast_radius = "halt"`):
+    /// halted before this pass, or by it.
+    pub halted: bool,
 }
 
 /// Decides a pass. `verifying` are runs whose verify-empty check is part of this pass: their
 /// instances go as `leftover` whatever their deadline. `managed_floor` is the fleet size
 /// known from the last full sweep, so a pass that lists only a few instances still measures
-/// its share against the whole fleet.
+/// its share against the whole fleet. `halted`: the watchdog is halted already, so
+/// nothing is terminated whatever the count.
 pub fn plan(
     assessed: &[Assessed],
     now_ms: u64,
     verifying: &HashSet<RunKey>,
     managed_floor: usize,
+    halted: bool,
     cfg: &WatchdogConfig,
 ) -> Plan {
     let mut p = Plan::default();
@@ -168,10 +173,9 @@ pub fn plan(
         .max(managed_floor);
     p.allowed = allowed(p.managed, cfg);
     overdue.sort_by(|a, b| (a.deadline_ms, &a.key).cmp(&(b.deadline_ms, &b.key)));
-    let keep = match cfg.on_blast_radius {
-        BlastRadiusAction::Halt if overdue.len() > p.allowed => 0,
-        _ => p.allowed,
-    };
+    p.halted =
+        halted || (cfg.on_blast_radius == BlastRadiusAction::Halt && overdue.len() > p.allowed);
+    let keep = if p.halted { 0 } else { p.allowed };
     let held = overdue.split_off(overdue.len().min(keep));
     p.terminate = overdue;
     p.held = held;
@@ -205,10 +209,17 @@ pub fn why_held(p: &Plan, cfg: &WatchdogConfig) -> String {
             p.held.len()
         ),
         BlastRadiusAction::Halt => format!(
-            "on_blast_radius = \"halt\": terminated none and left {} running",
+            "on_blast_radius = \"halt\": halted, terminated none and left {} running until \
+             an operator resumes the watchdog (`fusebox watchdog resume`)",
             p.held.len()
         ),
     };
+    if p.halted && overdue <= p.allowed {
+        return format!(
+            "the watchdog is halted (on_blast_radius = \"halt\"): {overdue} overdue instances \
+             left running until an operator resumes it (`fusebox watchdog resume`)"
+        );
+    }
     format!(
         "{overdue} instances are overdue but {limit} allows {}: {action}; check for a clock \
          jump or bad deadline tags",
@@ -263,7 +274,7 @@ mod tests {
         c: &WatchdogConfig,
     ) -> Plan {
         let a: Vec<_> = instances.into_iter().map(|i| assess(i, state, c)).collect();
-        plan(&a, NOW, verifying, 0, c)
+        plan(&a, NOW, verifying, 0, false, c)
     }
 
     #[test]
@@ -398,6 +409,14 @@ mod tests {
         assert!(why_held(&p, &c).contains("terminated none and left 10 running"));
         let p = run(fleet(3), &State::default(), &HashSet::new(), &c);
         assert_eq!((p.terminate.len(), p.held.len()), (3, 0));
+        // Once halted, a count within the limit terminates none either.
+        let a: Vec<_> = fleet(2)
+            .into_iter()
+            .map(|i| assess(i, &State::default(), &c))
+            .collect();
+        let p = plan(&a, NOW, &HashSet::new(), 0, true, &c);
+        assert_eq!((p.terminate.len(), p.held.len(), p.halted), (0, 2, true));
+        assert!(why_held(&p, &c).contains("halted"), "{}", why_held(&p, &c));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 use crate::deadline::Reason;
+use crate::facts::Halted;
 
 /// What became of one instance the watchdog acted on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -88,6 +89,9 @@ pub trait WatchdogSink: Send + Sync + 'static {
     fn termination(&self, t: &Termination);
     fn protected(&self, p: &ProtectedInstance);
     fn blast_radius(&self, a: &BlastRadiusAlert);
+    /// The watchdog halted (`on_blast_radius = "halt"`): the sink must make it durable
+    /// as a [`Fact::Halted`](crate::facts::Fact), so the halt survives a restart.
+    fn halted(&self, h: &Halted);
 }
 
 /// A sink that keeps everything in memory: for the CLI and tests.
@@ -102,6 +106,7 @@ pub struct Recorded {
     pub terminations: Vec<Termination>,
     pub protected: Vec<ProtectedInstance>,
     pub alerts: Vec<BlastRadiusAlert>,
+    pub halts: Vec<Halted>,
 }
 
 impl MemorySink {
@@ -124,5 +129,8 @@ impl WatchdogSink for MemorySink {
     }
     fn blast_radius(&self, a: &BlastRadiusAlert) {
         self.lock().alerts.push(a.clone());
+    }
+    fn halted(&self, h: &Halted) {
+        self.lock().halts.push(h.clone());
     }
 }

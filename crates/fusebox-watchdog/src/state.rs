@@ -3,7 +3,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
-use crate::facts::{Fact, InstanceLaunched, RunEnded};
+use crate::facts::{Fact, Halted, InstanceLaunched, RunEnded};
 use crate::sink::Outcome;
 
 /// An instance, cloud-wide: ids are unique per region.
@@ -41,6 +41,9 @@ pub struct State {
     pub reported_protected: HashSet<InstanceKey>,
     /// Instances whose bad tags were already logged.
     pub warned_tags: HashSet<InstanceKey>,
+    /// Halted by the blast-radius limit (`on_blast_radius = "halt"`) until an operator
+    /// resumes it.
+    pub halted: Option<Halted>,
 }
 
 /// Timers that came due together.
@@ -184,6 +187,8 @@ impl State {
                 ts_ms,
             })
         }));
+        // A halt outlives a compaction as it outlives a restart.
+        facts.extend(self.halted.clone().map(Fact::from));
         facts
     }
 
@@ -259,6 +264,7 @@ mod tests {
             match f {
                 Fact::InstanceLaunched(f) => rebuilt.launched(f, 3600),
                 Fact::RunEnded(f) => rebuilt.run_ended(f, 5),
+                Fact::Halted(_) | Fact::Resumed(_) => unreachable!("not halted"),
             }
         }
         assert_eq!(rebuilt.live_facts(10_000), facts);

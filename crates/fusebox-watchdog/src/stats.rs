@@ -45,6 +45,9 @@ pub struct WatchdogStats {
     pub passes_total: u64,
     /// When the last full sweep finished, Unix ms.
     pub last_sweep_ms: Option<u64>,
+    /// Halted by the blast-radius limit until an operator resumes it
+    /// (`fusebox_watchdog_halted`).
+    pub halted: bool,
 }
 
 /// The mutable side of the stats, kept by the engine.
@@ -95,6 +98,7 @@ impl Counters {
                 .collect(),
             passes_total: self.passes_total,
             last_sweep_ms: self.last_sweep_ms,
+            halted: false,
         }
     }
 }

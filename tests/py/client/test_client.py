@@ -30,6 +30,7 @@ from fusebox_guard import (
     Refused,
     ResultKind,
     ResultMode,
+    RunExists,
     SyncFusebox,
     TLSConfig,
     Usage,
@@ -407,6 +408,27 @@ async def test_a_retried_request_is_answered_from_the_daemons_dedup(
     await fb.close()
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", [ResultMode.INLINE, ResultMode.PASSIVE])
+async def test_a_restarted_worker_reusing_a_run_id_is_told_the_run_exists(
+    stack: Stack, mode: ResultMode
+) -> None:
+    """Run-id reuse (issue 25 §3): a second process starting a run id the daemon already
+    has gets `RunExists` naming the run from `start`, not the old process's decisions."""
+    run_id = fresh_run(f"reused-{mode.value}")
+    old = await Fusebox.connect(stack.nats_url, tenant=TENANT)
+    first = await old.start_run(run_id)
+    assert (await first.tool_call("search", {"q": "x"})).may_run
+    await old.close()
+    restarted = await Fusebox.connect(stack.nats_url, tenant=TENANT, results=mode)
+    with pytest.raises(RunExists) as refused:
+        await restarted.start_run(run_id)
+    assert refused.value.reason == "run_exists"
+    assert (refused.value.tenant, refused.value.run) == (TENANT, run_id)
+    assert f"{TENANT}/{run_id} already exists" in str(refused.value)
+    await restarted.close()
+
+
 # --- error kinds ----------------------------------------------------------------------
 
 
@@ -490,6 +512,37 @@ async def test_an_event_that_failed_is_resent_before_the_next_one() -> None:
         assert first.may_run
         assert [s for s, _ in seen] == [1, 1, 2]
         assert seen[0][1] == seen[1][1]  # the same id: the daemon dedups it
+        await fb.close()
+        await daemon.close()
+
+
+@pytest.mark.asyncio
+async def test_a_queued_run_started_refused_as_run_exists_sends_nothing_more() -> None:
+    """The daemon unreachable at start: run_started waits in the queue. When the resent
+    one is refused `run_exists`, the call behind it is not sent (its id would be the
+    other process's, answered from the dedup) and is refused with `RunExists`."""
+    with bare_nats() as url:
+        daemon = await nats.connect(url)
+        seen: list[str] = []
+
+        async def answer(msg: Msg) -> None:
+            event = json.loads(msg.data)
+            seen.append(event["type"])
+            if len(seen) == 1:
+                return  # the first request is lost
+            error = {"reason": "run_exists", "message": "run exists", "event_id": event["id"]}
+            await msg.respond(json.dumps({"error": error}).encode())
+
+        await daemon.subscribe("fusebox.gate.>", cb=answer)
+        await daemon.flush()
+        fb = await Fusebox.connect(url, tenant=TENANT, timeout_s=0.3)
+        run = fb.run(fresh_run("exists"))
+        await run.start(watch_stop=False)
+        assert isinstance(run.start_error, GateTimeout)
+        for q in (1, 2):
+            gate = await run.tool_call("search", {"q": q})
+            assert not gate.may_run and isinstance(gate.error, RunExists), gate
+        assert seen == ["run_started", "run_started"]
         await fb.close()
         await daemon.close()
 

@@ -54,6 +54,13 @@ def send_email(message_id: str, to: str, body: str) -> str:
     return f"sent {message_id} to {to}"
 
 
+@server.tool(annotations=WRITE)
+def export_report(report_id: str, rows: int) -> str:
+    """Exports a report (counted) of `rows` numbered lines: a result as large as asked."""
+    executed("export_report", report_id=report_id, rows=rows)
+    return "\n".join(f"{report_id} row {n:06d}" for n in range(rows))
+
+
 @server.tool(annotations=READ)
 async def slow(steps: int, ctx: Context) -> str:
     """Reports progress `steps` times, 50 ms apart."""

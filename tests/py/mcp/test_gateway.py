@@ -20,7 +20,9 @@ from gateway import (
     session,
     text,
 )
-from support.stack import Stack
+from mcp import StdioServerParameters
+from mcp.types import CallToolResult
+from support.stack import Stack, start_stack
 
 STOPPED = "fusebox stopped this run"
 
@@ -105,6 +107,74 @@ async def test_the_same_write_with_one_op_key_is_done_once(
         "m-42",
         "m-43",
     ]
+
+
+def export_gateway(
+    stack: Stack, count_file: pathlib.Path, tmp_path: pathlib.Path
+) -> StdioServerParameters:
+    """The gateway with `export_report` keyed by its report_id, and results of keyed
+    calls sent whole up to 100 000 bytes."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        'max_stored_result_bytes = 100000\n[tools.export_report]\nop_key_arg = "report_id"\n'
+    )
+    return gateway(stack, counting_server(), "--config", str(config), env=env(count_file))
+
+
+async def test_a_repeated_operation_gets_its_large_result_or_where_it_is(
+    stack: Stack, count_file: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Large results of op_key operations (issue 25 §3): up to the gateway's
+    `max_stored_result_bytes` a repeat gets the whole stored result (here 46 KB, past the
+    32 KiB a result otherwise travels whole); past it, a note that the operation completed
+    and where its result is — never the hash as if it were the result."""
+    # The test stack's config with the shipped max_event_bytes (1 MiB) instead of 8 KiB.
+    config = tmp_path / "fusebox.toml"
+    small = stack.config.read_text()
+    assert "max_event_bytes = 8192" in small
+    config.write_text(small.replace("max_event_bytes = 8192", "max_event_bytes = 1048576"))
+    with start_stack("--config", str(config)) as roomy:
+        async with session(export_gateway(roomy, count_file, tmp_path)) as client:
+            stored = {"report_id": "q3", "rows": 2000}  # ~46 KB of JSON
+            first = await client.call_tool("export_report", stored)
+            assert not first.is_error and "q3 row 001999" in text(first)
+            again = await client.call_tool("export_report", stored)
+            assert not again.is_error, text(again)
+            assert "already completed" in text(again)
+            assert "q3 row 001999" in text(again), "the stored result is the answer"
+
+            elsewhere = {"report_id": "year", "rows": 8000}  # ~150 KB: past the bound
+            first = await client.call_tool("export_report", elsewhere)
+            assert "year row 007999" in text(first)
+            assert_told_where(await client.call_tool("export_report", elsewhere))
+    assert [e["args"]["report_id"] for e in executions(count_file, "export_report")] == [
+        "q3",
+        "year",
+    ]
+
+
+async def test_a_result_the_daemon_finds_too_large_still_completes_its_operation(
+    stack: Stack, count_file: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Within the gateway's bound but past the daemon's `max_event_bytes` (8 KiB in the
+    test stack): the result is sent again as its hash, so the op_key completes (and is
+    never run twice) instead of staying in flight."""
+    async with session(export_gateway(stack, count_file, tmp_path)) as client:
+        report = {"report_id": f"big-{fresh_run()}", "rows": 2000}
+        first = await client.call_tool("export_report", report)
+        assert not first.is_error and "row 001999" in text(first)
+        assert_told_where(await client.call_tool("export_report", report))
+    assert len(executions(count_file, "export_report")) == 1
+
+
+def assert_told_where(again: CallToolResult) -> None:
+    """No result to give (none is passed off as the tool's): an error result whose note
+    says the operation completed, and where its result came from."""
+    note = text(again)
+    assert again.is_error, note
+    assert "already completed" in note and "too large to store" in note, note
+    assert "run " in note and "call " in note and "SHA-256" in note, note
+    assert "row 0" not in note and again.structured_content is None
 
 
 async def test_an_operator_cancel_ends_the_session(stack: Stack, count_file: pathlib.Path) -> None:

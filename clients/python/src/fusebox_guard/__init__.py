@@ -23,6 +23,7 @@ from .errors import (
     GuardUnavailable,
     NoResponders,
     Refused,
+    RunExists,
     RunStopped,
     TransportError,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "ResultKind",
     "ResultMode",
     "Run",
+    "RunExists",
     "RunStopped",
     "StopReport",
     "StopWatch",

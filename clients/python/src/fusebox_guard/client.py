@@ -103,7 +103,8 @@ class Fusebox:
         timeout_s: float | None = None,
     ) -> Run:
         """A handle for run `run_id` (not started: `await run.start()`, or use
-        `start_run`). Use a fresh id per run: ids and `seq` start at 1 per handle."""
+        `start_run`). Use a fresh id per run: ids and `seq` start at 1 per handle, and
+        starting an id the daemon already has raises `RunExists`."""
         return Run(
             self,
             check_id("run", run_id, 128),

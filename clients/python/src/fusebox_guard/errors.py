@@ -58,6 +58,18 @@ class Refused(FuseboxError):
         self.event_id = event_id
 
 
+class RunExists(Refused):
+    """`Run.start` for a run id the daemon already has events of: another process (a
+    restarted worker) reusing it. Refused, so this process is never answered with the old
+    one's decisions; start the run under a new run id."""
+
+    def __init__(self, tenant: str, run: str, message: str, event_id: str | None = None) -> None:
+        super().__init__("run_exists", message, event_id)
+        self.args = (f"run {tenant}/{run} already exists: {message}; start it under a new run id",)
+        self.tenant = tenant
+        self.run = run
+
+
 class BadAnswer(FuseboxError):
     """The daemon's answer was not a decision (a version mismatch, or not fuseboxd)."""
 

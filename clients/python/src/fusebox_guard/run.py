@@ -7,6 +7,11 @@ would stall the run: an event whose delivery failed stays queued and is re-sent,
 same id and bytes, before anything newer (the daemon's dedup answers a re-sent event it
 already applied with the original decision). One lock per run keeps sends in order, so
 parallel tool calls of one turn are gated one after the other.
+
+The one id that is not `<run>-<seq>` is `run_started`'s, `<run>-1.<nonce of this Run>`,
+sent inline: a second process starting a run id the daemon already has (a restarted
+worker) is refused with `RunExists` instead of being answered the old process's
+decisions from the dedup.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import FuseboxError, GuardUnavailable, Refused, RunStopped
+from .errors import FuseboxError, GuardUnavailable, Refused, RunExists, RunStopped
 from .gate import Gate
 from .killswitch import StopWatch
 from .types import Action, Decision, Effect, GateOnError, ResultKind, ResultMode, StopReport, Usage
@@ -74,6 +80,10 @@ class Run:
         self._watch: StopWatch | None = None
         self._stop: Decision | None = None
         self._started = False
+        self._nonce = secrets.token_hex(6)
+        #: Set once the daemon said this run id belongs to another process: nothing more
+        #: is sent (a later id would be the other process's, answered from the dedup).
+        self._exists: RunExists | None = None
         #: Why `run_started` is not delivered yet (it is re-sent with the next event).
         self.start_error: GuardUnavailable | None = None
 
@@ -96,7 +106,11 @@ class Run:
         if self.policy is not None:
             started["policy"] = self.policy
         try:
-            await self._observe("run_started", started)
+            # Inline whatever the result mode: a refusal must reach the caller.
+            await self._send("run_started", started, inline=True)
+        except Refused:
+            await self.close()
+            raise
         except GuardUnavailable as err:
             # Queued: re-sent before the run's first gate, which decides (gate_on_error)
             # what the agent may do meanwhile.
@@ -282,6 +296,8 @@ class Run:
 
     async def _send(self, type: str, body: dict[str, Any], *, inline: bool) -> Decision | None:
         async with self._lock:
+            if self._exists is not None:
+                raise self._exists
             queued = self._make(type, body, inline)
             self._queue.append(queued)
             await self._flush()
@@ -290,6 +306,8 @@ class Run:
     def _make(self, type: str, body: dict[str, Any], inline: bool) -> _Queued:
         self._seq += 1
         event_id = f"{self.id}-{self._seq}"
+        if type == "run_started":
+            event_id += f".{self._nonce}"
         event = {
             "v": 1,
             "id": event_id,
@@ -312,6 +330,15 @@ class Run:
             try:
                 decision = await self._deliver(head)
             except Refused as err:
+                if err.reason == "run_exists":
+                    # run_started was queued (the daemon was unreachable at start) and the
+                    # run id is another process's: fail everything, send nothing more.
+                    self._exists = RunExists(self.tenant, self.id, err.message, err.event_id)
+                    for queued in self._queue:
+                        if not queued.done.done():
+                            queued.done.set_exception(self._exists)
+                    self._queue.clear()
+                    return
                 # Not applied: give its seq to the events behind it.
                 self._queue.pop(0)
                 self._renumber(head.seq)

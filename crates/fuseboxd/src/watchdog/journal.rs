@@ -387,7 +387,7 @@ mod tests {
             .iter()
             .filter_map(|f| match f {
                 Fact::InstanceLaunched(l) => l.instance_id[2..].parse().ok(),
-                Fact::RunEnded(_) => None,
+                _ => None,
             })
             .collect()
     }
@@ -474,7 +474,7 @@ mod tests {
             .filter(|f| matches!(f, Fact::InstanceLaunched(l) if l.ts_ms + LIVE >= next))
             .map(|f| match f {
                 Fact::InstanceLaunched(l) => (l.ts_ms, f.clone()),
-                Fact::RunEnded(_) => unreachable!(),
+                _ => unreachable!(),
             })
             .collect();
         let journal = opened.journal;

@@ -6,11 +6,13 @@
 //! * start: facts are read back from the journal and the timers rebuilt, permissions are
 //!   checked with EC2's DryRun flag, then the watchdog sweeps once and serves its timers;
 //! * outcomes out: through a channel to [`outcomes::publish`] (journal, NATS, metrics);
-//! * gauges: copied into `fusebox-metrics` every second.
+//! * gauges: copied into `fusebox-metrics` every second;
+//! * `fusebox.control.watchdog`: status, and an operator's resume of a halt ([`control`]).
 //!
 //! Missing AWS credentials are not fatal: the watchdog says so and retries every sweep,
 //! and the guard runs regardless.
 
+mod control;
 mod feed;
 mod journal;
 mod outcomes;
@@ -49,6 +51,7 @@ pub struct Running {
     stop: watch::Sender<bool>,
     engine: JoinHandle<()>,
     stats: JoinHandle<()>,
+    control: JoinHandle<()>,
     stop_publisher: oneshot::Sender<()>,
     publisher: JoinHandle<()>,
 }
@@ -108,10 +111,20 @@ pub async fn start(
         received,
         publisher_stopped,
         journal.clone(),
-        client,
+        client.clone(),
         metrics.clone(),
     ));
     let (stop, stopped) = watch::channel(false);
+    if let Some(halted) = wd.halted() {
+        tracing::error!(since_ms = halted.at_ms, why = %halted.why,
+            "the watchdog starts HALTED (journaled): it terminates nothing until `fusebox watchdog resume`");
+    }
+    let control = tokio::spawn(control::serve(
+        client,
+        wd.clone(),
+        journal.clone(),
+        stopped.clone(),
+    ));
     let engine = tokio::spawn(serve(wd.clone(), stopped.clone()));
     let stats = tokio::spawn(copy_stats(
         wd.clone(),
@@ -125,6 +138,7 @@ pub async fn start(
         stop,
         engine,
         stats,
+        control,
         stop_publisher,
         publisher,
     };
@@ -139,6 +153,7 @@ impl Running {
             tracing::error!(%err, "watchdog task failed");
         }
         let _ = self.stats.await;
+        let _ = self.control.await;
         let _ = self.stop_publisher.send(());
         if let Err(err) = self.publisher.await {
             tracing::error!(%err, "watchdog publisher failed");
@@ -256,6 +271,7 @@ async fn copy_stats(
             *seen = (*seen).max(*total);
         }
         metrics.set_watchdog_terminations_held(s.held_last_pass);
+        metrics.set_watchdog_halted(s.halted);
         for (reason, total) in &s.held_total_by_reason {
             let seen = held_seen.entry(reason.clone()).or_default();
             if *total > *seen {

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use fusebox_metrics::Metrics;
-use fusebox_watchdog::{BlastRadiusAlert, Outcome, ProtectedInstance, Termination, WatchdogSink};
+use fusebox_watchdog::{
+    BlastRadiusAlert, Fact, Halted, Outcome, ProtectedInstance, Termination, WatchdogSink,
+};
 use tokio::sync::{mpsc, oneshot};
 
 use super::journal::{Entry, Journal};
@@ -17,6 +19,8 @@ pub enum Record {
     Termination(Termination),
     Protected(ProtectedInstance),
     BlastRadius(BlastRadiusAlert),
+    /// Journaled as a fact: read back at start, so the watchdog starts halted.
+    Halted(Fact),
 }
 
 pub struct ChannelSink(pub mpsc::UnboundedSender<Record>);
@@ -40,6 +44,9 @@ impl WatchdogSink for ChannelSink {
     }
     fn blast_radius(&self, a: &BlastRadiusAlert) {
         self.send(Record::BlastRadius(a.clone()));
+    }
+    fn halted(&self, h: &Halted) {
+        self.send(Record::Halted(Fact::Halted(h.clone())));
     }
 }
 
@@ -77,6 +84,7 @@ async fn handle(
             Record::Termination(termination) => Entry::Termination { termination },
             Record::Protected(protected) => Entry::Protected { protected },
             Record::BlastRadius(alert) => Entry::BlastRadius { alert },
+            Record::Halted(fact) => Entry::Fact { fact },
         };
         let written = journal.append(&[entry]);
         (record, written)
@@ -115,6 +123,10 @@ async fn handle(
             instance = %p.instance_id,
             reason = %p.reason,
             "overdue instance kept alive by fusebox:protect (journaled)"
+        ),
+        Record::Halted(fact) => tracing::error!(
+            ?fact,
+            "watchdog halted (journaled): it terminates nothing until `fusebox watchdog resume`"
         ),
         Record::BlastRadius(a) => {
             metrics.watchdog_blast_radius_limited();
