@@ -484,6 +484,12 @@ fn give_up(
     change: Change,
 ) {
     let _ = owned.stop.send(true);
+    if let Change::Lost(why) = &change {
+        // Logged now, not once drained: told to stop, the service takes no more input
+        // (what it still answers was received before), while its drain may wait minutes
+        // for kill-switch publishes to an unreachable NATS.
+        tracing::warn!(partition, why, "partition lost; stopped serving it");
+    }
     let drained = drain(
         shared.clone(),
         leases.clone(),
@@ -515,7 +521,6 @@ async fn drain(
     };
     shared.metrics.cluster_partition_change(label);
     if label == "lost" {
-        tracing::warn!(partition, why, "partition lost; stopped serving it");
         return stuck;
     }
     match within(RELEASE_WAIT, leases.release(partition, owned.lease)).await {
