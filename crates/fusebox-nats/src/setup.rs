@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
-use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::context::{CreateStreamErrorKind, GetStreamErrorKind};
 use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, StorageType};
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::{self, Context};
@@ -156,12 +156,27 @@ pub async fn ensure_stream(
                 if js_err.error_code() == ErrorCode::STREAM_NOT_FOUND =>
             {
                 let name = want.name.clone();
-                js.create_stream(want)
-                    .await
-                    .map_err(|e| SetupError::StreamConflict {
-                        stream: name,
+                let retry = |detail: String| SetupError::Request {
+                    what: format!("stream {name}"),
+                    detail,
+                };
+                js.create_stream(want).await.map_err(|e| match e.kind() {
+                    // A cluster still forming (or electing) has no peers to place the
+                    // stream on yet: a request to make again, not a conflict.
+                    CreateStreamErrorKind::JetStream(js_err)
+                        if js_err.error_code() == ErrorCode::CLUSTER_NO_PEERS =>
+                    {
+                        retry(format!("creating it failed: {e}"))
+                    }
+                    CreateStreamErrorKind::TimedOut
+                    | CreateStreamErrorKind::JetStreamUnavailable => {
+                        retry(format!("creating it failed: {e}"))
+                    }
+                    _ => SetupError::StreamConflict {
+                        stream: name.clone(),
                         detail: format!("creating it failed: {e}"),
-                    })
+                    },
+                })
             }
             GetStreamErrorKind::JetStream(js_err)
                 if js_err.error_code() == ErrorCode::JETSTREAM_NOT_ENABLED
