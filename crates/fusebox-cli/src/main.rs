@@ -23,6 +23,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 /// thread-local free lists make that markedly cheaper than glibc's malloc.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use fusebox_client::parse_duration;
 use fusebox_core::Preset;
 
 #[derive(Parser)]
@@ -71,22 +72,6 @@ struct WatchdogControl {
     /// Who resumes the watchdog (journaled with the resume); default $USER.
     #[arg(long)]
     by: Option<String>,
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?}: expected e.g. 500ms, 5s, 2m"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{text:?}: expected e.g. 500ms, 5s, 2m")),
-    }
 }
 
 #[derive(Subcommand)]

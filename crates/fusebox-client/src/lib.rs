@@ -24,6 +24,7 @@
 
 pub mod bench;
 mod client;
+mod duration;
 mod error;
 mod ledger;
 mod ops;
@@ -33,6 +34,7 @@ mod settings;
 mod stop;
 
 pub use client::{ClientOptions, FuseboxClient, Gate, GateOnError};
+pub use duration::parse_duration;
 pub use error::ClientError;
 pub use ledger::{LedgerView, Resolve};
 pub use ops::{parse_run_ref, DecisionTail, RunsListing};

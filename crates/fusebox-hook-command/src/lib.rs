@@ -29,7 +29,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Subcommand, ValueEnum};
-use fusebox_client::{ClientError, ClientOptions, Gate, GateOnError};
+use fusebox_client::{parse_duration, ClientError, ClientOptions, Gate, GateOnError};
 use fusebox_hook::claude_code::Outcome;
 
 use connection::Connection;
@@ -343,21 +343,4 @@ pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// A duration flag: `500ms`, `5s` (or `5`), `2m`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?}: expected e.g. 500ms, 5s, 2m"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{text:?}: expected e.g. 500ms, 5s, 2m")),
-    }
 }

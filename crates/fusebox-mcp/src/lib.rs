@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fusebox_client::{ClientOptions, FuseboxClient, GateOnError};
+use fusebox_client::{parse_duration, ClientOptions, FuseboxClient, GateOnError};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
@@ -109,22 +109,6 @@ pub struct McpArgs {
 pub enum OnGuardError {
     Deny,
     Allow,
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?}: expected e.g. 500ms, 5s, 2m"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{text:?}: expected e.g. 500ms, 5s, 2m")),
-    }
 }
 
 /// Runs the gateway until the agent goes away (stdio) or the process is stopped (HTTP).
@@ -261,17 +245,4 @@ async fn serve_http(settings: Arc<Settings>, addr: SocketAddr) -> Result<(), Str
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| format!("HTTP server failed: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("soon").is_err());
-    }
 }
