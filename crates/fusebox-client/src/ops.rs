@@ -7,7 +7,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_nats::Subscriber;
 use fusebox_core::Decision;
 use fusebox_nats::subjects::{self, ControlVerb};
-use fusebox_nats::wire::{CancelRequest, PartitionRuns, ResumeRequest, RunStatusReply, RunSummary};
+use fusebox_nats::wire::{
+    CancelRequest, PartitionRuns, ResumeRequest, RunStatusReply, RunSummary, WatchdogStatus,
+};
 use futures_util::StreamExt;
 use serde_json::Value;
 
@@ -147,6 +149,13 @@ impl FuseboxClient {
         let mut runs: Vec<RunSummary> = partitions.into_values().flatten().collect();
         runs.sort_by(|a, b| (&a.tenant, &a.run).cmp(&(&b.tenant, &b.run)));
         Ok(RunsListing { runs, unanswered })
+    }
+
+    /// The cloud watchdog's instances with their deadlines and its recent terminations
+    /// (the first daemon to answer; each daemon of a cluster watches the same clouds).
+    pub async fn watchdog_status(&self) -> Result<WatchdogStatus, ClientError> {
+        self.request(subjects::CONTROL_WATCHDOG.to_owned(), Vec::new())
+            .await
     }
 
     /// One run's state, counters, stop report and latest decisions (`fusebox run T/R`).

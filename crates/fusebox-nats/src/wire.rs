@@ -286,3 +286,62 @@ pub struct RunHistory {
     /// More entries follow the last one (ask again with `after`).
     pub more: bool,
 }
+
+/// The answer of `fusebox.control.watchdog`: what the daemon's cloud watchdog holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatchdogStatus {
+    /// `false` when `[watchdog] enabled = false` (then nothing else is filled).
+    pub enabled: bool,
+    /// Every managed instance the cloud lists now, soonest deadline first (finished ones
+    /// last), as `fusebox watchdog list` shows them.
+    #[serde(default)]
+    pub instances: Vec<WatchdogInstance>,
+    /// Regions the cloud could not list, with the error.
+    #[serde(default)]
+    pub region_errors: std::collections::BTreeMap<String, String>,
+    /// The latest terminations (and dry-run or failed attempts), newest first: the
+    /// records published on `fusebox.watchdog.<tenant>.terminated`.
+    #[serde(default)]
+    pub terminations: Vec<WatchdogTermination>,
+}
+
+/// One managed instance with its deadline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatchdogInstance {
+    pub region: String,
+    pub instance_id: String,
+    /// The cloud's state name (`pending`, `running`, `stopped`, `terminated`, …).
+    pub state: String,
+    pub tenant: Option<String>,
+    pub run: Option<String>,
+    pub launch_ms: Option<u64>,
+    /// When it must be gone, Unix ms, and which limit says so (`deadline`,
+    /// `max_lifetime`, `run_ended`); `None` when nothing is known yet.
+    pub deadline_ms: Option<u64>,
+    pub reason: Option<String>,
+    /// Until the deadline; negative when overdue.
+    pub time_left_ms: Option<i64>,
+    /// `fusebox:protect=true`: reported, never terminated.
+    pub protected: bool,
+    pub done: bool,
+    #[serde(default)]
+    pub tag_problems: Vec<String>,
+}
+
+/// One termination record, as published on `fusebox.watchdog.<tenant>.terminated`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatchdogTermination {
+    pub tenant: Option<String>,
+    pub run: Option<String>,
+    pub provider: String,
+    pub region: String,
+    pub instance_id: String,
+    /// `deadline`, `max_lifetime`, `run_ended` or `leftover`.
+    pub reason: String,
+    pub deadline_ms: u64,
+    pub at_ms: u64,
+    pub dry_run: bool,
+    /// `terminated`, `already_gone`, `would_terminate`, `termination_protected`, `failed`.
+    pub outcome: String,
+    pub error: Option<String>,
+}

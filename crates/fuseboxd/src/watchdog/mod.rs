@@ -6,7 +6,9 @@
 //! * start: facts are read back from the journal and the timers rebuilt, permissions are
 //!   checked with EC2's DryRun flag, then the watchdog sweeps once and serves its timers;
 //! * outcomes out: through a channel to [`outcomes::publish`] (journal, NATS, metrics);
-//! * gauges: copied into `fusebox-metrics` every second.
+//! * gauges: copied into `fusebox-metrics` every second;
+//! * questions: [`query::serve`] answers `fusebox.control.watchdog` (instances with their
+//!   deadlines, recent terminations), also when the watchdog is disabled (saying so).
 //!
 //! Missing AWS credentials are not fatal: the watchdog says so and retries every sweep,
 //! and the guard runs regardless.
@@ -14,6 +16,7 @@
 mod feed;
 mod journal;
 mod outcomes;
+mod query;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -63,6 +66,7 @@ pub async fn start(
 ) -> Result<Option<(Running, Arc<dyn FactSink>)>, WatchdogError> {
     if !cfg.enabled {
         tracing::info!("cloud watchdog disabled ([watchdog] enabled = false)");
+        tokio::spawn(query::serve(client, None));
         return Ok(None);
     }
     let opened = Journal::open(data_dir).map_err(|source| WatchdogError::Journal {
@@ -70,6 +74,7 @@ pub async fn start(
         source,
     })?;
     let journal = Arc::new(opened.journal);
+    let recent = query::Recent::from_journal(opened.termination_records);
     let regions: Vec<&str> = cfg.regions.iter().map(String::as_str).collect();
     metrics.init_watchdog_regions(&regions);
     metrics.init_watchdog_api_ops(&["DescribeInstances", "TerminateInstances"]);
@@ -108,9 +113,12 @@ pub async fn start(
         received,
         publisher_stopped,
         journal.clone(),
-        client,
+        client.clone(),
         metrics.clone(),
+        recent.clone(),
     ));
+    // Ends when the connection is drained at shutdown.
+    tokio::spawn(query::serve(client, Some((wd.clone(), recent))));
     let (stop, stopped) = watch::channel(false);
     let engine = tokio::spawn(serve(wd.clone(), stopped.clone()));
     let stats = tokio::spawn(copy_stats(
