@@ -8,7 +8,8 @@
 #   - the npm packages of the tests (tests/npm/), when there are any, and of the
 #     TypeScript client (clients/typescript/);
 #   - libfaketime and iproute2, for the fault suites (tests/faults.rs);
-#   - Debian's chromium, for the browser suite of the operator's page (tests/ui/).
+#   - Debian's chromium, for the browser suite of the operator's page (tests/ui/);
+#   - Debian's firefox-esr, for the same page's Firefox checks (tests/ui/firefox.test.mjs).
 # Idempotent and quick when nothing changed: each step is skipped while its inputs'
 # hash matches the one recorded when it last succeeded.
 set -euo pipefail
@@ -32,6 +33,9 @@ command -v ip >/dev/null 2>&1 || packages+=(iproute2)
 # Debian's chromium: the operator's page is tested in it, headless (tests/ui/), driven by
 # playwright-core from tests/npm (Playwright's own browser download is not used).
 command -v chromium >/dev/null 2>&1 || packages+=(chromium)
+# Debian's firefox-esr: the page must work in Firefox too; puppeteer-core (tests/npm)
+# drives the stock build over WebDriver BiDi.
+command -v firefox-esr >/dev/null 2>&1 || packages+=(firefox-esr)
 if [ ${#packages[@]} -gt 0 ]; then
   log "apt-get install ${packages[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -12,7 +12,7 @@
 #   then the TypeScript client (clients/typescript): strict tsc, biome, node --test
 #   of the client and its adapters against the same real servers;
 #   and the browser suite in tests/ui/ — the operator's page (`fusebox ui`) in headless
-#                          chromium, against the same real servers.
+#                          chromium and firefox-esr, against the same real servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,3 +61,6 @@ node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)
 
 section "browser suite (tests/ui): the operator's page in headless chromium"
 node --test tests/ui/ui.test.mjs
+
+section "browser suite (tests/ui): the operator's page in headless Firefox (firefox-esr)"
+node --test tests/ui/firefox.test.mjs

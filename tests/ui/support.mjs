@@ -59,9 +59,10 @@ export function start(command, args, options = {}) {
   };
 }
 
-/** nats-server + fuseboxd, as the Python suites start them. */
-export async function startStack() {
-  const stack = start(path.join(BIN, 'fusebox-stack'), []);
+/** nats-server + fuseboxd, as the Python suites start them (`--moto`: with a moto_server
+ * the daemon's watchdog watches, sweeping every 2 s). */
+export async function startStack(args = []) {
+  const stack = start(path.join(BIN, 'fusebox-stack'), args);
   const line = await stack.line(/^\{/, 60000);
   return { ...JSON.parse(line), proc: stack };
 }
@@ -93,4 +94,26 @@ export function loopbackOf(url) {
   const u = new URL(url);
   u.hostname = '127.0.0.1';
   return u.origin;
+}
+
+/** RunInstances on moto (the EC2 Query API, as the AWS CLI sends it; moto checks no
+ * signature): one t3.micro with these tags; resolves with its instance id. */
+export async function launchInstance(motoUrl, tags) {
+  const form = new URLSearchParams({
+    Action: 'RunInstances', Version: '2016-11-15', ImageId: 'ami-12c6146b', InstanceType: 't3.micro',
+    MinCount: '1', MaxCount: '1', 'TagSpecification.1.ResourceType': 'instance',
+  });
+  Object.entries(tags).forEach(([key, value], i) => {
+    form.set(`TagSpecification.1.Tag.${i + 1}.Key`, key);
+    form.set(`TagSpecification.1.Tag.${i + 1}.Value`, value);
+  });
+  const response = await fetch(motoUrl, {
+    method: 'POST',
+    body: form,
+    headers: { authorization: 'AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=0' },
+  });
+  const xml = await response.text();
+  const id = xml.match(/<instanceId>(i-[0-9a-f]+)<\/instanceId>/);
+  if (!response.ok || !id) throw new Error(`RunInstances on moto: ${response.status}\n${xml}`);
+  return id[1];
 }

@@ -8,7 +8,7 @@ import { createRequire } from 'node:module';
 import os from 'node:os';
 import path from 'node:path';
 
-import { BIN, REPO, SHOTS, agent, cli, killAll, loopbackOf, start, startStack, startUi } from './support.mjs';
+import { BIN, REPO, SHOTS, agent, cli, killAll, launchInstance, loopbackOf, start, startStack, startUi } from './support.mjs';
 
 const require = createRequire(path.join(REPO, 'tests/npm/package.json'));
 const { chromium } = require('playwright-core');
@@ -18,7 +18,7 @@ let base;
 let browser;
 
 before(async () => {
-  stack = await startStack();
+  stack = await startStack(['--moto']);
   ({ url: base } = await startUi(['--nats-url', stack.nats_url, '--listen', '127.0.0.1:0', '--refresh-ms', '300', '--by', 'ui-test']));
   browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium' });
 });
@@ -170,6 +170,34 @@ test('ledger resolve from the page does what `fusebox ledger resolve` does', asy
   assert.deepEqual(byUi.result, byCli.result);
   await page.goto(`${base}runs/ui/hold-ui`);
   assert.match(await page.locator('#ledger').innerText(), /completed/);
+  await page.close();
+});
+
+test('the watchdog panel shows the held instances with deadline and reason, and the terminations', async () => {
+  const tags = (run, lifetime) => ({ 'fusebox:managed': 'true', 'fusebox:tenant': 'ui', 'fusebox:run': run, 'fusebox:max-lifetime': String(lifetime) });
+  const held = await launchInstance(stack.moto_url, tags('wd-held', 3600));
+  const page = await newPage();
+  await page.goto(`${base}watchdog`);
+  await page.evaluate(() => { window.notReloaded = true; });
+  const heldRow = page.locator(`#instances tr[data-instance="${held}"]`);
+  await heldRow.waitFor({ timeout: 20000 });
+  assert.equal(await heldRow.locator('td.reason').innerText(), 'max_lifetime');
+  const launchMs = Number(await heldRow.locator('td:nth-child(5) time').getAttribute('title'));
+  const deadlineMs = Number(await heldRow.locator('td.deadline time').getAttribute('title'));
+  assert.equal(deadlineMs - launchMs, 3600 * 1000, 'the deadline is launch + the max-lifetime tag');
+  assert.match(await heldRow.innerText(), /ui\/wd-held/);
+
+  // One second to live: the next sweep (every 2 s) terminates it, and it shows among
+  // the recent terminations without a reload.
+  const overdue = await launchInstance(stack.moto_url, tags('wd-overdue', 1));
+  const gone = page.locator(`#terminations tr[data-instance="${overdue}"]`);
+  await gone.waitFor({ timeout: 30000 });
+  assert.equal(await gone.locator('td.reason').innerText(), 'max_lifetime');
+  assert.match(await gone.locator('td.outcome').innerText(), /^terminated|already_gone/);
+  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
+  await page.locator(`#instances tr[data-instance="${overdue}"]`).waitFor({ state: 'detached', timeout: 10000 });
+  assert.equal(await heldRow.count(), 1, 'the held one is still held');
+  await page.screenshot({ path: path.join(SHOTS, 'watchdog.png'), fullPage: true });
   await page.close();
 });
 

@@ -156,6 +156,14 @@ impl FuseboxClient {
         Ok(RunsListing { runs, unanswered })
     }
 
+    /// The first daemon's watchdog answer: its state, its instances with their deadlines
+    /// and its recent terminations (each daemon of a cluster watches the same clouds), for
+    /// the operator's page, which does not wait for the others.
+    pub async fn watchdog_first(&self) -> Result<WatchdogReply, ClientError> {
+        self.request(subjects::CONTROL_WATCHDOG.to_owned(), Vec::new())
+            .await
+    }
+
     /// One run's state, counters, stop report and latest decisions (`fusebox run T/R`).
     pub async fn run_status(&self, tenant: &str, run: &str) -> Result<RunStatusReply, ClientError> {
         self.request(

@@ -33,6 +33,8 @@ pub(crate) async fn handle(inbound: &Inbound, message: async_nats::Message) {
     }
     let control_reply = reply.clone();
     let input = match parse_control(message.subject.as_str()) {
+        // The daemon's watchdog answers it on a subscription of its own.
+        Some(Control::Watchdog) => return,
         // A body asks for one page (the operator's page); none, for the whole list.
         Some(Control::Runs) if !is_blank(&message.payload) => runs_query(&message.payload)
             .map(|query| Input::Query {

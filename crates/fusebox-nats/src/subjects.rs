@@ -21,9 +21,10 @@ pub const CONTROL_FILTER: &str = "fusebox.control.>";
 pub const CONTROL_RUNS: &str = "fusebox.control.runs";
 /// Request/reply: the op_key ledger's entries (body: a `LedgerQuery`).
 pub const CONTROL_LEDGER: &str = "fusebox.control.ledger";
-/// The cloud watchdog's status and an operator's resume of a halted watchdog: answered
-/// by each daemon's watchdog itself (not partition-mapped: three tokens), never by the
-/// control service.
+/// Request/reply: the cloud watchdog's state (halted or running), its instances with
+/// their deadlines and its recent terminations, and an operator's resume of a halted
+/// watchdog (a `WatchdogRequest`, answered with a `WatchdogReply` by each daemon's
+/// watchdog itself: not partition-mapped, three tokens; the guard service leaves it alone).
 pub const CONTROL_WATCHDOG: &str = "fusebox.control.watchdog";
 /// Every notable decision of every run, for `fusebox tail`.
 pub const DECISIONS_FILTER: &str = "fusebox.decisions.>";
@@ -197,6 +198,7 @@ impl ControlVerb {
 pub enum Control<'a> {
     Runs,
     Ledger,
+    Watchdog,
     Run {
         tenant: &'a str,
         run: &'a str,
@@ -210,6 +212,9 @@ pub fn parse_control(subject: &str) -> Option<Control<'_>> {
     }
     if subject == CONTROL_LEDGER {
         return Some(Control::Ledger);
+    }
+    if subject == CONTROL_WATCHDOG {
+        return Some(Control::Watchdog);
     }
     let rest = subject.strip_prefix("fusebox.control.")?;
     let mut tokens = rest.split('.');
@@ -273,6 +278,7 @@ mod tests {
                 verb: ControlVerb::Status
             })
         );
+        assert_eq!(parse_control(CONTROL_WATCHDOG), Some(Control::Watchdog));
         let p = Scope::Partition { index: 5, of: 8 };
         assert_eq!(p.gate_filters(), ["fusebox.gate.*.5.*"]);
         assert_eq!(p.events_filter(), "fusebox.events.*.5.*");

@@ -301,7 +301,9 @@ pub struct WatchdogResume {
     pub by: String,
 }
 
-/// The answer on `fusebox.control.watchdog`: the watchdog's state after the request.
+/// The answer on `fusebox.control.watchdog`, one per daemon: the watchdog's state after
+/// the request (halted or not), what it holds (the instances with their deadlines) and
+/// its recent terminations.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WatchdogReply {
     /// Halted: terminating nothing until an operator resumes it.
@@ -316,4 +318,58 @@ pub struct WatchdogReply {
     pub resumed: bool,
     /// The answer in words.
     pub message: String,
+    /// `false` when `[watchdog] enabled = false` (then nothing else is filled).
+    pub enabled: bool,
+    /// Every managed instance the cloud lists now, soonest deadline first (finished ones
+    /// last), as `fusebox watchdog list` shows them.
+    #[serde(default)]
+    pub instances: Vec<WatchdogInstance>,
+    /// Regions the cloud could not list, with the error.
+    #[serde(default)]
+    pub region_errors: std::collections::BTreeMap<String, String>,
+    /// The latest terminations (and dry-run or failed attempts), newest first: the
+    /// records published on `fusebox.watchdog.<tenant>.terminated`.
+    #[serde(default)]
+    pub terminations: Vec<WatchdogTermination>,
+}
+
+/// One managed instance with its deadline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatchdogInstance {
+    pub region: String,
+    pub instance_id: String,
+    /// The cloud's state name (`pending`, `running`, `stopped`, `terminated`, …).
+    pub state: String,
+    pub tenant: Option<String>,
+    pub run: Option<String>,
+    pub launch_ms: Option<u64>,
+    /// When it must be gone, Unix ms, and which limit says so (`deadline`,
+    /// `max_lifetime`, `run_ended`); `None` when nothing is known yet.
+    pub deadline_ms: Option<u64>,
+    pub reason: Option<String>,
+    /// Until the deadline; negative when overdue.
+    pub time_left_ms: Option<i64>,
+    /// `fusebox:protect=true`: reported, never terminated.
+    pub protected: bool,
+    pub done: bool,
+    #[serde(default)]
+    pub tag_problems: Vec<String>,
+}
+
+/// One termination record, as published on `fusebox.watchdog.<tenant>.terminated`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatchdogTermination {
+    pub tenant: Option<String>,
+    pub run: Option<String>,
+    pub provider: String,
+    pub region: String,
+    pub instance_id: String,
+    /// `deadline`, `max_lifetime`, `run_ended` or `leftover`.
+    pub reason: String,
+    pub deadline_ms: u64,
+    pub at_ms: u64,
+    pub dry_run: bool,
+    /// `terminated`, `already_gone`, `would_terminate`, `termination_protected`, `failed`.
+    pub outcome: String,
+    pub error: Option<String>,
 }

@@ -108,7 +108,45 @@ async fn load(client: &FuseboxClient, tenant: &str, args: &Args) -> Result<(), S
         };
         ("long".to_owned(), json)
     });
-    let sent: Vec<Result<(), String>> = stream::iter(runs.chain(long))
+    // The many short runs concurrently; the long run's events one after another, in
+    // `seq` order: sent concurrently they arrive out of order, and the daemon holds each
+    // gap for its gap timeout.
+    send(client, tenant, runs, 512).await?;
+    send(client, tenant, long, 1).await?;
+    // Wait until the daemon applied them all. The long run's counters stop at its step
+    // budget (the guard stops it), its `last_seq` does not.
+    let want = args.runs + 1;
+    loop {
+        let query = RunsQuery {
+            tenant: Some(tenant.to_owned()),
+            limit: Some(1),
+            ..RunsQuery::default()
+        };
+        let view = client.runs_page(&query).await.map_err(|e| e.to_string())?;
+        let status = client.run_status(tenant, "long").await.ok();
+        let long_seq = status.and_then(|s| s.summary.last_seq).unwrap_or(0);
+        if view.page.matched >= want && long_seq >= args.events {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "loaded {} runs and a run of {} events in {:.1} s",
+        args.runs,
+        args.events,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Reports `events` (run, JSON) with up to `concurrency` in flight.
+async fn send(
+    client: &FuseboxClient,
+    tenant: &str,
+    events: impl Iterator<Item = (String, String)>,
+    concurrency: usize,
+) -> Result<(), String> {
+    let sent: Vec<Result<(), String>> = stream::iter(events)
         .map(|(run, json)| async move {
             let id = serde_json::from_str::<serde_json::Value>(&json).map_err(|e| e.to_string())?
                 ["id"]
@@ -120,32 +158,10 @@ async fn load(client: &FuseboxClient, tenant: &str, args: &Args) -> Result<(), S
                 .await
                 .map_err(|e| e.to_string())
         })
-        .buffered(512)
+        .buffered(concurrency)
         .collect()
         .await;
     sent.into_iter().collect::<Result<Vec<()>, String>>()?;
-    // Wait until the daemon applied them all.
-    let want = args.runs + 1;
-    loop {
-        let query = RunsQuery {
-            tenant: Some(tenant.to_owned()),
-            limit: Some(1),
-            ..RunsQuery::default()
-        };
-        let view = client.runs_page(&query).await.map_err(|e| e.to_string())?;
-        let status = client.run_status(tenant, "long").await.ok();
-        let long_events = status.map_or(0, |s| s.counters.events);
-        if view.page.matched >= want && long_events >= args.events {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    eprintln!(
-        "loaded {} runs and a run of {} events in {:.1} s",
-        args.runs,
-        args.events,
-        started.elapsed().as_secs_f64()
-    );
     Ok(())
 }
 

@@ -20,6 +20,7 @@ use crate::access::{Access, Caller};
 use crate::layout::problem;
 use crate::run_view::{run_live, run_page, RunPage};
 use crate::runs_view::{runs_live, runs_page, RunsParams};
+use crate::watchdog_view::{watchdog_live, watchdog_page};
 use crate::{actions_view, live};
 
 pub struct Ui {
@@ -45,6 +46,8 @@ pub fn router(ui: Shared) -> Router {
     Router::new()
         .route("/", get(runs))
         .route("/live/runs", get(live::runs))
+        .route("/watchdog", get(watchdog))
+        .route("/live/watchdog", get(live::watchdog))
         .route(run, get(one_run))
         .route(&format!("/live{run}"), get(live::run))
         .route(&format!("{run}/cancel"), get(cancel_form).post(cancel))
@@ -153,6 +156,24 @@ pub async fn runs_markup(ui: &Ui, params: &RunsParams, whole: bool) -> Result<St
 
 async fn runs(State(ui): State<Shared>, Query(params): Query<RunsParams>) -> Response {
     match runs_markup(&ui, &params.normalised(), true).await {
+        Ok(html) => Html(html).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// The watchdog page (or its live part), or the page that says why not.
+pub async fn watchdog_markup(ui: &Ui, whole: bool) -> Result<String, Response> {
+    let status = ui.client.watchdog_first().await.map_err(|e| trouble(&e))?;
+    let markup = if whole {
+        watchdog_page(&status)
+    } else {
+        watchdog_live(&status)
+    };
+    Ok(markup.into_string())
+}
+
+async fn watchdog(State(ui): State<Shared>) -> Response {
+    match watchdog_markup(&ui, true).await {
         Ok(html) => Html(html).into_response(),
         Err(response) => response,
     }

@@ -66,6 +66,7 @@ pub fn page(title: &str, body: Markup) -> Markup {
             body {
                 header {
                     a.home href="/" { "fusebox" }
+                    nav aria-label="Pages" { a href="/" { "Runs" } " · " a href="/watchdog" { "Watchdog" } }
                     span { (title) }
                     span #live .muted aria-live="polite" {}
                 }

@@ -3,7 +3,8 @@
 //! The operator's page (`fusebox ui`): every run fuseboxd knows, live, with filters and
 //! counts per state; one run's timeline, stop report and op_key ledger entries; and the
 //! buttons to cancel, resume and resolve, each confirmed and sent through the daemon's
-//! control API with the operator recorded as `by`. Server-rendered HTML (maud, escaped
+//! control API with the operator recorded as `by`; the cloud watchdog's held instances
+//! with their deadlines, and its recent terminations. Server-rendered HTML (maud, escaped
 //! by construction) with one small inline script for live updates over SSE; no build
 //! step. It only asks fuseboxd, over NATS with the operator's credentials exactly as
 //! the CLI connects, and shows what it is told.
@@ -15,6 +16,7 @@ mod layout;
 mod live;
 mod run_view;
 mod runs_view;
+mod watchdog_view;
 
 use std::io::Write;
 use std::net::SocketAddr;

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use tokio::sync::broadcast;
 
-use crate::app::{fetch_run, render_run, run_id, runs_markup, RunParams, Shared};
+use crate::app::{fetch_run, render_run, run_id, runs_markup, watchdog_markup, RunParams, Shared};
 use crate::runs_view::RunsParams;
 
 /// Which decisions wake a stream.
@@ -21,7 +21,13 @@ use crate::runs_view::RunsParams;
 enum Watch {
     Any,
     Run(String, String),
+    /// None: the stream wakes on its period alone.
+    Nothing,
 }
+
+/// The watchdog page asks the cloud (DescribeInstances per region) each time: its
+/// period is at least this, whatever `--refresh-ms` says.
+const WATCHDOG_REFRESH_MIN: Duration = Duration::from_secs(2);
 
 /// Decisions that arrive together are answered with one render.
 const SETTLE: Duration = Duration::from_millis(100);
@@ -39,6 +45,7 @@ async fn wake(
                 let ours = match watch {
                     Watch::Any => true,
                     Watch::Run(t, r) => *t == tenant && *r == run,
+                    Watch::Nothing => false,
                 };
                 if ours {
                     tokio::time::sleep(SETTLE).await;
@@ -59,6 +66,7 @@ async fn wake(
 fn stream<F, Fut>(
     ui: Shared,
     watch: Watch,
+    refresh: Duration,
     first: String,
     render: F,
 ) -> impl Stream<Item = Result<Event, Infallible>>
@@ -73,7 +81,7 @@ where
             let watch = watch.clone();
             async move {
                 loop {
-                    wake(&mut decisions, &watch, ui.refresh).await;
+                    wake(&mut decisions, &watch, refresh).await;
                     // fuseboxd unreachable for a moment: keep what is shown, try again.
                     let Some(html) = render(ui.clone()).await else {
                         continue;
@@ -100,7 +108,7 @@ pub async fn runs(State(ui): State<Shared>, Query(params): Query<RunsParams>) ->
         let params = params.clone();
         async move { runs_markup(&ui, &params, false).await.ok() }
     };
-    Sse::new(stream(ui.clone(), Watch::Any, first, render))
+    Sse::new(stream(ui.clone(), Watch::Any, ui.refresh, first, render))
         .keep_alive(KeepAlive::default())
         .into_response()
 }
@@ -128,7 +136,20 @@ pub async fn run(
             Some(render_run(&tenant, &run, after, &data, false))
         }
     };
-    Sse::new(stream(ui.clone(), watch, first, render))
+    Sse::new(stream(ui.clone(), watch, ui.refresh, first, render))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// `/live/watchdog`: the held instances and the recent terminations.
+pub async fn watchdog(State(ui): State<Shared>) -> Response {
+    let first = match watchdog_markup(&ui, false).await {
+        Ok(html) => html,
+        Err(response) => return response,
+    };
+    let render = |ui: Shared| async move { watchdog_markup(&ui, false).await.ok() };
+    let refresh = ui.refresh.max(WATCHDOG_REFRESH_MIN);
+    Sse::new(stream(ui.clone(), Watch::Nothing, refresh, first, render))
         .keep_alive(KeepAlive::default())
         .into_response()
 }

@@ -1,5 +1,6 @@
-//! `fusebox.control.watchdog`: the watchdog's status, and an operator's resume of a
-//! watchdog halted by `on_blast_radius = "halt"` (`fusebox watchdog resume`).
+//! `fusebox.control.watchdog`: the watchdog's status (halted or not, what it holds, its
+//! recent terminations: `query.rs`), and an operator's resume of a watchdog halted by
+//! `on_blast_radius = "halt"` (`fusebox watchdog resume`).
 //!
 //! A resume is a fact like a launch: journaled (fsync) and recorded under the journal's
 //! lock before it is answered, so it holds across a restart. A plain subscription, not a
@@ -15,11 +16,20 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 
 use super::journal::{Entry, Journal};
+use super::query::{self, Recent};
 
+/// The watchdog a daemon runs, as the control subject needs it.
+pub struct Controlled {
+    pub wd: Watchdog<Ec2Provider>,
+    pub journal: Arc<Journal>,
+    pub recent: Recent,
+}
+
+/// Answers `fusebox.control.watchdog` until `stop`; `None`: the watchdog is disabled
+/// (`[watchdog] enabled = false`), and every answer says so.
 pub async fn serve(
     client: async_nats::Client,
-    wd: Watchdog<Ec2Provider>,
-    journal: Arc<Journal>,
+    watchdog: Option<Controlled>,
     stop: watch::Receiver<bool>,
 ) {
     let mut requests = match client.subscribe(CONTROL_WATCHDOG).await {
@@ -42,7 +52,10 @@ pub async fn serve(
         let Some(reply) = message.reply.clone() else {
             continue;
         };
-        let answer = answer(&wd, &journal, &message.payload).await;
+        let answer = match &watchdog {
+            Some(watchdog) => answer(watchdog, &message.payload).await,
+            None => disabled(),
+        };
         let body = serde_json::to_vec(&answer).expect("replies serialise");
         if let Err(err) = client.publish(reply, body.into()).await {
             tracing::warn!(%err, "cannot answer a watchdog control request");
@@ -50,11 +63,29 @@ pub async fn serve(
     }
 }
 
-async fn answer(
-    wd: &Watchdog<Ec2Provider>,
-    journal: &Arc<Journal>,
-    payload: &[u8],
-) -> WatchdogReply {
+fn disabled() -> WatchdogReply {
+    WatchdogReply {
+        halted: false,
+        halted_since_ms: None,
+        why: None,
+        resumed: false,
+        message: "the cloud watchdog is disabled ([watchdog] enabled = false)".to_owned(),
+        enabled: false,
+        instances: Vec::new(),
+        region_errors: Default::default(),
+        terminations: Vec::new(),
+    }
+}
+
+async fn answer(watchdog: &Controlled, payload: &[u8]) -> WatchdogReply {
+    let mut reply = decide(watchdog, payload).await;
+    query::fill(&mut reply, watchdog.wd.inventory().await, &watchdog.recent);
+    reply
+}
+
+/// The request's effect, and the watchdog's state after it.
+async fn decide(watchdog: &Controlled, payload: &[u8]) -> WatchdogReply {
+    let (wd, journal) = (&watchdog.wd, &watchdog.journal);
     let request: WatchdogRequest = if payload.iter().all(u8::is_ascii_whitespace) {
         WatchdogRequest::default()
     } else {
@@ -125,5 +156,9 @@ fn status(wd: &Watchdog<Ec2Provider>, message: String) -> WatchdogReply {
         why: halted.map(|h| h.why),
         resumed: false,
         message,
+        enabled: true,
+        instances: Vec::new(),
+        region_errors: Default::default(),
+        terminations: Vec::new(),
     }
 }

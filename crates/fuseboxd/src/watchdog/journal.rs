@@ -73,6 +73,8 @@ struct StoredLine {
     record: String,
     fact: Option<Fact>,
     header: Option<Header>,
+    /// Kept as it was written: a record of an older shape must not make the line unreadable.
+    termination: Option<serde_json::Value>,
 }
 
 /// A journal's lines, sorted out.
@@ -83,6 +85,8 @@ struct Contents {
     /// Outcome lines (anything but facts and the header), verbatim.
     outcomes: Vec<String>,
     terminations: usize,
+    /// The termination records, oldest first.
+    termination_records: Vec<serde_json::Value>,
     lines: usize,
 }
 
@@ -107,6 +111,7 @@ fn read_contents(path: &Path, text: &str) -> Contents {
             Ok(stored) => {
                 if stored.record == "termination" {
                     c.terminations += 1;
+                    c.termination_records.extend(stored.termination);
                 }
                 c.outcomes.push(line.to_owned());
             }
@@ -140,6 +145,8 @@ pub struct Opened {
     pub facts: Vec<Fact>,
     /// Termination records in its whole history, compacted ones included.
     pub terminations: usize,
+    /// The termination records still in it, oldest first (for `fusebox.control.watchdog`).
+    pub termination_records: Vec<serde_json::Value>,
 }
 
 /// What one compaction did.
@@ -203,6 +210,7 @@ impl Journal {
             },
             facts: contents.facts,
             terminations: contents.header.terminations_dropped + contents.terminations,
+            termination_records: contents.termination_records,
         })
     }
 
@@ -459,6 +467,10 @@ mod tests {
         let opened = Journal::open_with(dir.path(), 100).unwrap();
         assert_eq!(opened.terminations, (last + 1 - LIVE) as usize);
         assert_eq!(instance_ids(&opened.facts).len(), LIVE as usize);
+        // The kept termination records are read back whole, oldest first.
+        assert_eq!(opened.termination_records.len(), KEEP_OUTCOMES);
+        let newest = opened.termination_records.last().unwrap();
+        assert!(newest["instance_id"].is_string(), "{newest}");
     }
 
     const CHILD: &str = "FUSEBOX_JOURNAL_KILL_CHILD";

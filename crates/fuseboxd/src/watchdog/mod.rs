@@ -7,7 +7,9 @@
 //!   checked with EC2's DryRun flag, then the watchdog sweeps once and serves its timers;
 //! * outcomes out: through a channel to [`outcomes::publish`] (journal, NATS, metrics);
 //! * gauges: copied into `fusebox-metrics` every second;
-//! * `fusebox.control.watchdog`: status, and an operator's resume of a halt ([`control`]).
+//! * `fusebox.control.watchdog`: status (halted or not, the instances with their
+//!   deadlines, recent terminations), and an operator's resume of a halt ([`control`]);
+//!   answered also when the watchdog is disabled, saying so.
 //!
 //! Missing AWS credentials are not fatal: the watchdog says so and retries every sweep,
 //! and the guard runs regardless.
@@ -16,6 +18,7 @@ mod control;
 mod feed;
 mod journal;
 mod outcomes;
+mod query;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -66,6 +69,8 @@ pub async fn start(
 ) -> Result<Option<(Running, Arc<dyn FactSink>)>, WatchdogError> {
     if !cfg.enabled {
         tracing::info!("cloud watchdog disabled ([watchdog] enabled = false)");
+        // Ends when the connection is drained at shutdown.
+        tokio::spawn(control::serve(client, None, watch::channel(false).1));
         return Ok(None);
     }
     let opened = Journal::open(data_dir).map_err(|source| WatchdogError::Journal {
@@ -73,6 +78,7 @@ pub async fn start(
         source,
     })?;
     let journal = Arc::new(opened.journal);
+    let recent = query::Recent::from_journal(opened.termination_records);
     let regions: Vec<&str> = cfg.regions.iter().map(String::as_str).collect();
     metrics.init_watchdog_regions(&regions);
     metrics.init_watchdog_api_ops(&["DescribeInstances", "TerminateInstances"]);
@@ -113,18 +119,19 @@ pub async fn start(
         journal.clone(),
         client.clone(),
         metrics.clone(),
+        recent.clone(),
     ));
     let (stop, stopped) = watch::channel(false);
     if let Some(halted) = wd.halted() {
         tracing::error!(since_ms = halted.at_ms, why = %halted.why,
             "the watchdog starts HALTED (journaled): it terminates nothing until `fusebox watchdog resume`");
     }
-    let control = tokio::spawn(control::serve(
-        client,
-        wd.clone(),
-        journal.clone(),
-        stopped.clone(),
-    ));
+    let controlled = control::Controlled {
+        wd: wd.clone(),
+        journal: journal.clone(),
+        recent,
+    };
+    let control = tokio::spawn(control::serve(client, Some(controlled), stopped.clone()));
     let engine = tokio::spawn(serve(wd.clone(), stopped.clone()));
     let stats = tokio::spawn(copy_stats(
         wd.clone(),

@@ -14,6 +14,7 @@ use fusebox_watchdog::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::journal::{Entry, Journal};
+use super::query::Recent;
 
 pub enum Record {
     Termination(Termination),
@@ -57,18 +58,19 @@ pub async fn publish(
     journal: Arc<Journal>,
     client: async_nats::Client,
     metrics: Arc<Metrics>,
+    recent: Recent,
 ) {
     loop {
         tokio::select! {
             biased;
             Some(record) = records.recv() => {
-                handle(record, &journal, &client, &metrics).await;
+                handle(record, &journal, &client, &metrics, &recent).await;
             }
             _ = &mut stop => break,
         }
     }
     while let Ok(record) = records.try_recv() {
-        handle(record, &journal, &client, &metrics).await;
+        handle(record, &journal, &client, &metrics, &recent).await;
     }
 }
 
@@ -77,6 +79,7 @@ async fn handle(
     journal: &Arc<Journal>,
     client: &async_nats::Client,
     metrics: &Metrics,
+    recent: &Recent,
 ) {
     let journal = journal.clone();
     let (record, written) = tokio::task::spawn_blocking(move || {
@@ -109,6 +112,7 @@ async fn handle(
             if t.outcome == Outcome::Terminated {
                 metrics.watchdog_termination(t.reason.as_str(), &t.region);
             }
+            recent.record(&t);
             match serde_json::to_vec(&t) {
                 Ok(payload) => {
                     if let Err(err) = client.publish(t.subject(), payload.into()).await {
