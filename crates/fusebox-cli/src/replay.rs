@@ -10,9 +10,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use fusebox_core::{
-    parse_event_bounded, Admission, Decision, Engine, Event, EventBody, Sequencer,
-};
+use fusebox_core::{parse_event_bounded, Admission, Decision, Engine, Event, EventBody, Sequencer};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 

@@ -444,7 +444,17 @@ mod tests {
             let serde = serde_json::to_string(&detector).expect("serialises");
             assert_eq!(serde, format!("\"{}\"", detector.as_str()));
         }
-        for text in ["plain", "", "quote \" in", "back\\slash", "new\nline", "\u{1}", "\u{7f}", "é ✓ /", "\u{2028}"] {
+        for text in [
+            "plain",
+            "",
+            "quote \" in",
+            "back\\slash",
+            "new\nline",
+            "\u{1}",
+            "\u{7f}",
+            "é ✓ /",
+            "\u{2028}",
+        ] {
             let decision = Decision {
                 v: 1,
                 tenant: text.to_owned(),

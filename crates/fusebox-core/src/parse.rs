@@ -438,8 +438,7 @@ impl WireEvent<'_> {
             "ledger_resolve" => {
                 let op_key = require(self.op_key, "op_key", event_type)?;
                 check_op_key(&op_key)?;
-                let resolution = match &*require(self.resolution, "resolution", event_type)?.0
-                {
+                let resolution = match &*require(self.resolution, "resolution", event_type)?.0 {
                     "completed" => Resolution::Completed,
                     "released" => Resolution::Released,
                     other => {
@@ -642,11 +641,17 @@ mod tests {
     /// A line that is not UTF-8 is refused as malformed JSON, as serde refuses it.
     #[test]
     fn bytes_that_are_not_utf8_are_malformed_json() {
-        let mut line = br#"{"v":1,"id":"e1","tenant":"t","run":"r","ts_ms":1,"type":"tick","note":"?"}"#.to_vec();
+        let mut line =
+            br#"{"v":1,"id":"e1","tenant":"t","run":"r","ts_ms":1,"type":"tick","note":"?"}"#
+                .to_vec();
         let at = line.iter().position(|b| *b == b'?').expect("a placeholder");
         line[at] = 0xFF;
         let err = parse_event(&line).expect_err("not UTF-8");
         assert_eq!(err.reason, RejectReason::MalformedJson);
-        assert!(err.message.contains("invalid unicode code point"), "{}", err.message);
+        assert!(
+            err.message.contains("invalid unicode code point"),
+            "{}",
+            err.message
+        );
     }
 }
