@@ -393,6 +393,17 @@ fn run_case(
                     serde_json::to_string(&decision).unwrap_or_default()
                 ));
             }
+            let mut fast = Vec::new();
+            decision.write_json(&mut fast);
+            let serde = serde_json::to_vec(&decision).expect("serialises");
+            if fast != serde {
+                failures.push(format!(
+                    "line {}: write_json wrote\n    {}\nwhere serde writes\n    {}",
+                    step.line,
+                    String::from_utf8_lossy(&fast),
+                    String::from_utf8_lossy(&serde)
+                ));
+            }
             decisions.push(decision);
         }
     }

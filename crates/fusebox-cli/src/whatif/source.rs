@@ -15,12 +15,12 @@ use std::io::{self, IsTerminal};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-use fusebox_core::{Admission, Event, Sequencer};
+use fusebox_core::Event;
 use fusebox_log::log::{decode_frame, frames, last_position, records};
 use fusebox_log::{inspect, LogOp, Record, SledLog};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::replay::{read_and_parse, Parsed};
+use crate::replay::{read_and_admit, Admitted};
 use crate::whatif::compare::Compact;
 
 /// One applied record.
@@ -81,47 +81,26 @@ fn read_files(
     sink: &mut Sink<'_>,
 ) -> io::Result<ReadTally> {
     let mut tally = ReadTally::default();
-    let mut sequencer = Sequencer::default();
-    let (sender, batches) = mpsc::sync_channel::<Parsed>(8);
+    let (sender, batches) = mpsc::sync_channel::<Admitted>(8);
+    // The events go on to the sink, none comes back to the reader.
+    let (_, spent) = mpsc::channel();
     let reader = {
         let files = files.to_vec();
-        std::thread::spawn(move || read_and_parse(files, max_event_bytes, sender))
+        std::thread::spawn(move || read_and_admit(files, max_event_bytes, sender, spent))
     };
-    for Parsed { file, lines } in batches {
-        for (number, parsed) in lines {
-            match parsed.and_then(|event| sequencer.admit(event)) {
-                Ok(Admission::Ready(events)) => {
-                    for event in events {
-                        sink(Item::Event(Box::new(event)), None);
-                    }
-                }
-                Ok(Admission::Held { .. }) => {}
-                Ok(Admission::Duplicate) => tally.duplicates += 1,
-                Err(err) => {
-                    tally.rejected += 1;
-                    eprintln!("{}:{number}: {err}", files[file]);
-                }
-            }
+    for admitted in batches {
+        tally.duplicates += admitted.duplicates;
+        for refused in admitted.rejected {
+            tally.rejected += 1;
+            eprintln!("{refused}");
+        }
+        for event in admitted.events {
+            sink(Item::Event(Box::new(event)), None);
         }
     }
     reader
         .join()
         .map_err(|_| io::Error::other("the reader thread panicked"))??;
-    let waiting: Vec<(String, String, u64)> = sequencer
-        .waiting()
-        .map(|(t, r, seq)| (t.to_owned(), r.to_owned(), seq))
-        .collect();
-    for (tenant, run, missing) in waiting {
-        let held = sequencer.release_gap(&tenant, &run);
-        tally.rejected += 1;
-        eprintln!(
-            "{tenant}/{run}: seq_gap: seq {missing} never arrived; applied the {} later events held for it",
-            held.len()
-        );
-        for event in held {
-            sink(Item::Event(Box::new(event)), None);
-        }
-    }
     Ok(tally)
 }
 
