@@ -174,8 +174,14 @@ async fn a_daemon_cut_off_with_its_partitions_stops_serving_before_they_are_take
         if taken_over.is_none() && held.is_subset(&majority) {
             taken_over = Some(now);
         }
+        // Stopped serving: at the fence, lost, or its service ended on its own (a failed
+        // batch) and the partition was given up (no longer owned).
         let stopped: BTreeSet<u32> = d1.logged(FENCED).union(&d1.logged(LOST)).copied().collect();
-        if d1_fenced.is_none() && held.is_subset(&stopped) {
+        let d1_owns = d1.owned();
+        let all_stopped = held
+            .iter()
+            .all(|p| stopped.contains(p) || !d1_owns.contains(p));
+        if d1_fenced.is_none() && all_stopped {
             d1_fenced = Some(now);
         }
         if d1_gave_up.is_none() && d1.owned().is_disjoint(&held) {
