@@ -196,7 +196,7 @@ pub(crate) fn read_and_admit(
             lines_in_batch += 1;
             if lines_in_batch == BATCH {
                 lines_in_batch = 0;
-                let full = std::mem::replace(&mut batch, Admitted::default());
+                let full = std::mem::take(&mut batch);
                 if batches.send(full).is_err() {
                     return Ok(());
                 }
