@@ -73,7 +73,16 @@ async fn gate_and_stream_events_of_a_run_are_applied_in_seq_order() {
             }
         }
     }
-    let status = client.run_status("demo", "pagination-ok").await.unwrap();
+    // The last event went through JetStream alone: acknowledged when stored, applied
+    // a moment later by the daemon's consumer.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let status = client.run_status("demo", "pagination-ok").await.unwrap();
+        if status.counters.events == events.len() as u64 || std::time::Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(status.counters.events, events.len() as u64);
     assert_eq!(status.summary.terminal_state.as_deref(), Some("COMPLETED"));
 }
