@@ -42,21 +42,8 @@ impl FuseboxClient {
     /// client's timeout passed.
     pub async fn ledger(&self, query: &LedgerQuery) -> Result<LedgerView, ClientError> {
         let subject = subjects::CONTROL_LEDGER.to_owned();
-        let failed = |detail: String| ClientError::Request {
-            subject: subject.clone(),
-            detail,
-        };
-        let inbox = self.nats().new_inbox();
-        let mut answers = self
-            .nats()
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
         let body = serde_json::to_vec(query).expect("queries serialise");
-        self.nats()
-            .publish_with_reply(subject.clone(), inbox, body.into())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let mut answers = self.ask_every_answerer(&subject, body).await?;
         let deadline = tokio::time::Instant::now() + self.options().timeout;
         let mut parts: BTreeMap<u32, LedgerListing> = BTreeMap::new();
         let mut expected = None;

@@ -83,6 +83,30 @@ enum RunsAnswer {
 }
 
 impl FuseboxClient {
+    /// Publishes `body` on `subject` with a fresh inbox for the answers, for requests
+    /// that several daemons (partitions, watchdogs) answer: the caller gathers them.
+    pub(crate) async fn ask_every_answerer(
+        &self,
+        subject: &str,
+        body: Vec<u8>,
+    ) -> Result<Subscriber, ClientError> {
+        let failed = |detail: String| ClientError::Request {
+            subject: subject.to_owned(),
+            detail,
+        };
+        let inbox = self.nats().new_inbox();
+        let answers = self
+            .nats()
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        self.nats()
+            .publish_with_reply(subject.to_owned(), inbox, body.into())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(answers)
+    }
+
     /// Every run the daemons know (`fusebox runs`); see [`FuseboxClient::runs_listing`].
     pub async fn runs(&self) -> Result<Vec<RunSummary>, ClientError> {
         Ok(self.runs_listing().await?.runs)
@@ -94,21 +118,8 @@ impl FuseboxClient {
     /// client's timeout passed.
     pub async fn runs_listing(&self) -> Result<RunsListing, ClientError> {
         let subject = subjects::CONTROL_RUNS.to_owned();
-        let failed = |detail: String| ClientError::Request {
-            subject: subject.clone(),
-            detail,
-        };
         let started = std::time::Instant::now();
-        let inbox = self.nats().new_inbox();
-        let mut answers = self
-            .nats()
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        self.nats()
-            .publish_with_reply(subject.clone(), inbox, Vec::new().into())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let mut answers = self.ask_every_answerer(&subject, Vec::new()).await?;
         let deadline = tokio::time::Instant::now() + self.options().timeout;
         let timed_out = || self.unanswered(&subject, started);
         let mut partitions: BTreeMap<u32, Vec<RunSummary>> = BTreeMap::new();
@@ -231,21 +242,8 @@ impl FuseboxClient {
 
     async fn watchdogs(&self, body: Vec<u8>) -> Result<Vec<WatchdogReply>, ClientError> {
         let subject = subjects::CONTROL_WATCHDOG.to_owned();
-        let failed = |detail: String| ClientError::Request {
-            subject: subject.clone(),
-            detail,
-        };
         let started = std::time::Instant::now();
-        let inbox = self.nats().new_inbox();
-        let mut answers = self
-            .nats()
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        self.nats()
-            .publish_with_reply(subject.clone(), inbox, body.into())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let mut answers = self.ask_every_answerer(&subject, body).await?;
         let mut deadline = tokio::time::Instant::now() + self.options().timeout;
         let mut replies = Vec::new();
         while let Ok(Some(message)) = tokio::time::timeout_at(deadline, answers.next()).await {

@@ -51,25 +51,12 @@ impl FuseboxClient {
     /// gathered until all did or the client's timeout passed.
     pub async fn runs_page(&self, query: &RunsQuery) -> Result<RunsPageView, ClientError> {
         let subject = subjects::CONTROL_RUNS.to_owned();
-        let failed = |detail: String| ClientError::Request {
-            subject: subject.clone(),
-            detail,
-        };
         let limit = query
             .limit
             .unwrap_or(fusebox_nats::wire::RUNS_PAGE_LIMIT)
             .min(fusebox_nats::wire::RUNS_PAGE_LIMIT);
-        let inbox = self.nats().new_inbox();
-        let mut answers = self
-            .nats()
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
         let body = serde_json::to_vec(query).expect("queries serialise");
-        self.nats()
-            .publish_with_reply(subject.clone(), inbox, body.into())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let mut answers = self.ask_every_answerer(&subject, body).await?;
         let deadline = tokio::time::Instant::now() + self.options().timeout;
         let mut parts: BTreeMap<u32, RunsPage> = BTreeMap::new();
         let mut expected = None;
