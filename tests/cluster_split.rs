@@ -17,7 +17,9 @@
 //! before the first one the majority side got for them, and within the fence (⅔ of the
 //! lease) of the cut; after healing, at most one execution per (tenant, op_key) over the
 //! whole test, every acknowledged event in its run's state, every answer repeated
-//! identically, and side-effect-free runs decided exactly as the offline engine decides.
+//! identically, side-effect-free runs decided exactly as the offline engine decides, and
+//! no op_key left in flight in the shared ledger (the owners wrote every outcome back,
+//! with no operator's `ledger resolve`).
 //! The figures (cut, d1's last answer, first takeover answer, lease, fence) are printed.
 //!
 //! Needs root (netns); CI runs as root.
@@ -30,7 +32,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use fusebox_client::FuseboxClient;
 use fusebox_e2e::cluster::{
-    partition_of, tenant_client_at, wait_owners, ClusterDaemon, NatsCluster,
+    partition_of, tenant_client_at, wait_owners, ClusterDaemon, NatsCluster, LEASE_MS,
 };
 use fusebox_e2e::fleet::{
     check_acknowledged_events_applied, check_answers_repeat, check_exactly_once,
@@ -44,10 +46,6 @@ const MINORITY: usize = 0;
 const MAJORITY: usize = 1;
 /// A new wave of runs this often, so runs start and end across the cut and the heal.
 const WAVE_EVERY: Duration = Duration::from_millis(700);
-/// The daemons' lease: twice the other cluster suites', so that the majority side rides
-/// out the JetStream leader elections the split causes on a loaded 2-core machine
-/// (its leases are renewed through them) instead of fencing itself out too.
-const LEASE_MS: i64 = 4000;
 /// What a minority answer may take beyond the fence on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_millis(1500);
 /// fuseboxd's log line when a partition's service stops at the fence.
@@ -108,10 +106,6 @@ fn after(at: Instant, then: Option<Instant>) -> String {
     })
 }
 
-// Issue 25 §1 is open: in about one run in five here an event the agent saw
-// acknowledged is never applied by the partition's owner after the heal ("gap timed out;
-// applying the held events without it"), still missing after 120 s of polling — a loss,
-// which this test reports as such.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_daemon_cut_off_with_its_partitions_stops_serving_before_they_are_taken_over() {
     let nats = NatsCluster::start_split().await;
@@ -119,7 +113,9 @@ async fn a_daemon_cut_off_with_its_partitions_stops_serving_before_they_are_take
     let urls = nats.urls();
     let (minority_urls, majority_urls) = (urls[..1].to_vec(), urls[1..].to_vec());
     let dir = tempfile::tempdir().unwrap();
-    // d1 first, alone in the namespace with node a; then d2 and d3 on b and c.
+    // d1 first, alone in the namespace with node a; then d2 and d3 on b and c. The
+    // lease is the other cluster suites' 2 s: the majority side must hold its leases
+    // through the leader elections the split causes (each renewed by a task of its own).
     let start = |ns: Option<&Netns>, node: &str, urls: &[String]| {
         ClusterDaemon::start_in(ns, dir.path(), node, urls, LEASE_MS)
     };

@@ -11,7 +11,7 @@ use async_nats::jetstream::kv::{self, CreateErrorKind, UpdateErrorKind};
 use async_nats::jetstream::{self, stream::StorageType};
 use futures_util::TryStreamExt;
 
-use super::{bind_bucket, ClusterError};
+use super::{bind_bucket, refused_by_revision_check, ClusterError};
 
 pub const BUCKET: &str = "FUSEBOX_PARTITIONS";
 /// The partition count the live daemons agree on.
@@ -148,7 +148,12 @@ impl Leases {
             .await
         {
             Ok(revision) => Ok(Some(Lease { revision })),
-            Err(err) if err.kind() == CreateErrorKind::AlreadyExists => Ok(None),
+            Err(err)
+                if err.kind() == CreateErrorKind::AlreadyExists
+                    || refused_by_revision_check(&err) =>
+            {
+                Ok(None)
+            }
             Err(err) => Err(ClusterError::nats("claiming a partition", err)),
         }
     }
@@ -166,9 +171,36 @@ impl Leases {
             .await
         {
             Ok(revision) => Ok(Some(Lease { revision })),
-            Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(err)
+                if err.kind() == UpdateErrorKind::WrongLastRevision
+                    || refused_by_revision_check(&err) =>
+            {
+                Ok(None)
+            }
             Err(err) => Err(ClusterError::nats("renewing a lease", err)),
         }
+    }
+
+    /// Who holds a partition's key, with its revision; `None` when free.
+    pub async fn holder(&self, partition: u32) -> Result<Option<(String, u64)>, ClusterError> {
+        let entry = self
+            .kv
+            .entry(partition_key(partition))
+            .await
+            .map_err(|e| ClusterError::nats("reading a lease", e))?;
+        Ok(entry
+            .filter(|entry| entry.operation == kv::Operation::Put)
+            .map(|entry| {
+                (
+                    String::from_utf8_lossy(&entry.value).into_owned(),
+                    entry.revision,
+                )
+            }))
+    }
+
+    /// This daemon's node id, the value of the keys it holds.
+    pub fn node(&self) -> &str {
+        &self.node
     }
 
     /// Gives a partition up (only if the lease is still ours), so another daemon can

@@ -4,6 +4,8 @@
 //!
 //! - `lease.rs`: who owns which partition (KV keys that expire unless renewed with a
 //!   revision check), and a fair share per live daemon;
+//! - `keeper.rs`: the task that renews one owned partition's lease, apart from
+//!   everything else;
 //! - `applied.rs`: each partition's replicated batches (`FUSEBOX_APPLIED`), written
 //!   before the local log and fenced, and the catch-up a new owner runs;
 //! - `shared_ledger.rs`: the op_key ledger every daemon claims from (KV, create-if-absent);
@@ -14,10 +16,11 @@
 //!
 //! Each owned partition is an ordinary [`Service`] scoped to its subjects, with its own
 //! applier thread and durable consumer `fuseboxd-p<p>`. This file is the loop that
-//! heartbeats, renews, claims up to the fair share, gives up extras, and stops a
-//! partition whose lease or replication was lost.
+//! heartbeats, claims up to the fair share, gives up extras, and stops a partition
+//! whose lease (its keeper says) or replication was lost.
 
 mod applied;
+mod keeper;
 mod lease;
 mod mark;
 mod observe;
@@ -41,6 +44,7 @@ use tokio::task::JoinHandle;
 use crate::config::ClusterConfig;
 use crate::watchdog::{FactSink, FeedStore};
 use fusebox_metrics::Metrics;
+use keeper::Keeper;
 use lease::{fair_share, Lease, Leases};
 use shared_ledger::SharedLedger;
 use store::PartitionStore;
@@ -81,6 +85,28 @@ impl ClusterError {
 /// must not cost the partition.
 const ATTEMPTS: u32 = 20;
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Whether a KV write was refused by its revision check (another writer was first):
+/// JetStream's 10071, which async-nats maps to `WrongLastRevision` / `AlreadyExists`,
+/// or 10164 (`wrong last sequence: N`, the form nats-server 2.15 answers some header
+/// checks with), which it leaves as `Other`. Taken for an outage, a lost race was
+/// retried 20 times and then failed the batch, and a renewal whose earlier, unanswered
+/// attempt had landed looked like a lease the network kept from being renewed.
+fn refused_by_revision_check<K>(err: &async_nats::error::Error<K>) -> bool
+where
+    K: Clone + std::fmt::Debug + std::fmt::Display + PartialEq,
+{
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if let Some(answer) = cause.downcast_ref::<jetstream::Error>() {
+            let code = answer.error_code();
+            return code == jetstream::ErrorCode::STREAM_WRONG_LAST_SEQUENCE
+                || code == jetstream::ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT;
+        }
+        source = cause.source();
+    }
+    false
+}
 
 /// Binds a KV bucket, creating it from `config` when absent.
 async fn bind_bucket(
@@ -124,12 +150,11 @@ struct Partitions {
     draining: BTreeMap<u32, JoinHandle<Option<ClusterError>>>,
 }
 
-/// An owned partition: its lease and the task serving it.
+/// An owned partition: the task renewing its lease and the task serving it. The
+/// service stops by itself once the lease's last renewal is older than the fence,
+/// whatever the ownership loop is waiting on.
 struct Owned {
-    lease: Lease,
-    /// When the lease was last renewed; the partition's service stops by itself once
-    /// this is older than the fence, whatever the ownership loop is waiting on.
-    renewed: watch::Sender<Instant>,
+    keeper: Keeper,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), ClusterError>>,
 }
@@ -203,7 +228,8 @@ pub async fn serve(
             partition,
             owned,
             Change::Released("shutdown"),
-        );
+        )
+        .await;
     }
     for (_, draining) in std::mem::take(&mut state.draining) {
         if let Some(stuck) = draining.await.unwrap_or_default() {
@@ -272,61 +298,28 @@ async fn round(
         }
     }
     // Every request is bounded by a quarter lease: a round stuck on an unreachable
-    // JetStream must still get to the check below and stop serving in time.
+    // JetStream must not hold up claims and releases for long. Leases are renewed by
+    // their keepers meanwhile, whatever this round waits on.
     let bound = lease_time / 4;
-    // Renew; a lease that is lost, or not renewed for most of its time, is given up
-    // at once: another daemon may own the partition already or soon.
-    // All at once, and beside the heartbeat: one after the other, a round with NATS
-    // unreachable would take a quarter lease per request, and the time between two
-    // renewals must stay well inside the fence.
-    let held: Vec<(u32, Lease)> = state.owned.iter().map(|(&p, o)| (p, o.lease)).collect();
-    let (heartbeat, renewals) = tokio::join!(
-        within(bound, leases.heartbeat(shared.cluster.partitions)),
-        futures_util::future::join_all(
-            held.iter()
-                .map(|&(partition, lease)| within(bound, leases.renew(partition, lease))),
-        )
-    );
-    let live = match heartbeat {
+    let live = match within(bound, leases.heartbeat(shared.cluster.partitions)).await {
         Ok(live) => Some(live),
         Err(err) => {
             tracing::warn!(%err, "cluster heartbeat failed");
             None
         }
     };
-    let mut gone = Vec::new();
-    for ((partition, _), renewal) in held.into_iter().zip(renewals) {
-        let entry = state.owned.get_mut(&partition).expect("listed");
-        let lost = match renewal {
-            Ok(Some(lease)) => {
-                entry.lease = lease;
-                entry.renewed.send_replace(Instant::now());
-                None
-            }
-            Ok(None) => Some("lease lost"),
-            Err(err) => {
-                tracing::warn!(partition, %err, "renewing the lease failed");
-                (entry.renewed.borrow().elapsed() > fence(lease_time))
-                    .then_some("lease not renewed in time")
-            }
-        };
-        let finished = entry.task.is_finished();
-        if let Some(why) = lost {
-            let entry = state.owned.remove(&partition).expect("listed");
-            // Told to stop at once, so lost partitions drain side by side.
-            let _ = entry.stop.send(true);
-            gone.push((partition, entry, Some(why)));
-        } else if finished {
-            // The service stopped on its own: a fenced or failed batch. Give the
-            // partition up; it is claimed afresh (reopened, caught up) by whoever
-            // gets it next, this daemon included.
-            let entry = state.owned.remove(&partition).expect("listed");
-            gone.push((partition, entry, None));
-        }
-    }
-    for (partition, entry, lost) in gone {
-        let change = lost.map_or(Change::Failed, Change::Lost);
-        give_up(shared, state, leases, partition, entry, change);
+    // A lease lost (its keeper ended), or a service that stopped on its own (a fenced
+    // or failed batch), is given up; the partition is claimed afresh (reopened, caught
+    // up) by whoever gets it next, this daemon included.
+    let ended: Vec<u32> = state
+        .owned
+        .iter()
+        .filter(|(_, o)| o.keeper.is_finished() || o.task.is_finished())
+        .map(|(&p, _)| p)
+        .collect();
+    for partition in ended {
+        let entry = state.owned.remove(&partition).expect("listed");
+        give_up(shared, state, leases, partition, entry, Change::Failed).await;
     }
     let Some(live) = live else { return };
     let share = fair_share(shared.cluster.partitions, live);
@@ -334,7 +327,7 @@ async fn round(
         let (&partition, _) = state.owned.iter().next_back().expect("more than the share");
         let entry = state.owned.remove(&partition).expect("listed");
         let change = Change::Released("above the fair share");
-        give_up(shared, state, leases, partition, entry, change);
+        give_up(shared, state, leases, partition, entry, change).await;
     }
     if state.owned.len() >= share {
         return;
@@ -351,11 +344,13 @@ async fn round(
         if state.owned.contains_key(&partition) || state.draining.contains_key(&partition) {
             continue;
         }
+        let sent = Instant::now();
         match within(bound, leases.claim(partition)).await {
             Ok(Some(lease)) => {
                 tracing::info!(partition, "partition lease taken; catching up");
                 let (stop, stopped) = watch::channel(false);
-                let (renewed, renewals) = watch::channel(Instant::now());
+                let (keeper, renewals) =
+                    Keeper::start(leases.clone(), partition, lease, sent, lease_time);
                 let task = tokio::spawn(serve_partition(
                     shared.clone(),
                     js.clone(),
@@ -367,15 +362,7 @@ async fn round(
                         fence: Fence::new(renewals, fence(lease_time)),
                     },
                 ));
-                state.owned.insert(
-                    partition,
-                    Owned {
-                        lease,
-                        renewed,
-                        stop,
-                        task,
-                    },
-                );
+                state.owned.insert(partition, Owned { keeper, stop, task });
             }
             Ok(None) => {}
             Err(err) => {
@@ -390,7 +377,7 @@ async fn round(
 enum Change {
     /// Given up on purpose (shutdown, above the fair share).
     Released(&'static str),
-    /// The lease is (or may be) someone else's now.
+    /// The lease is (or may be) someone else's now: its keeper ended, for this reason.
     Lost(&'static str),
     /// Its service stopped on its own.
     Failed,
@@ -475,7 +462,7 @@ async fn within<T>(
 
 /// Stops serving a partition: tells its service to stop, and leaves the waiting for
 /// it (and the lease's release) to [`drain`], beside the ownership loop.
-fn give_up(
+async fn give_up(
     shared: &Shared,
     state: &mut Partitions,
     leases: &Arc<Leases>,
@@ -484,6 +471,12 @@ fn give_up(
     change: Change,
 ) {
     let _ = owned.stop.send(true);
+    let kept = owned.keeper.stop().await;
+    // A keeper that ended by itself says the lease is lost, whatever else happened.
+    let change = match kept.lost {
+        Some(why) => Change::Lost(why),
+        None => change,
+    };
     if let Change::Lost(why) = &change {
         // Logged now, not once drained: told to stop, the service takes no more input
         // (what it still answers was received before), while its drain may wait minutes
@@ -495,7 +488,8 @@ fn give_up(
         leases.clone(),
         state.totals.clone(),
         partition,
-        owned,
+        owned.task,
+        kept.lease,
         change,
     );
     state.draining.insert(partition, tokio::spawn(drained));
@@ -509,10 +503,11 @@ async fn drain(
     leases: Arc<Leases>,
     totals: Arc<observe::Totals>,
     partition: u32,
-    owned: Owned,
+    task: JoinHandle<Result<(), ClusterError>>,
+    lease: Lease,
     change: Change,
 ) -> Option<ClusterError> {
-    let stuck = log_end(partition, owned.task.await);
+    let stuck = log_end(partition, task.await);
     totals.forget(&*shared.observer, partition);
     let (label, why) = match change {
         Change::Released(why) => ("released", why),
@@ -523,7 +518,7 @@ async fn drain(
     if label == "lost" {
         return stuck;
     }
-    match within(RELEASE_WAIT, leases.release(partition, owned.lease)).await {
+    match within(RELEASE_WAIT, leases.release(partition, lease)).await {
         Ok(()) => tracing::info!(partition, why, "partition released"),
         Err(err) => tracing::warn!(partition, why, %err, "releasing the lease failed; it ages out"),
     }
@@ -669,6 +664,30 @@ mod tests {
             .left()
             .is_some_and(|left| left <= Duration::from_millis(300)));
         assert_eq!(fence.block_on(runtime.handle(), async { 7 }), Some(7));
+    }
+
+    /// A KV write refused by another writer, in either of the server's forms and
+    /// however deep async-nats wraps it, is a lost race, not an outage.
+    #[test]
+    fn both_forms_of_a_refused_revision_are_a_lost_race() {
+        use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+        use async_nats::jetstream::kv::{UpdateError, UpdateErrorKind};
+        let answer = |code: u64| -> jetstream::Error {
+            serde_json::from_value(serde_json::json!({
+                "code": 400, "err_code": code, "description": "wrong last sequence: 7"
+            }))
+            .unwrap()
+        };
+        let update = |code: u64| {
+            let publish = PublishError::with_source(PublishErrorKind::Other, answer(code));
+            UpdateError::with_source(UpdateErrorKind::Other, publish)
+        };
+        assert!(refused_by_revision_check(&update(10071)));
+        assert!(refused_by_revision_check(&update(10164)));
+        assert!(!refused_by_revision_check(&update(10008)), "unavailable");
+        assert!(!refused_by_revision_check(&UpdateError::new(
+            UpdateErrorKind::TimedOut
+        )));
     }
 
     #[test]
