@@ -485,3 +485,73 @@ async fn the_next_owner_writes_back_an_outcome_the_shared_ledger_lacks() {
     let again = gate(&client, &ev("retry", 2, send("c1", "INC-9:notify"))).await;
     assert_eq!(again.action, Action::UseCompletedResult, "{again:?}");
 }
+
+/// Sets the largest message the shared ledger's stream takes: a write-back refused
+/// while the key itself stays readable (what a ledger unreachable for a while does to
+/// an owner's writes, without touching anything else the owner needs).
+async fn limit_ledger_messages(js: &jetstream::Context, max_message_size: i32) {
+    let mut stream = js.get_stream("KV_FUSEBOX_LEDGER").await.unwrap();
+    let mut config = stream.info().await.unwrap().config.clone();
+    config.max_message_size = max_message_size;
+    js.update_stream(config).await.unwrap();
+}
+
+/// An outcome the owner could not write to the shared ledger when its batch committed
+/// (the ledger refused it for a while, issue 25 §1) is written by that same owner once
+/// the ledger takes writes again: no key stays in flight while the owner keeps the
+/// partition (a next owner's catch-up would only come with a change of owner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_writes_an_outcome_again_once_the_shared_ledger_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = mapped_nats(dir.path());
+    let config = cluster_config(dir.path(), "alone");
+    let daemon = Daemon::start(&nats.url(), &config, &dir.path().join("alone")).await;
+    wait_until_served(&[&daemon]).await;
+    let client = client(&nats.url()).await;
+    gate(&client, &ev("mailer", 1, started())).await;
+    let sent = gate(&client, &ev("mailer", 2, send("c1", "INC-7:notify"))).await;
+    assert!(sent.action.lets_tool_run(), "{sent:?}");
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let entries: [(String, Option<LedgerEntry>); 1] = shared_ledger(&js).await.try_into().unwrap();
+    let [(key, Some(LedgerEntry::InFlight { .. }))] = entries else {
+        panic!("the call was not claimed in the shared ledger: {entries:?}")
+    };
+
+    // The completion does not fit while the limit holds: the write-back after the
+    // result's commit fails (it is logged), and the key stays in flight.
+    limit_ledger_messages(&js, 16).await;
+    gate(&client, &ev("mailer", 3, result("c1", "SUCCESS"))).await;
+    let entries = shared_ledger(&js).await;
+    assert!(
+        matches!(entries.as_slice(), [(k, Some(LedgerEntry::InFlight { .. }))] if *k == key),
+        "{entries:?}"
+    );
+    assert!(
+        daemon
+            .logs()
+            .contains("cannot write an outcome to the shared ledger yet"),
+        "{}",
+        daemon.logs()
+    );
+
+    limit_ledger_messages(&js, -1).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let entries = shared_ledger(&js).await;
+        match entries.as_slice() {
+            [(k, Some(LedgerEntry::Completed { result, .. }))] if *k == key => {
+                assert!(result.contains("sent"), "{result}");
+                break;
+            }
+            other => assert!(
+                Instant::now() < deadline,
+                "the owner never wrote the outcome again: {other:?}\n{}",
+                daemon.logs()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    gate(&client, &ev("retry", 1, started())).await;
+    let again = gate(&client, &ev("retry", 2, send("c1", "INC-7:notify"))).await;
+    assert_eq!(again.action, Action::UseCompletedResult, "{again:?}");
+}

@@ -422,6 +422,7 @@ impl<S: GuardStore> Applier<S> {
                 }
             }
         }
+        self.store.on_timer();
         let due = ticks::due(self.store.engine(), &self.last_seen, self.started, now);
         if !due.is_empty() {
             tracing::info!(

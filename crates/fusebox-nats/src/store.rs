@@ -53,6 +53,10 @@ pub trait GuardStore: Send + 'static {
     fn take_stops_to_publish(&mut self) -> Vec<Decision> {
         Vec::new()
     }
+    /// Called on the applier's timer, between batches: work the store owes outside any
+    /// batch (a cluster partition writes back to the shared ledger the outcomes it
+    /// could not write when their batch committed).
+    fn on_timer(&mut self) {}
     /// Called once after the last batch on a clean shutdown (e.g. to snapshot, so the
     /// next start replays nothing).
     fn close(&mut self) -> Result<(), StoreError> {

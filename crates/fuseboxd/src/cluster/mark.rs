@@ -57,9 +57,14 @@ impl AppliedMark {
         }
     }
 
-    /// Keeps the mark where it is for the rest of this owner's time (see `held`).
+    /// Keeps the mark where it is (see `held`) until [`AppliedMark::release_hold`].
     pub fn hold(&mut self) {
         self.held = true;
+    }
+
+    /// Every outcome owed is in the shared ledger now: the mark may move again.
+    pub fn release_hold(&mut self) {
+        self.held = false;
     }
 
     /// Writes the mark (write-then-rename, so a reader sees the old or the new one).
@@ -110,7 +115,10 @@ mod tests {
         for _ in 0..WRITE_EVERY {
             mark.committed(46, 100);
         }
-        assert_eq!(mark.read(100), 44, "a held mark is never moved");
+        assert_eq!(mark.read(100), 44, "a held mark is not moved");
+        mark.release_hold();
+        mark.write(47, 100);
+        assert_eq!(mark.read(100), 47, "a released hold lets it move again");
         let file = dir.path().join("applied.seq");
         for damaged in ["", "44", "4x 99", "44 99 1"] {
             std::fs::write(&file, damaged).unwrap();

@@ -27,7 +27,7 @@ use fusebox_log::AdoptedOp;
 use sha2::{Digest, Sha256};
 use tokio::runtime::Handle;
 
-use super::{bind_bucket, ClusterError, Fence, ATTEMPTS, RETRY_PAUSE};
+use super::{bind_bucket, refused_by_revision_check, ClusterError, Fence, ATTEMPTS, RETRY_PAUSE};
 
 pub const BUCKET: &str = "FUSEBOX_LEDGER";
 
@@ -141,12 +141,22 @@ impl SharedLedger {
         self.retrying(fence, || async {
             if revision == 0 {
                 match self.kv.create(key, body.clone()).await {
-                    Err(err) if err.kind() == CreateErrorKind::AlreadyExists => Ok(None),
+                    Err(err)
+                        if err.kind() == CreateErrorKind::AlreadyExists
+                            || refused_by_revision_check(&err) =>
+                    {
+                        Ok(None)
+                    }
                     other => other.map(Some).map_err(|e| e.to_string()),
                 }
             } else {
                 match self.kv.update(key, body.clone(), revision).await {
-                    Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
+                    Err(err)
+                        if err.kind() == UpdateErrorKind::WrongLastRevision
+                            || refused_by_revision_check(&err) =>
+                    {
+                        Ok(None)
+                    }
                     other => other.map(Some).map_err(|e| e.to_string()),
                 }
             }
@@ -272,6 +282,7 @@ impl SharedLedger {
             if shared.is_some() && !decided_on {
                 return Err(lost());
             }
+            tracing::debug!(tenant = %event.tenant, %op_key, ?shared, ?mine, "claiming");
             match self.write(fence, &key, &mine, revision)? {
                 Some(written) => {
                     seen.insert(id, written);
@@ -285,12 +296,14 @@ impl SharedLedger {
     /// Step 3, after the commit: for each call of this batch with a key, write the
     /// local outcome back — a completion for good, or the key freed after a failure or
     /// when the call did not run. A failure here leaves the key in flight, which
-    /// refuses rather than repeats.
-    /// Returns whether every outcome was written (or needed no write).
+    /// refuses rather than repeats, until the write is made again (the owner retries
+    /// it; a next owner's catch-up writes it back).
+    /// Returns the touches whose outcome is not written yet.
     #[must_use]
-    pub fn settle(&self, fence: &Fence, engine: &Engine, touched: &[Touch]) -> bool {
-        let mut all = true;
-        for (tenant, op_key, run, call_id) in touched {
+    pub fn settle(&self, fence: &Fence, engine: &Engine, touched: &[Touch]) -> Vec<Touch> {
+        let mut unwritten = Vec::new();
+        for touch in touched {
+            let (tenant, op_key, run, call_id) = touch;
             let key = kv_key(tenant, op_key);
             let local = engine.ledger().get(tenant, op_key);
             // A write that finds the key moved since its read (another writer, or its
@@ -316,9 +329,14 @@ impl SharedLedger {
                         Some(renewed.clone())
                     }
                     None if was_ours => None,
-                    _ => return Ok(true),
+                    _ => {
+                        tracing::debug!(%tenant, %op_key, %run, %call_id, ?local, ?shared, "outcome needs no write");
+                        return Ok(true);
+                    }
                 };
-                Ok(self.write(fence, &key, &value, revision)?.is_some())
+                let written = self.write(fence, &key, &value, revision)?;
+                tracing::debug!(%tenant, %op_key, %run, %call_id, ?value, ?written, "outcome written back");
+                Ok(written.is_some())
             };
             let mut settled = settle_once();
             for _ in 1..SETTLE_READS {
@@ -335,11 +353,11 @@ impl SharedLedger {
                 Err(err) => Err(err),
             };
             if let Err(err) = settled {
-                all = false;
-                tracing::error!(%tenant, %op_key, %err, "cannot write an outcome to the shared ledger yet; the partition's next owner writes it back");
+                unwritten.push(touch.clone());
+                tracing::warn!(%tenant, %op_key, %err, "cannot write an outcome to the shared ledger yet; retrying it later");
             }
         }
-        all
+        unwritten
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
+use std::time::{Duration, Instant};
 
 use fusebox_core::{Decision, Engine, Event, EventBody, LedgerEntry};
 use fusebox_log::{AdoptedOp, Guard};
@@ -30,7 +31,17 @@ pub struct PartitionStore {
     in_flight: HashMap<CallKey, String>,
     /// The stops the catch-up found (runs it closed), for the service's stop publisher.
     stops_to_publish: Vec<Decision>,
+    /// Outcomes committed here but not yet written to the shared ledger (it was
+    /// unreachable or electing a leader): retried on the timer until written, while
+    /// the mark is held for a next owner in case this one loses the partition first.
+    /// Left to a next owner alone, they stayed in flight for as long as this owner kept
+    /// the partition.
+    unwritten: BTreeSet<Touch>,
+    last_retry: Option<Instant>,
 }
+
+/// How often unwritten outcomes are tried again.
+const RETRY_UNWRITTEN_EVERY: Duration = Duration::from_secs(1);
 
 /// (tenant, run, call_id).
 pub type CallKey = (String, String, String);
@@ -68,6 +79,8 @@ impl PartitionStore {
             replaying: Some(Vec::new()),
             in_flight: HashMap::new(),
             stops_to_publish: Vec::new(),
+            unwritten: BTreeSet::new(),
+            last_retry: None,
         }
     }
 
@@ -96,14 +109,45 @@ impl PartitionStore {
     /// mark; an outcome not written holds the mark before this batch (see
     /// [`AppliedMark::hold`]), so the next owner's catch-up writes it back.
     fn settle_then_mark(&mut self, touched: &[Touch]) {
-        if !self
+        let unwritten = self
             .ledger
-            .settle(self.replicator.fence(), self.guard.engine(), touched)
-        {
-            self.mark.hold();
-        }
+            .settle(self.replicator.fence(), self.guard.engine(), touched);
+        self.owe(unwritten);
         self.mark
             .committed(self.replicator.last(), self.guard.position());
+    }
+
+    /// Outcomes not written: held mark, retried later.
+    fn owe(&mut self, unwritten: Vec<Touch>) {
+        if !unwritten.is_empty() {
+            self.mark.hold();
+            self.unwritten.extend(unwritten);
+        }
+    }
+
+    /// Writes the owed outcomes again; once all are written the mark may move again.
+    fn retry_unwritten(&mut self) {
+        let due = self
+            .last_retry
+            .is_none_or(|last| last.elapsed() >= RETRY_UNWRITTEN_EVERY);
+        if self.unwritten.is_empty() || !due {
+            return;
+        }
+        self.last_retry = Some(Instant::now());
+        let owed: Vec<Touch> = std::mem::take(&mut self.unwritten).into_iter().collect();
+        let count = owed.len();
+        let unwritten = self
+            .ledger
+            .settle(self.replicator.fence(), self.guard.engine(), &owed);
+        if unwritten.is_empty() {
+            tracing::info!(
+                outcomes = count,
+                "owed outcomes written to the shared ledger"
+            );
+            self.mark.release_hold();
+        } else {
+            self.unwritten.extend(unwritten);
+        }
     }
 
     /// After a catch-up: writes back the outcomes of the calls it read (`calls`:
@@ -124,12 +168,10 @@ impl PartitionStore {
             }
         }
         let touched: Vec<Touch> = touched.into_iter().collect();
-        if !self
+        let unwritten = self
             .ledger
-            .settle(self.replicator.fence(), engine, &touched)
-        {
-            self.mark.hold();
-        }
+            .settle(self.replicator.fence(), engine, &touched);
+        self.owe(unwritten);
     }
 
     /// Claims and replicates a decided batch, and says which keys it touched.
@@ -221,6 +263,10 @@ impl GuardStore for PartitionStore {
             })?;
         self.settle_then_mark(&keys.touched);
         Ok(decisions)
+    }
+
+    fn on_timer(&mut self) {
+        self.retry_unwritten();
     }
 
     fn take_stops_to_publish(&mut self) -> Vec<Decision> {

@@ -195,6 +195,10 @@ impl<S: GuardStore> GuardStore for FeedStore<S> {
         self.inner.take_stops_to_publish()
     }
 
+    fn on_timer(&mut self) {
+        self.inner.on_timer();
+    }
+
     fn release_gap(&mut self, tenant: &str, run: &str) -> Result<Vec<Decision>, StoreError> {
         let decisions = self.inner.release_gap(tenant, run)?;
         if self.sink.is_some() {
