@@ -2,7 +2,8 @@
 # The network-split suite (tests/cluster_split.rs) run N times in a row, outside the CI
 # budget (each run takes one to four minutes): every run's figures (the split's timings,
 # the acknowledged events' catch-up, the shared ledger at the end) and its verdict, then
-# a tally. A failing run's whole output is kept in $OUT/run-K.log.
+# a tally. A failing run's whole output is kept in $OUT/run-K.log, its daemons' whole
+# logs in $OUT/run-K/.
 #
 #   scripts/soak-split.sh [N]      (default 20; needs root for the network namespaces)
 #
@@ -20,7 +21,11 @@ passed=0
 for k in $(seq 1 "$runs"); do
   started=$(date +%s)
   log="$OUT/run-$k.log"
-  if cargo test -q --test e2e_cluster_split -- --nocapture >"$log" 2>&1; then
+  # A failing run keeps every daemon's whole log (with the shared ledger's claims and
+  # write-backs at debug) beside its output.
+  if FUSEBOX_TEST_KEEP_LOGS="$OUT/run-$k" \
+    FUSEBOX_TEST_RUST_LOG="info,async_nats=warn,fuseboxd::cluster::shared_ledger=debug" \
+    cargo test -q --test e2e_cluster_split -- --nocapture >"$log" 2>&1; then
     verdict=passed
     passed=$((passed + 1))
   else

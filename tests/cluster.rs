@@ -328,7 +328,7 @@ async fn gate_load(clients: &[FuseboxClient], prefix: &str, total: usize) -> Thr
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "benchmark: cargo test --release -p fuseboxd --test cluster -- --ignored --nocapture"]
+#[ignore = "benchmark: cargo test --release -p fusebox-e2e --test e2e_cluster -- --ignored --nocapture"]
 async fn gate_throughput_with_1_2_3_daemons() {
     let nats = NatsCluster::start().await;
     let urls = nats.urls();

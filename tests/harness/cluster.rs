@@ -326,7 +326,7 @@ impl ClusterDaemon {
             .arg(urls.join(","))
             .args(["--metrics-listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir.join(node_id))
-            .env("RUST_LOG", "info,async_nats=warn")
+            .env("RUST_LOG", cluster_log_filter())
             .env("NO_COLOR", "1");
         let proc = Proc::spawn(
             &format!("fuseboxd {node_id}"),
@@ -443,4 +443,10 @@ pub async fn add_daemon(
         Duration::from_secs(60),
     )
     .await
+}
+
+/// The cluster daemons' log filter; `FUSEBOX_TEST_RUST_LOG` replaces it (the soak
+/// script turns the shared ledger's debug lines on).
+fn cluster_log_filter() -> String {
+    std::env::var("FUSEBOX_TEST_RUST_LOG").unwrap_or_else(|_| "info,async_nats=warn".to_owned())
 }

@@ -135,6 +135,29 @@ impl Drop for Proc {
             let lines: Vec<&str> = logs.lines().collect();
             let tail = lines[lines.len().saturating_sub(120)..].join("\n");
             eprintln!("--- {} (log tail) ---\n{tail}", self.name);
+            keep_whole_log(&self.name, &logs);
         }
+    }
+}
+
+/// `FUSEBOX_TEST_KEEP_LOGS=<dir>` (the soak scripts set it): a failing test's child logs
+/// are copied there whole, since the printed tail rarely reaches back to the cause.
+fn keep_whole_log(name: &str, logs: &str) {
+    let Some(dir) = std::env::var_os("FUSEBOX_TEST_KEEP_LOGS") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let file: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let kept = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join(format!("{file}.log")), logs));
+    match kept {
+        Ok(()) => eprintln!("--- {name}: whole log kept in {} ---", dir.display()),
+        Err(err) => eprintln!(
+            "--- {name}: cannot keep its log in {}: {err} ---",
+            dir.display()
+        ),
     }
 }
