@@ -208,6 +208,107 @@ async fn hook_cases_over_http_against_a_real_daemon() {
     }
 }
 
+/// A tool named a business operation (`--op-key`): a repeat of the operation, in another
+/// session of the tenant, is denied with the first call's result whole up to
+/// `--max-stored-result-bytes` (past 32 KiB, where a result once went as its hash), and
+/// past the bound is told the operation completed and where, never given a hash as its
+/// result — also when the daemon's `max_event_bytes` is below the bound (the harness's
+/// 8 KiB): the result it refuses `too_large` is sent again as its hash.
+#[tokio::test]
+async fn a_repeated_operation_gets_its_large_result_or_where_it_is() {
+    const KIB: usize = 1024;
+    let mut overlay: toml::Table =
+        toml::from_str(&std::fs::read_to_string(fixtures().join("policy.toml")).unwrap()).unwrap();
+    overlay.insert(
+        "guard".into(),
+        toml::toml! { max_event_bytes = 1048576 }.into(),
+    );
+    let roomy = HookStack::start_with(&overlay).await;
+    let tight = stack().await;
+    for (stack, report, size, whole) in [
+        (&roomy, "sales", 200 * KIB, true),
+        (&roomy, "audit", 450 * KIB, false),
+        (&tight, "ledger", 20 * KIB, false),
+    ] {
+        let at = format!("{report} ({} KiB)", size / KIB);
+        let (first, rows, reason) = repeat_operation(stack, report, size);
+        if whole {
+            let stored = reason.split_once("\nStored result: ").map(|(_, r)| r);
+            let stored: Value =
+                serde_json::from_str(stored.expect("the result is attached")).unwrap();
+            assert_eq!(stored, rows, "{at}: the result whole");
+        } else {
+            assert!(reason.contains("too large to store"), "{at}: {reason}");
+            assert!(reason.contains(&first), "{at}: where it is: {reason}");
+            assert!(!reason.contains("Stored result"), "{at}: {reason}");
+        }
+    }
+}
+
+/// An `mcp__shop__export` of `report` answered with `size` bytes of rows in one session,
+/// then called again in the next: the first session's run, the rows, and the reason the
+/// repeat was denied with (it did not run).
+fn repeat_operation(stack: &HookStack, report: &str, size: usize) -> (String, Value, String) {
+    let state = tempfile::tempdir().expect("temp dir");
+    let args = [
+        "--nats-url",
+        stack.nats_url.as_str(),
+        "--op-key",
+        "mcp__shop__export=report",
+        "--max-stored-result-bytes",
+        "400000",
+    ];
+    let rows = json!([{"type": "text", "text": format!("{report}:{}", "x".repeat(size))}]);
+    let call = json!({"tool_name": "mcp__shop__export", "tool_input": {"report": report}});
+    let mut result = call.clone();
+    result["tool_response"] = rows.clone();
+    let send = |hook_event: &str, session: &str, set: &Value| {
+        let body = payload(
+            hook_event,
+            session,
+            Some(&format!("{session}-t1")),
+            Some(set),
+        );
+        hook(&args, &serde_json::to_vec(&body).unwrap(), state.path())
+    };
+    let at = format!("{report} ({size} bytes)");
+    let first = format!("export-{report}-1-{}", std::process::id());
+    let start = json!({});
+    for (hook_event, set) in [
+        ("SessionStart", &start),
+        ("PreToolUse", &call),
+        ("PostToolUse", &result),
+    ] {
+        check_answer(
+            "nothing",
+            hook_event,
+            &send(hook_event, &first, set),
+            None,
+            &at,
+        );
+    }
+    let again = format!("export-{report}-2-{}", std::process::id());
+    check_answer(
+        "nothing",
+        "SessionStart",
+        &send("SessionStart", &again, &start),
+        None,
+        &at,
+    );
+    let out = send("PreToolUse", &again, &call);
+    check_answer("deny", "PreToolUse", &out, Some("already completed"), &at);
+    assert_eq!(
+        stack.run_summary(TENANT, &again)["steps"],
+        0,
+        "{at}: it did not run"
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reason = answer["hookSpecificOutput"]["permissionDecisionReason"]
+        .as_str()
+        .unwrap();
+    (first, rows, reason.to_owned())
+}
+
 /// Off loopback, the endpoint does not start without tokens, and refuses a request
 /// without a known one (Claude Code then blocks the call: `onFailure: "block"`).
 #[tokio::test]

@@ -7,6 +7,7 @@
 
 use fusebox_core::{parse_event, Decision};
 use fusebox_hook::claude_code::{answer, event_for, run_id, Outcome, Payload};
+use fusebox_hook::Operations;
 use libfuzzer_sys::fuzz_target;
 use serde_json::json;
 
@@ -25,7 +26,16 @@ fuzz_target!(|data: &[u8]| {
         payload.session_id
     );
     let transcript_len = Some(data.len() as u64);
-    if let Ok(Some(event)) = event_for(&payload, "tenant", &run, "claude-code", transcript_len, 1) {
+    // Every tool a business operation named by `id`: the keyed path is fuzzed too.
+    let operations = Operations {
+        op_key_args: payload
+            .tool_name
+            .iter()
+            .map(|tool| (tool.clone(), "id".to_owned()))
+            .collect(),
+        ..Operations::default()
+    };
+    if let Ok(Some(event)) = event_for(&payload, &operations, "tenant", &run, "claude-code", transcript_len, 1) {
         let wire = serde_json::to_vec(&event).expect("an event serialises");
         let parsed = parse_event(&wire).unwrap_or_else(|err| {
             panic!("the daemon refuses what the hook sends: {err}\n{}", String::from_utf8_lossy(&wire))

@@ -20,21 +20,32 @@ pub struct HookStack {
 }
 
 impl HookStack {
-    /// `policy` is a TOML file whose `[policy]` keys override the shipped config's.
+    /// `policy` is a TOML file whose `[policy]` keys (and those of any other table it
+    /// has, e.g. `[guard]`) override the shipped config's.
     pub async fn start(policy: &Path) -> HookStack {
+        let overlay: toml::Table = toml::from_str(&read(policy)).expect("policy is TOML");
+        assert!(overlay.contains_key("policy"), "the overlay has [policy]");
+        HookStack::start_with(&overlay).await
+    }
+
+    /// [`HookStack::start`] with the overlay given as a table.
+    pub async fn start_with(overlay: &toml::Table) -> HookStack {
         let nats = NatsServer::start();
         let dir = tempfile::tempdir().expect("temp dir");
         let config = write_config(dir.path());
         let mut doc: toml::Table = toml::from_str(&read(&config)).expect("config is TOML");
-        let overlay: toml::Table = toml::from_str(&read(policy)).expect("policy is TOML");
-        let table = doc
-            .entry("policy")
-            .or_insert(toml::Value::Table(toml::Table::new()))
-            .as_table_mut()
-            .expect("[policy] is a table");
-        let pinned = overlay.get("policy").and_then(|p| p.as_table());
-        for (key, value) in pinned.expect("the overlay has [policy]") {
-            table.insert(key.clone(), value.clone());
+        for (name, pinned) in overlay {
+            let table = doc
+                .entry(name)
+                .or_insert(toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .unwrap_or_else(|| panic!("[{name}] is a table"));
+            let pinned = pinned
+                .as_table()
+                .unwrap_or_else(|| panic!("[{name}] overlays a table"));
+            for (key, value) in pinned {
+                table.insert(key.clone(), value.clone());
+            }
         }
         std::fs::write(&config, toml::to_string(&doc).unwrap()).expect("config written");
         let daemon = Daemon::start(&nats.url(), &config, &dir.path().join("data")).await;

@@ -90,6 +90,25 @@ export class Refused extends FuseboxError {
   }
 }
 
+/**
+ * `Run.start` for a run id the daemon already has events of: another process (a restarted
+ * worker) reusing it. Refused, so this process is never answered with the old one's
+ * decisions; start the run under a new run id. Every later event of the handle fails
+ * with it too.
+ */
+export class RunExists extends Refused {
+  override name = "RunExists";
+  constructor(
+    readonly tenant: string,
+    readonly run: string,
+    detail: string,
+    eventId: string | null = null,
+  ) {
+    super("run_exists", detail, eventId);
+    this.message = `run ${tenant}/${run} already exists: ${detail}; start it under a new run id`;
+  }
+}
+
 /** The answer was not a decision (a version mismatch, or not fuseboxd). */
 export class BadAnswer extends FuseboxError {
   override name = "BadAnswer";

@@ -18,6 +18,7 @@ export {
   NoResponders,
   PermissionDenied,
   Refused,
+  RunExists,
   RunStopped,
   TransportError,
 } from "./errors.js";

@@ -8,9 +8,15 @@
  * same id and bytes, before anything newer (the daemon's dedup answers a re-sent event it
  * already applied with the original decision). Sends of one run are chained, so parallel
  * tool calls of one turn are gated one after the other, in the order they were asked.
+ *
+ * The one id that is not `<run>-<seq>` is `run_started`'s, `<run>-1.<nonce of this Run>`,
+ * sent inline: a second process starting a run id the daemon already has (a restarted
+ * worker) is refused with `RunExists` instead of being answered the old process's
+ * decisions from the dedup.
  */
+import { randomBytes } from "node:crypto";
 import type { Fusebox } from "./client.js";
-import { FuseboxError, GuardUnavailable, Refused, RunStopped } from "./errors.js";
+import { FuseboxError, GuardUnavailable, Refused, RunExists, RunStopped } from "./errors.js";
 import { Gate } from "./gate.js";
 import type { StopWatch } from "./killswitch.js";
 import type {
@@ -94,6 +100,11 @@ export class Run {
   private stopDecision: Decision | null = null;
   private started = false;
   private stopListeners: Array<(stop: Decision) => void> = [];
+  /** Tells this handle's `run_started` from another process's for the same run id. */
+  private readonly nonce = randomBytes(6).toString("hex");
+  /** The daemon said the run id is another process's: nothing more is sent, since a
+   * later id would be that process's, answered from the dedup. */
+  private exists: RunExists | null = null;
   /** Why `run_started` is not delivered yet (it is re-sent with the next event). */
   startError: GuardUnavailable | null = null;
 
@@ -127,8 +138,10 @@ export class Run {
     if (this.tools !== undefined) fields.tools = [...this.tools];
     if (this.policy !== undefined) fields.policy = this.policy;
     try {
-      await this.observe("run_started", fields);
+      // Inline whatever the result mode: a refusal must reach the caller.
+      await this.send("run_started", fields, true);
     } catch (err) {
+      if (err instanceof Refused) this.close();
       // Queued: re-sent before the run's first gate, which decides (gateOnError) what
       // the agent may do meanwhile.
       if (!(err instanceof GuardUnavailable)) throw err;
@@ -284,6 +297,7 @@ export class Run {
     }
     return new Promise<Decision | null>((resolve, reject) => {
       this.chain = this.chain.then(async () => {
+        if (this.exists !== null) return reject(this.exists);
         const queued = this.make(type, body, inline, resolve, reject);
         this.queue.push(queued);
         await this.flush();
@@ -300,7 +314,7 @@ export class Run {
   ): Queued {
     this.lastSeq += 1;
     const seq = this.lastSeq;
-    const id = `${this.id}-${seq}`;
+    const id = type === "run_started" ? `${this.id}-${seq}.${this.nonce}` : `${this.id}-${seq}`;
     const event = {
       v: 1,
       id,
@@ -334,6 +348,13 @@ export class Run {
       } catch (err) {
         const failure =
           err instanceof FuseboxError ? err : new FuseboxError(String(err), { cause: err });
+        if (failure instanceof Refused && failure.reason === "run_exists") {
+          // A queued run_started (the daemon was unreachable at start) for a run id
+          // another process has: fail everything, send nothing more.
+          this.exists = new RunExists(this.tenant, this.id, failure.detail, failure.eventId);
+          for (const queued of this.queue.splice(0)) settle(queued, this.exists);
+          return;
+        }
         if (failure instanceof Refused) {
           // Not applied: its seq goes to the events behind it.
           this.queue.shift();

@@ -9,7 +9,7 @@ import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { Fusebox, newRunId, Refused } from "../src/index.js";
+import { Fusebox, newRunId, Refused, RunExists } from "../src/index.js";
 import {
   bareNats,
   freePort,
@@ -113,6 +113,34 @@ describe("the client against fuseboxd", () => {
     // The same id is the same event: the original decision, not a second execution
     // (which an op_key in flight would have blocked).
     assert.deepEqual(again.raw, first.raw);
+  });
+
+  test("a restarted worker reusing a run id is refused run_exists, naming the run", async () => {
+    const allow = await Fusebox.connect(stack.natsUrl, { tenant: TENANT, gateOnError: "allow" });
+    const runId = freshRun("reuse");
+    const first = await fb.startRun(runId, { agent: "researcher" });
+    assert.equal((await first.toolCall("search", { query: "x" })).mayRun, true);
+    // Another process: a handle of its own for the same run id.
+    const again = allow.run(runId, { agent: "researcher" });
+    await assert.rejects(again.start(), (err: unknown) => {
+      assert.ok(err instanceof RunExists && err instanceof Refused, String(err));
+      assert.equal(err.reason, "run_exists");
+      assert.equal(err.tenant, TENANT);
+      assert.equal(err.run, runId);
+      assert.ok(err.message.startsWith(`run ${TENANT}/${runId} already exists:`), err.message);
+      return true;
+    });
+    // Never the old process's decisions, never gateOnError: nothing more is sent.
+    const call = await again.toolCall("search", { query: "x" });
+    assert.equal(call.mayRun, false);
+    assert.ok(call.error instanceof RunExists, String(call.error));
+    await assert.rejects(again.finish("completed"), RunExists);
+    // The run is still the first process's.
+    const status = await runStatus(stack, runId);
+    assert.equal((status.summary as { last_seq: number }).last_seq, 2);
+    assert.equal((await first.toolCall("search", { query: "y" })).mayRun, true);
+    first.close();
+    await allow.close();
   });
 
   test("an event for another tenant is refused, told apart from an outage", async () => {

@@ -116,6 +116,30 @@ pub enum Args {
 /// (the same value always has the same hash).
 pub const INLINE_LIMIT: usize = 32 * 1024;
 
+/// Up to this many bytes of JSON, an adapter sends the result of a call with an `op_key`
+/// whole, so the ledger can answer a repeat with it (the MCP gateway's and the hooks'
+/// `max_stored_result_bytes`; past it, the hash, and a repeat is told the operation
+/// completed and where). Half of fuseboxd's default `max_event_bytes` and of
+/// nats-server's default `max_payload` (both 1 MiB): room for the envelope and escaping.
+pub const DEFAULT_MAX_STORED_RESULT_BYTES: usize = 512 * 1024;
+
+/// The `op_key` of a call whose argument `value` names its business operation:
+/// `<tool>:<value>` (a string as it is, any other JSON as its text); `None` for a null.
+/// Past the contract's bound (a document as the key) it is the key's SHA-256, so the same
+/// operation still has the same key and the call is not refused.
+pub fn op_key_from_arg(tool: &str, value: &Value) -> Option<String> {
+    let named = match value {
+        Value::String(text) => text.clone(),
+        Value::Null => return None,
+        other => other.to_string(),
+    };
+    let key = format!("{tool}:{named}");
+    if key.len() > crate::parse::MAX_OP_KEY_LEN {
+        return Some(format!("sha256:{}", hex_sha256(key.as_bytes())));
+    }
+    Some(key)
+}
+
 /// The hash a value travels as (lowercase hex SHA-256 of its compact JSON) when that
 /// JSON is longer than `limit`; `None` when it travels inline.
 fn hash_if_larger(value: &Value, limit: usize) -> Option<String> {
@@ -378,5 +402,20 @@ mod tests {
         assert_eq!(Output::inline_or_hash(big), Output::Hash(hash));
         let small = json!({"command": "ls"});
         assert_eq!(Args::inline_or_hash(small.clone()), Args::Json(small));
+    }
+
+    #[test]
+    fn an_argument_names_an_operation_within_the_contracts_bound() {
+        let key = |value: Value| op_key_from_arg("charge", &value);
+        assert_eq!(key(json!("order-7")).as_deref(), Some("charge:order-7"));
+        assert_eq!(key(json!(7)).as_deref(), Some("charge:7"));
+        assert_eq!(key(json!({"id": 7})).as_deref(), Some(r#"charge:{"id":7}"#));
+        assert_eq!(key(Value::Null), None);
+        let long = key(json!("x".repeat(crate::parse::MAX_OP_KEY_LEN))).unwrap();
+        assert!(long.starts_with("sha256:") && long.len() <= crate::parse::MAX_OP_KEY_LEN);
+        assert_eq!(
+            long,
+            key(json!("x".repeat(crate::parse::MAX_OP_KEY_LEN))).unwrap()
+        );
     }
 }

@@ -36,6 +36,7 @@ pub fn hook(hook: &Hook) -> ExitCode {
     let run = hook.runs().current(hook.tenant(), &payload.session_id);
     let event = claude_code::event_for(
         &payload,
+        &hook.operations,
         hook.tenant(),
         &run,
         &hook.agent,

@@ -43,6 +43,7 @@ pub fn hook(hook: &Hook) -> ExitCode {
         .map(|meta| meta.len());
     let event = codex::event_for(
         &payload,
+        &hook.operations,
         hook.tenant(),
         &run,
         &hook.agent,

@@ -57,6 +57,7 @@ pub fn hook(hook: &Hook) -> ExitCode {
     };
     let event = gemini_cli::event_for(
         &payload,
+        &hook.operations,
         hook.tenant(),
         &run,
         &hook.agent,

@@ -18,6 +18,7 @@ mod codex;
 pub mod connection;
 mod gemini_cli;
 mod kept_stops;
+pub mod operations;
 mod reply;
 pub mod session_runs;
 pub mod settings;
@@ -31,8 +32,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Subcommand, ValueEnum};
 use fusebox_client::{parse_duration, ClientError, ClientOptions, Gate, GateOnError};
 use fusebox_hook::claude_code::Outcome;
+use fusebox_hook::{with_result_hashed, Operations};
 
 use connection::Connection;
+use operations::OperationArgs;
 use session_runs::SessionRuns;
 
 /// The lean binary's name: what the printed settings run.
@@ -98,6 +101,8 @@ pub struct GuardArgs {
     /// [default: $XDG_STATE_HOME/fusebox/<agent>, else ~/.local/state/fusebox/<agent>].
     #[arg(long, env = "FUSEBOX_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub operations: OperationArgs,
 }
 
 #[derive(clap::Args)]
@@ -206,6 +211,7 @@ impl GuardArgs {
         if let Some(dir) = &self.state_dir {
             flags.extend(["--state-dir".to_owned(), dir.display().to_string()]);
         }
+        flags.extend(self.operations.flags());
         flags
     }
 }
@@ -215,6 +221,7 @@ struct Hook<'a> {
     args: &'a GuardArgs,
     agent: String,
     state_dir: Option<PathBuf>,
+    operations: Operations,
 }
 
 impl<'a> Hook<'a> {
@@ -223,6 +230,7 @@ impl<'a> Hook<'a> {
             args,
             agent: args.agent.clone().unwrap_or_else(|| protocol.to_owned()),
             state_dir: state_dir::resolve(args.state_dir.clone(), protocol),
+            operations: args.operations.operations(),
         }
     }
 
@@ -291,7 +299,7 @@ impl<'a> Hook<'a> {
                 if let Some(session) = resumed {
                     continue_resumed(&client, &runs, event, session).await;
                 }
-                client.gate(event).await
+                gate_result_fitted(&client, event).await
             };
             tokio::time::timeout(args.timeout, asked)
                 .await
@@ -320,6 +328,26 @@ pub async fn continue_resumed(
             Ok(next) => event.run = next,
             Err(e) => eprintln!("fusebox: cannot record the session's next run: {e}"),
         }
+    }
+}
+
+/// Asks the daemon about `event`; a result it refuses as too large (its
+/// `max_event_bytes` below `--max-stored-result-bytes`) is sent again as its hash, which
+/// still completes or releases the call's op_key.
+pub async fn gate_result_fitted(
+    client: &fusebox_client::FuseboxClient,
+    event: &fusebox_core::Event,
+) -> Gate {
+    let gate = client.gate(event).await;
+    match (&gate, with_result_hashed(event)) {
+        (Gate::Refused(error), Some(hashed)) if error.reason == "too_large" => {
+            eprintln!(
+                "fusebox: {}: {}; sending the result's hash instead",
+                event.id, error.message
+            );
+            client.gate(&hashed).await
+        }
+        _ => gate,
     }
 }
 

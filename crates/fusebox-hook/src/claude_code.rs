@@ -10,11 +10,14 @@
 
 use fusebox_core::event::hex_sha256;
 use fusebox_core::event::{
-    Args, Compaction, Output, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
+    Args, Compaction, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
 };
-use fusebox_core::{check_event, Action, Decision, Event, EventBody};
+use fusebox_core::{Action, Decision, Event, EventBody};
 
-use crate::common::{message_of, observe_context, stored_result, unasked_reason, unguarded_note};
+use crate::common::Operations;
+use crate::common::{
+    checked, completed_reason, message_of, observe_context, unasked_reason, unguarded_note,
+};
 pub use crate::common::{run_id, Outcome};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -105,9 +108,11 @@ impl Payload {
 }
 
 /// The guard event for a payload; `None` for hook events fusebox has nothing to say
-/// about. `ts_ms` is the event time (the caller's clock).
+/// about. `ts_ms` is the event time (the caller's clock); `operations` says which calls
+/// carry an op_key.
 pub fn event_for(
     payload: &Payload,
+    operations: &Operations,
     tenant: &str,
     run: &str,
     agent: &str,
@@ -142,8 +147,8 @@ pub fn event_for(
                 EventBody::ToolCall(ToolCall {
                     call_id: id.to_owned(),
                     tool: tool.to_owned(),
+                    op_key: operations.op_key(tool, Some(&input)),
                     args: Args::inline_or_hash(input),
-                    op_key: None,
                     effect: None,
                 }),
             )
@@ -175,7 +180,7 @@ pub fn event_for(
                     code,
                     retry_after_ms: failed.then_some(0),
                     terminal: None,
-                    output: Some(Output::inline_or_hash(output)),
+                    output: Some(operations.output(tool, payload.tool_input.as_ref(), output)),
                     progress: None,
                 }),
             )
@@ -210,15 +215,9 @@ pub fn event_for(
         ),
         HookEvent::Stop | HookEvent::Other => return Ok(None),
     };
-    // A payload the daemon would refuse (an empty tool name, an id past the contract's
-    // length) is this hook's error, said here, not a refusal from the guard.
-    check_event(&event, fusebox_core::parse::DEFAULT_MAX_EVENT_BYTES).map_err(|err| {
-        format!(
-            "cannot guard this {} payload: {}",
-            payload.hook_event_name, err.message
-        )
-    })?;
-    Ok(Some(event))
+    // A payload the daemon would refuse is this hook's error, said here, not a refusal
+    // from the guard.
+    checked(event, &payload.hook_event_name).map(Some)
 }
 
 /// The hook's answer on stdout for `event`.
@@ -259,10 +258,7 @@ fn pre_tool_use(decision: &Decision) -> Value {
         // Nothing: "allow" would skip the user's own permission rules.
         Action::Execute => json!({}),
         Action::Warn => pre_tool_context(&message),
-        Action::UseCompletedResult => deny(&format!(
-            "{message}\nStored result: {}",
-            stored_result(decision)
-        )),
+        Action::UseCompletedResult => deny(&completed_reason(decision)),
         // A stop must deny the call too: `continue: false` alone ends the session only
         // after the tool has run (seen with Claude Code 2.1.327).
         Action::Stop => {
@@ -313,7 +309,7 @@ mod tests {
         let payload = json!({"session_id": "s", "hook_event_name": "PreToolUse",
             "tool_name": "Write", "tool_use_id": "toolu_1", "tool_input": input});
         let payload = Payload::parse(payload.to_string().as_bytes()).unwrap();
-        event_for(&payload, "t", "r", "a", None, 1)
+        event_for(&payload, &Operations::default(), "t", "r", "a", None, 1)
     }
 
     #[test]
@@ -340,7 +336,7 @@ mod tests {
             br#"{"session_id":"s","hook_event_name":"PreToolUse","tool_name":"","tool_use_id":"t1"}"#,
         )
         .unwrap();
-        let err = event_for(&payload, "t", "r", "a", None, 1).unwrap_err();
+        let err = event_for(&payload, &Operations::default(), "t", "r", "a", None, 1).unwrap_err();
         assert!(
             err.contains("cannot guard this PreToolUse payload") && err.contains("`tool`"),
             "{err}"
@@ -354,10 +350,18 @@ mod tests {
         )
         .unwrap();
         let id = |len| {
-            event_for(&payload, "t", "r", "a", Some(len), 1)
-                .unwrap()
-                .unwrap()
-                .id
+            event_for(
+                &payload,
+                &Operations::default(),
+                "t",
+                "r",
+                "a",
+                Some(len),
+                1,
+            )
+            .unwrap()
+            .unwrap()
+            .id
         };
         assert_eq!(id(10), id(10));
         assert_ne!(id(10), id(20));

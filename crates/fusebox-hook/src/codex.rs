@@ -13,18 +13,20 @@
 
 use fusebox_core::event::hex_sha256;
 use fusebox_core::event::{
-    Args, Compaction, Output, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
+    Args, Compaction, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
 };
-use fusebox_core::{check_event, Action, Decision, Event, EventBody};
+use fusebox_core::{Action, Decision, Event, EventBody};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::common::{
-    lines_in_one_order, message_of, observe_context, stored_result, unasked_reason, unguarded_note,
+    checked, completed_reason, lines_in_one_order, message_of, observe_context, unasked_reason,
+    unguarded_note,
 };
 
 /// Codex's shell tool, as its hooks name it.
 const SHELL_TOOL: &str = "Bash";
+use crate::common::Operations;
 pub use crate::common::{run_id, Outcome};
 
 /// The hook events fusebox acts on. Anything else is answered with no opinion.
@@ -115,6 +117,7 @@ impl Payload {
 /// the hook ran: it tells one compaction from the next (see PreCompact below).
 pub fn event_for(
     payload: &Payload,
+    operations: &Operations,
     tenant: &str,
     run: &str,
     agent: &str,
@@ -147,7 +150,7 @@ pub fn event_for(
                     call_id: id.to_owned(),
                     tool: tool.to_owned(),
                     args: Args::inline_or_hash(payload.tool_input.clone().unwrap_or(Value::Null)),
-                    op_key: None,
+                    op_key: operations.op_key(tool, payload.tool_input.as_ref()),
                     effect: None,
                 }),
             )
@@ -172,7 +175,7 @@ pub fn event_for(
                     code: None,
                     retry_after_ms: None,
                     terminal: None,
-                    output: Some(Output::inline_or_hash(output)),
+                    output: Some(operations.output(tool, payload.tool_input.as_ref(), output)),
                     progress: None,
                 }),
             )
@@ -210,13 +213,7 @@ pub fn event_for(
         ),
         HookEvent::Other => return Ok(None),
     };
-    check_event(&event, fusebox_core::parse::DEFAULT_MAX_EVENT_BYTES).map_err(|err| {
-        format!(
-            "cannot guard this {} payload: {}",
-            payload.hook_event_name, err.message
-        )
-    })?;
-    Ok(Some(event))
+    checked(event, &payload.hook_event_name).map(Some)
 }
 
 /// The report to keep when `outcome` stops the run: every later call of the session is
@@ -267,10 +264,7 @@ fn pre_tool_use(decision: &Decision) -> Value {
         // Nothing: "allow" would skip the user's own approval policy.
         Action::Execute => json!({}),
         Action::Warn => context("PreToolUse", &message),
-        Action::UseCompletedResult => deny(&format!(
-            "{message}\nStored result: {}",
-            stored_result(decision)
-        )),
+        Action::UseCompletedResult => deny(&completed_reason(decision)),
         Action::Stop => kept_stop_answer(&message),
         // Block, and any action that does not let the tool run.
         _ => deny(&message),
@@ -307,10 +301,18 @@ mod tests {
             let payload = parse(&format!(
                 r#"{{"session_id":"s","hook_event_name":"PreCompact","turn_id":"{turn}","trigger":"auto"}}"#
             ));
-            event_for(&payload, "t", "r", "codex", Some(transcript_len), 1)
-                .unwrap()
-                .unwrap()
-                .id
+            event_for(
+                &payload,
+                &Operations::default(),
+                "t",
+                "r",
+                "codex",
+                Some(transcript_len),
+                1,
+            )
+            .unwrap()
+            .unwrap()
+            .id
         };
         // Recorded (0.171, `codex exec` with a low model_auto_compact_token_limit): two
         // hooks of the first compaction saw 35354 bytes, the second compaction of the
@@ -328,7 +330,7 @@ mod tests {
                 r#"{{"session_id":"s","hook_event_name":"PostToolUse","tool_name":"Bash","tool_use_id":"c1","tool_response":{}}}"#,
                 serde_json::to_string(response).unwrap()
             ));
-            let event = event_for(&payload, "t", "r", "codex", None, 1)
+            let event = event_for(&payload, &Operations::default(), "t", "r", "codex", None, 1)
                 .unwrap()
                 .unwrap();
             match event.body {
@@ -353,9 +355,11 @@ mod tests {
             let payload = parse(&format!(
                 r#"{{"session_id":"s","hook_event_name":"{name}"}}"#
             ));
-            assert!(event_for(&payload, "t", "r", "codex", None, 1)
-                .unwrap()
-                .is_none());
+            assert!(
+                event_for(&payload, &Operations::default(), "t", "r", "codex", None, 1)
+                    .unwrap()
+                    .is_none()
+            );
         }
     }
 
@@ -363,7 +367,8 @@ mod tests {
     fn a_call_without_its_id_is_the_hooks_error() {
         let payload =
             parse(r#"{"session_id":"s","hook_event_name":"PreToolUse","tool_name":"Bash"}"#);
-        let err = event_for(&payload, "t", "r", "codex", None, 1).unwrap_err();
+        let err =
+            event_for(&payload, &Operations::default(), "t", "r", "codex", None, 1).unwrap_err();
         assert!(err.contains("tool_use_id"), "{err}");
     }
 }

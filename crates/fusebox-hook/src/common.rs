@@ -1,8 +1,13 @@
 //! What every agent's protocol shares: session ids as run ids, what came back from the
 //! guard, and the words the model reads.
 
-use fusebox_core::event::hex_sha256;
-use fusebox_core::{Action, Decision};
+use std::collections::BTreeMap;
+
+use fusebox_core::event::{hex_sha256, op_key_from_arg, Output, DEFAULT_MAX_STORED_RESULT_BYTES};
+use fusebox_core::ledger::RESULT_NOT_STORED;
+use fusebox_core::parse::{RejectReason, DEFAULT_MAX_EVENT_BYTES};
+use fusebox_core::{check_event, Action, Decision, Event, EventBody};
+use serde_json::Value;
 
 /// A session id as a run id of the contract (`[A-Za-z0-9_-]{1,128}`). Claude Code's ids
 /// are UUIDs and pass unchanged; anything else has its other characters replaced and a
@@ -20,6 +25,86 @@ pub fn run_id(session_id: &str) -> String {
         .take(MAX - suffix.len() - 1)
         .collect();
     format!("{cleaned}-{suffix}")
+}
+
+/// Which tool calls name a business operation, and how much of such a call's result
+/// goes to the daemon: for the hooks what the MCP gateway's `op_key_arg` and
+/// `max_stored_result_bytes` are. The hook only names the operation and sends what it
+/// has; whether the call runs, and what a repeat gets, the daemon's ledger decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operations {
+    /// Tool name → the argument whose value names the call's operation (op_key
+    /// `<tool>:<value>`): one such operation per value, ever, in the tenant.
+    pub op_key_args: BTreeMap<String, String>,
+    /// Up to this many bytes of JSON a keyed call's result is sent whole, and the ledger
+    /// answers a repeat with it; past it, as its hash (a repeat is told the operation
+    /// completed and where). Other results go as their hash past 32 KiB.
+    pub max_stored_result_bytes: usize,
+}
+
+impl Default for Operations {
+    fn default() -> Self {
+        Operations {
+            op_key_args: BTreeMap::new(),
+            max_stored_result_bytes: DEFAULT_MAX_STORED_RESULT_BYTES,
+        }
+    }
+}
+
+impl Operations {
+    /// The call's op_key, if its tool names one and the input carries the argument.
+    pub fn op_key(&self, tool: &str, input: Option<&Value>) -> Option<String> {
+        let arg = self.op_key_args.get(tool)?;
+        op_key_from_arg(tool, input?.get(arg)?)
+    }
+
+    /// A call's result as the daemon is sent it: a keyed call's whole up to
+    /// `max_stored_result_bytes`, any other's up to
+    /// [`INLINE_LIMIT`](fusebox_core::event::INLINE_LIMIT). The result
+    /// payload carries the call's input, so the key is found again without state.
+    pub fn output(&self, tool: &str, input: Option<&Value>, value: Value) -> Output {
+        match self.op_key(tool, input) {
+            Some(_) => Output::inline_up_to(value, self.max_stored_result_bytes),
+            None => Output::inline_or_hash(value),
+        }
+    }
+}
+
+/// The event as the hook sends it, or the hook's own error for a payload the daemon
+/// would refuse (an empty tool name, an id past the contract's length). A result too
+/// large for an event goes as its hash instead: it still completes or releases the
+/// call's op_key, which must not stay in flight for want of the result's bytes.
+pub fn checked(event: Event, hook_event_name: &str) -> Result<Event, String> {
+    let refused =
+        |message: String| format!("cannot guard this {hook_event_name} payload: {message}");
+    match check_event(&event, DEFAULT_MAX_EVENT_BYTES) {
+        Ok(()) => Ok(event),
+        Err(err) if err.reason == RejectReason::TooLarge => match with_result_hashed(&event) {
+            Some(hashed) => check_event(&hashed, DEFAULT_MAX_EVENT_BYTES)
+                .map(|()| hashed)
+                .map_err(|err| refused(err.message)),
+            None => Err(refused(err.message)),
+        },
+        Err(err) => Err(refused(err.message)),
+    }
+}
+
+/// A `tool_result` whose output went inline, with its hash instead; `None` for any other
+/// event. For a result the daemon refused `too_large` (its `max_event_bytes` set below
+/// the default): the hook sends it again so.
+pub fn with_result_hashed(event: &Event) -> Option<Event> {
+    let EventBody::ToolResult(result) = &event.body else {
+        return None;
+    };
+    let Some(Output::Json(value)) = &result.output else {
+        return None;
+    };
+    let mut result = result.clone();
+    result.output = Some(Output::inline_up_to(value.clone(), 0));
+    Some(Event {
+        body: EventBody::ToolResult(result),
+        ..event.clone()
+    })
 }
 
 /// What came back from the guard.
@@ -49,13 +134,20 @@ pub fn message_of(decision: &Decision) -> String {
     }
 }
 
-/// The stored result of a completed operation, as text for a deny reason.
-pub fn stored_result(decision: &Decision) -> String {
-    decision
-        .result
-        .as_ref()
-        .map(|r| serde_json::to_string(r).expect("JSON values serialise"))
-        .unwrap_or_else(|| "null".to_owned())
+/// Why a call answered from the ledger (`use_completed_result`) does not run: the
+/// guard's message and the stored result, as text the model reads. A result the daemon
+/// kept only as where it is (too large to store) is not a result: the message alone
+/// says the operation completed, where and when.
+pub fn completed_reason(decision: &Decision) -> String {
+    let message = message_of(decision);
+    match &decision.result {
+        Some(stored) if stored.get(RESULT_NOT_STORED).is_some() => message,
+        stored => format!(
+            "{message}\nStored result: {}",
+            serde_json::to_string(stored.as_ref().unwrap_or(&Value::Null))
+                .expect("JSON values serialise")
+        ),
+    }
 }
 
 /// Words for the model after a tool ran, when the guard has any: a wait, a warning.

@@ -18,15 +18,15 @@
 //!   one of these answers.
 
 use fusebox_core::event::hex_sha256;
-use fusebox_core::event::{
-    Args, Output, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
-};
-use fusebox_core::{check_event, Action, Decision, Event, EventBody};
+use fusebox_core::event::{Args, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult};
+use fusebox_core::{Action, Decision, Event, EventBody};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::common::Operations;
 use crate::common::{
-    lines_in_one_order, message_of, observe_context, stored_result, unasked_reason, unguarded_note,
+    checked, completed_reason, lines_in_one_order, message_of, observe_context, unasked_reason,
+    unguarded_note,
 };
 pub use crate::common::{run_id, Outcome};
 
@@ -197,6 +197,7 @@ impl CallBook {
 /// about. `call_id` is the book's id for a BeforeTool or AfterTool.
 pub fn event_for(
     payload: &Payload,
+    operations: &Operations,
     tenant: &str,
     run: &str,
     agent: &str,
@@ -223,14 +224,14 @@ pub fn event_for(
             }),
         ),
         HookEvent::BeforeTool => {
-            let id = call()?;
+            let (id, tool) = (call()?, payload.tool()?);
             envelope(
                 format!("gm-{id}-call"),
                 EventBody::ToolCall(ToolCall {
                     call_id: id.to_owned(),
-                    tool: payload.tool()?.to_owned(),
+                    tool: tool.to_owned(),
                     args: Args::inline_or_hash(payload.tool_input.clone().unwrap_or(Value::Null)),
-                    op_key: None,
+                    op_key: operations.op_key(tool, payload.tool_input.as_ref()),
                     effect: None,
                 }),
             )
@@ -254,10 +255,11 @@ pub fn event_for(
                     code: failed.then(|| "tool_error".to_owned()),
                     retry_after_ms: failed.then_some(0),
                     terminal: None,
-                    output: Some(Output::inline_or_hash(model_output(
+                    output: Some(operations.output(
                         payload.tool()?,
-                        &response,
-                    ))),
+                        payload.tool_input.as_ref(),
+                        model_output(payload.tool()?, &response),
+                    )),
                     progress: None,
                 }),
             )
@@ -273,13 +275,7 @@ pub fn event_for(
         ),
         HookEvent::Other => return Ok(None),
     };
-    check_event(&event, fusebox_core::parse::DEFAULT_MAX_EVENT_BYTES).map_err(|err| {
-        format!(
-            "cannot guard this {} payload: {}",
-            payload.hook_event_name, err.message
-        )
-    })?;
-    Ok(Some(event))
+    checked(event, &payload.hook_event_name).map(Some)
 }
 
 /// What the model read of a result (`llmContent`), as the loop detector must compare it:
@@ -388,10 +384,7 @@ fn before_tool(decision: &Decision) -> Value {
     let message = message_of(decision);
     match decision.action {
         Action::Execute | Action::Warn => json!({}),
-        Action::UseCompletedResult => deny(&format!(
-            "{message}\nStored result: {}",
-            stored_result(decision)
-        )),
+        Action::UseCompletedResult => deny(&completed_reason(decision)),
         Action::Stop => stop(&message),
         _ => deny(&message),
     }

@@ -7,4 +7,7 @@
 pub mod claude_code;
 pub mod codex;
 mod common;
+pub use common::{with_result_hashed, Operations};
 pub mod gemini_cli;
+#[cfg(test)]
+mod operations_tests;

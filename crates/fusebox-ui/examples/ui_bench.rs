@@ -104,7 +104,7 @@ async fn load(client: &FuseboxClient, tenant: &str, args: &Args) -> Result<(), S
             format!(r#"{{"v":1,"id":"long-{seq}","tenant":"{tenant}","run":"long","seq":{seq},"ts_ms":{},"type":"tool_call","call_id":"c{seq}","tool":"list_issues","args":{{"page":{seq}}}}}"#, 1_800_000_000_000 + seq)
         } else {
             let call = seq - 1;
-            format!(r#"{{"v":1,"id":"long-{seq}","tenant":"{tenant}","run":"long","seq":{seq},"ts_ms":{},"type":"tool_result","call_id":"c{call}","tool":"list_issues","kind":"success","output":{{"issues":["ISSUE-{call}"]}},"progress":{seq}}}"#, 1_800_000_000_000 + seq)
+            format!(r#"{{"v":1,"id":"long-{seq}","tenant":"{tenant}","run":"long","seq":{seq},"ts_ms":{},"type":"tool_result","call_id":"c{call}","tool":"list_issues","kind":"SUCCESS","output":{{"issues":["ISSUE-{call}"]}},"progress":{seq}}}"#, 1_800_000_000_000 + seq)
         };
         ("long".to_owned(), json)
     });

@@ -26,9 +26,12 @@ use axum::routing::post;
 use axum::Router;
 use fusebox_client::{ClientError, ClientOptions, FuseboxClient, Gate, GateOnError};
 use fusebox_hook::claude_code::{self, Outcome, Payload};
+use fusebox_hook::Operations;
 
 use fusebox_hook_command::session_runs::SessionRuns;
-use fusebox_hook_command::{continue_resumed, now_ms, state_dir, GuardArgs, OnError};
+use fusebox_hook_command::{
+    continue_resumed, gate_result_fitted, now_ms, state_dir, GuardArgs, OnError,
+};
 
 /// The path Claude Code's hooks POST to.
 pub const CLAUDE_CODE_PATH: &str = "/claude-code";
@@ -56,6 +59,7 @@ struct Endpoint {
     timeout: Duration,
     allowed: bool,
     runs: SessionRuns,
+    operations: Operations,
 }
 
 pub fn run(args: &ServeArgs) -> Result<ExitCode, String> {
@@ -103,6 +107,7 @@ async fn serve(
         timeout: guard.timeout,
         allowed: guard.on_error == OnError::Allow,
         runs: SessionRuns::new(state_dir::resolve(guard.state_dir.clone(), "claude-code")),
+        operations: guard.operations.operations(),
     });
     let app = Router::new()
         .route(CLAUDE_CODE_PATH, post(claude_code_hook))
@@ -201,6 +206,7 @@ async fn claude_code_hook(
     let run = endpoint.runs.current(&tenant, &payload.session_id);
     let event = claude_code::event_for(
         &payload,
+        &endpoint.operations,
         &tenant,
         &run,
         &endpoint.agent,
@@ -222,7 +228,7 @@ async fn claude_code_hook(
             )
             .await;
         }
-        endpoint.client.gate(&event).await
+        gate_result_fitted(&endpoint.client, &event).await
     };
     let gate = tokio::time::timeout(endpoint.timeout, asked)
         .await
