@@ -8,6 +8,8 @@
 //! * [`mapping`]: the pure rules — effect from annotations, op_key from an argument, the
 //!   daemon's decision → what happens to the call, the upstream's answer → `tool_result`.
 //! * [`run`]: one MCP session = one fusebox run (identity, events, latch, kill switch).
+//! * [`order`]: the session's events in their run's order, so a result is reported
+//!   without waiting for its commit and still applied before the next call is decided.
 //! * [`proxy`]: the two SDK sides and the forwarding between them.
 //! * [`config`]: the gateway's TOML (per-tool op_key argument and effect).
 //!
@@ -16,6 +18,7 @@
 
 pub mod config;
 pub mod mapping;
+pub mod order;
 pub mod proxy;
 pub mod run;
 
