@@ -131,12 +131,8 @@ async fn repeats_get_the_stored_result(client: &FuseboxClient, named: Option<&st
             .await;
         assert_eq!(decided(gate).action, Action::Execute);
         let sent = json!(format!("sent {message}"));
-        run.report(result(
-            &call_id,
-            "send_email",
-            ResultKind::Success,
-            sent.clone(),
-        ));
+        let outcome = result(&call_id, "send_email", ResultKind::Success, sent.clone());
+        run.report(move || outcome);
         let again = run.call_id();
         let gate = run
             .gate_call(
@@ -170,12 +166,7 @@ async fn a_stop_answered_to_a_result_refuses_the_next_call_and_is_on_the_kill_sw
     let call_id = run.call_id();
     let gate = run.gate_call(&call_id, "deploy", None, None, None).await;
     assert!(gate.may_run());
-    run.report(result(
-        &call_id,
-        "deploy",
-        ResultKind::Fatal,
-        json!("no access"),
-    ));
+    run.report(move || result(&call_id, "deploy", ResultKind::Fatal, json!("no access")));
     let next_id = run.call_id();
     let next = run.gate_call(&next_id, "list_page", None, None, None).await;
     assert!(!next.may_run(), "the call after the stop ran: {next:?}");

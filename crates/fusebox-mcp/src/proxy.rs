@@ -335,15 +335,11 @@ impl Session {
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         match self.forward(request, &context).await {
             Ok(ServerResult::CallToolResult(result)) => {
-                let reported = mapping::tool_result(
-                    &call_id,
-                    &tool,
-                    &result,
-                    settings.config.error_kind,
-                    inline_limit,
-                );
                 // Not waited for: a stop answered to it refuses the next call.
-                self.run.report(reported);
+                let (error_kind, upstream) = (settings.config.error_kind, result.clone());
+                self.run.report(move || {
+                    mapping::tool_result(&call_id, &tool, &upstream, error_kind, inline_limit)
+                });
                 let output_schema = listed.as_ref().and_then(|t| t.output_schema.as_deref());
                 Ok(mapping::with_note(result, note, output_schema).into())
             }
@@ -353,31 +349,19 @@ impl Session {
             Ok(ServerResult::CreateTaskResult(result)) => Ok(CallToolResponse::Task(result)),
             Ok(other) => {
                 let detail = format!("unexpected answer to tools/call: {other:?}");
-                self.run.report(mapping::failed_result(
-                    &call_id,
-                    &tool,
-                    "bad_answer",
-                    &detail,
-                ));
+                let failed = mapping::failed_result(&call_id, &tool, "bad_answer", &detail);
+                self.run.report(move || failed);
                 Err(unexpected(other))
             }
             Err(ServiceError::McpError(error)) => {
-                self.run.report(mapping::failed_result(
-                    &call_id,
-                    &tool,
-                    "mcp_error",
-                    &error.message,
-                ));
+                let failed = mapping::failed_result(&call_id, &tool, "mcp_error", &error.message);
+                self.run.report(move || failed);
                 Err(error)
             }
             Err(ServiceError::Cancelled { reason }) => {
                 let reason = reason.unwrap_or_default();
-                self.run.report(mapping::failed_result(
-                    &call_id,
-                    &tool,
-                    "cancelled",
-                    &reason,
-                ));
+                let failed = mapping::failed_result(&call_id, &tool, "cancelled", &reason);
+                self.run.report(move || failed);
                 Err(McpError::internal_error(
                     format!("cancelled: {reason}"),
                     None,
@@ -390,12 +374,9 @@ impl Session {
                     settings.upstream
                 );
                 tracing::error!("{detail}");
-                self.run.report(mapping::failed_result(
-                    &call_id,
-                    &tool,
-                    "upstream_unavailable",
-                    &detail,
-                ));
+                let failed =
+                    mapping::failed_result(&call_id, &tool, "upstream_unavailable", &detail);
+                self.run.report(move || failed);
                 Ok(mapping::error_result(detail).into())
             }
         }

@@ -115,14 +115,17 @@ impl GuardedRun {
     }
 
     fn event(&self, body: EventBody) -> Event {
-        Event {
-            v: 1,
+        self.place().with(body)
+    }
+
+    /// The next event's place in the run: its id, `seq` and time.
+    fn place(&self) -> Place {
+        Place {
             id: self.next_id(),
             tenant: self.id.tenant.clone(),
             run: self.id.run.clone(),
             seq: self.order.next_seq(),
             ts_ms: now_ms(),
-            body,
         }
     }
 
@@ -200,15 +203,21 @@ impl GuardedRun {
         self.send(&event).await
     }
 
-    /// Reports the call's outcome on the gate subject without waiting for its commit:
-    /// the event is made (and numbered) now, before the agent sees the result, so the
-    /// daemon applies it before the session's next call (`order.rs`). A stop in its
-    /// answer latches the session; the daemon answers the next call with that stop too.
-    pub fn report(self: &Arc<Self>, result: ToolResult) {
+    /// Reports the call's outcome on the gate subject without waiting for its commit.
+    /// Its place in the run's order is taken now, before the agent sees the result, so
+    /// the daemon applies it before the session's next call (`order.rs`); the outcome
+    /// itself is made off the agent's path (for a large result, its copy into JSON, its
+    /// size and hash are the gateway's largest cost). A stop in the answer latches the
+    /// session; the daemon answers the next call with that stop too.
+    pub fn report<F>(self: &Arc<Self>, outcome: F)
+    where
+        F: FnOnce() -> ToolResult + Send + 'static,
+    {
         let in_flight = self.order.reporting();
-        let event = self.event(EventBody::ToolResult(result));
+        let place = self.place();
         let run = self.clone();
         tokio::spawn(async move {
+            let event = place.with(EventBody::ToolResult(outcome()));
             run.deliver_result(event).await;
             drop(in_flight);
         });
@@ -245,6 +254,29 @@ impl GuardedRun {
             Gate::Unanswered { error, .. } => {
                 tracing::error!(%error, "tool_result not delivered: the guard did not answer");
             }
+        }
+    }
+}
+
+/// Where an event goes in its run, taken before its body is made.
+struct Place {
+    id: String,
+    tenant: String,
+    run: String,
+    seq: Option<u64>,
+    ts_ms: u64,
+}
+
+impl Place {
+    fn with(self, body: EventBody) -> Event {
+        Event {
+            v: 1,
+            id: self.id,
+            tenant: self.tenant,
+            run: self.run,
+            seq: self.seq,
+            ts_ms: self.ts_ms,
+            body,
         }
     }
 }
