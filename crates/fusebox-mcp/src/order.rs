@@ -10,17 +10,31 @@
 //! for the answers of the results still in flight. A numbered event that went unanswered
 //! or was refused may have left a hole the daemon would hold later events for (up to its
 //! gap timeout), so the session goes on unnumbered from then on.
+//!
+//! One commit per call: a numbered result is sent just after the next call (or after
+//! [`LINGER`] without one). The daemon holds the call for it and then applies both in one
+//! batch, one flush; a result sent first would be a commit of its own, which a call
+//! arriving meanwhile would wait for.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
+
+/// How long a numbered result waits for the session's next call to go with: an agent
+/// loop without a model turn between calls (a script, a benchmark) calls again within
+/// a millisecond or two; an agent that waits for a model does not, and its result goes
+/// alone, this much later.
+pub const LINGER: Duration = Duration::from_millis(10);
 
 pub struct RunOrder {
     numbered: AtomicBool,
     last_seq: AtomicU64,
     /// Results reported and not answered yet.
     reporting: Arc<watch::Sender<usize>>,
+    /// Results numbered below this may be sent (the call numbered after them is out).
+    released: watch::Sender<u64>,
 }
 
 impl RunOrder {
@@ -29,6 +43,7 @@ impl RunOrder {
             numbered: AtomicBool::new(numbered),
             last_seq: AtomicU64::new(0),
             reporting: Arc::new(watch::Sender::new(0)),
+            released: watch::Sender::new(0),
         }
     }
 
@@ -49,6 +64,28 @@ impl RunOrder {
     pub fn reporting(&self) -> Reporting {
         self.reporting.send_modify(|n| *n += 1);
         Reporting(self.reporting.clone())
+    }
+
+    /// A numbered result (`seq`) waits here until the call after it is sent, or
+    /// [`LINGER`]; an unnumbered one goes at once.
+    pub async fn until_released(&self, seq: Option<u64>) {
+        let Some(seq) = seq else { return };
+        let mut released = self.released.subscribe();
+        let _ = tokio::time::timeout(LINGER, released.wait_for(|below| *below > seq)).await;
+    }
+
+    /// The event numbered `seq` is sent: the results before it go now.
+    pub fn release(&self, seq: u64) {
+        self.released.send_if_modified(|below| {
+            let moved = seq > *below;
+            *below = (*below).max(seq);
+            moved
+        });
+    }
+
+    /// Every result goes now (the session ends).
+    pub fn release_all(&self) {
+        self.release(u64::MAX);
     }
 
     /// Before the session's next call is made: unnumbered, the results in flight must be
@@ -99,6 +136,24 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), order.ready_for_call())
             .await
             .expect("the daemon orders numbered events: no wait");
+    }
+
+    #[tokio::test]
+    async fn a_numbered_result_goes_once_the_call_after_it_is_sent() {
+        let order = RunOrder::new(true);
+        let (result, call) = (order.next_seq(), order.next_seq().unwrap());
+        let waiting = tokio::time::timeout(Duration::from_millis(1), order.until_released(result));
+        assert!(waiting.await.is_err(), "no call yet: the result waits");
+        order.release(call);
+        tokio::time::timeout(Duration::from_millis(1), order.until_released(result))
+            .await
+            .expect("the call after it is out: the result goes");
+        tokio::time::timeout(LINGER * 10, order.until_released(order.next_seq()))
+            .await
+            .expect("without a call, the result goes after the linger");
+        tokio::time::timeout(Duration::from_millis(1), order.until_released(None))
+            .await
+            .expect("an unnumbered result goes at once");
     }
 
     #[tokio::test]

@@ -2,8 +2,10 @@
 //! (in the run's order: `order.rs`), and its latch (the stop that refuses every later
 //! call, from a gate answer, a result's answer or the kill switch).
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::StatusCode;
@@ -172,6 +174,7 @@ impl GuardedRun {
     /// When the session ends: the results still in flight are answered (the process may
     /// exit next), then `run_finished` goes, for a run this session made.
     pub async fn finish(&self) {
+        self.order.release_all();
         self.order.settled().await;
         if !self.id.fresh || self.finished.swap(true, Ordering::Relaxed) {
             return;
@@ -200,7 +203,19 @@ impl GuardedRun {
         let event = self.event(EventBody::ToolCall(mapping::tool_call(
             call_id, tool, arguments, op_key, effect,
         )));
-        self.send(&event).await
+        let mut call = std::pin::pin!(self.send(&event));
+        // The first poll puts the call on the connection; the results numbered before it
+        // follow it (see `order.rs`: held for them, the call commits with them).
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        match first {
+            Poll::Ready(answer) => answer,
+            Poll::Pending => {
+                if let Some(seq) = event.seq {
+                    self.order.release(seq);
+                }
+                call.await
+            }
+        }
     }
 
     /// Reports the call's outcome on the gate subject without waiting for its commit.
@@ -218,6 +233,7 @@ impl GuardedRun {
         let run = self.clone();
         tokio::spawn(async move {
             let event = place.with(EventBody::ToolResult(outcome()));
+            run.order.until_released(event.seq).await;
             run.deliver_result(event).await;
             drop(in_flight);
         });
