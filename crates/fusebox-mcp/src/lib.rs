@@ -8,6 +8,8 @@
 //! * [`mapping`]: the pure rules — effect from annotations, op_key from an argument, the
 //!   daemon's decision → what happens to the call, the upstream's answer → `tool_result`.
 //! * [`run`]: one MCP session = one fusebox run (identity, events, latch, kill switch).
+//! * [`order`]: the session's events in their run's order, so a result is reported
+//!   without waiting for its commit and still applied before the next call is decided.
 //! * [`proxy`]: the two SDK sides and the forwarding between them.
 //! * [`config`]: the gateway's TOML (per-tool op_key argument and effect).
 //!
@@ -16,6 +18,7 @@
 
 pub mod config;
 pub mod mapping;
+pub mod order;
 pub mod proxy;
 pub mod run;
 
@@ -204,7 +207,7 @@ async fn serve_stdio(settings: Arc<Settings>) -> Result<(), String> {
     let gateway = Gateway::new(settings);
     let session = gateway.handle();
     let service = gateway
-        .serve((tokio::io::stdin(), tokio::io::stdout()))
+        .serve(agent_stdio())
         .await
         .map_err(|e| format!("the MCP session did not start: {e}"))?;
     // An agent ends a stdio server with SIGINT or SIGTERM as often as by closing stdin
@@ -215,6 +218,30 @@ async fn serve_stdio(settings: Arc<Settings>) -> Result<(), String> {
     }
     session.close().await;
     Ok(())
+}
+
+type AgentReader = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+type AgentWriter = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// The agent's stdin and stdout. Pipes (as MCP clients start a stdio server) are read and
+/// written through the runtime's reactor: tokio's `stdin()` and `stdout()` hand every
+/// read and write to a blocking thread, a thread hop each way for every message.
+/// Anything else (a terminal, a file) gets those.
+fn agent_stdio() -> (AgentReader, AgentWriter) {
+    use std::os::fd::AsFd;
+    use tokio::net::unix::pipe;
+    let own = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().ok();
+    let read: AgentReader =
+        match own(std::io::stdin().as_fd()).and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()) {
+            Some(pipe) => Box::new(pipe),
+            None => Box::new(tokio::io::stdin()),
+        };
+    let write: AgentWriter =
+        match own(std::io::stdout().as_fd()).and_then(|fd| pipe::Sender::from_owned_fd(fd).ok()) {
+            Some(pipe) => Box::new(pipe),
+            None => Box::new(tokio::io::stdout()),
+        };
+    (read, write)
 }
 
 async fn shutdown_signal() {

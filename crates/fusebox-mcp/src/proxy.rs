@@ -84,7 +84,7 @@ struct Session {
     agent: AgentPeer,
     _service: RunningService<RoleClient, UpstreamSide>,
     info: InitializeResult,
-    run: GuardedRun,
+    run: Arc<GuardedRun>,
     tools: ToolTable,
     progress: ProgressMap,
     timeout: Duration,
@@ -192,7 +192,7 @@ impl Gateway {
             id.tenant,
             id.run
         );
-        let run = GuardedRun::start(self.settings.guard.clone(), id);
+        let run = Arc::new(GuardedRun::start(self.settings.guard.clone(), id));
         run.announce().await;
         Ok(Session {
             upstream: peer,
@@ -335,22 +335,13 @@ impl Session {
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         match self.forward(request, &context).await {
             Ok(ServerResult::CallToolResult(result)) => {
-                let reported = mapping::tool_result(
-                    &call_id,
-                    &tool,
-                    &result,
-                    settings.config.error_kind,
-                    inline_limit,
-                );
-                let stop = self.run.report(reported).await;
+                // Not waited for: a stop answered to it refuses the next call.
+                let (error_kind, upstream) = (settings.config.error_kind, result.clone());
+                self.run.report(move || {
+                    mapping::tool_result(&call_id, &tool, &upstream, error_kind, inline_limit)
+                });
                 let output_schema = listed.as_ref().and_then(|t| t.output_schema.as_deref());
-                let mut result = mapping::with_note(result, note, output_schema);
-                if stop.is_some() {
-                    if let Some(stopped) = self.run.latched() {
-                        result.content.extend(stopped.content);
-                    }
-                }
-                Ok(result.into())
+                Ok(mapping::with_note(result, note, output_schema).into())
             }
             Ok(ServerResult::InputRequiredResult(result)) => {
                 Ok(CallToolResponse::InputRequired(result))
@@ -358,37 +349,19 @@ impl Session {
             Ok(ServerResult::CreateTaskResult(result)) => Ok(CallToolResponse::Task(result)),
             Ok(other) => {
                 let detail = format!("unexpected answer to tools/call: {other:?}");
-                self.run
-                    .report(mapping::failed_result(
-                        &call_id,
-                        &tool,
-                        "bad_answer",
-                        &detail,
-                    ))
-                    .await;
+                let failed = mapping::failed_result(&call_id, &tool, "bad_answer", &detail);
+                self.run.report(move || failed);
                 Err(unexpected(other))
             }
             Err(ServiceError::McpError(error)) => {
-                self.run
-                    .report(mapping::failed_result(
-                        &call_id,
-                        &tool,
-                        "mcp_error",
-                        &error.message,
-                    ))
-                    .await;
+                let failed = mapping::failed_result(&call_id, &tool, "mcp_error", &error.message);
+                self.run.report(move || failed);
                 Err(error)
             }
             Err(ServiceError::Cancelled { reason }) => {
                 let reason = reason.unwrap_or_default();
-                self.run
-                    .report(mapping::failed_result(
-                        &call_id,
-                        &tool,
-                        "cancelled",
-                        &reason,
-                    ))
-                    .await;
+                let failed = mapping::failed_result(&call_id, &tool, "cancelled", &reason);
+                self.run.report(move || failed);
                 Err(McpError::internal_error(
                     format!("cancelled: {reason}"),
                     None,
@@ -401,14 +374,9 @@ impl Session {
                     settings.upstream
                 );
                 tracing::error!("{detail}");
-                self.run
-                    .report(mapping::failed_result(
-                        &call_id,
-                        &tool,
-                        "upstream_unavailable",
-                        &detail,
-                    ))
-                    .await;
+                let failed =
+                    mapping::failed_result(&call_id, &tool, "upstream_unavailable", &detail);
+                self.run.report(move || failed);
                 Ok(mapping::error_result(detail).into())
             }
         }

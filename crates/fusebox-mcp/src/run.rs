@@ -1,9 +1,11 @@
-//! One MCP session = one fusebox run: its identity, the events the gateway sends for it,
-//! and its latch (the stop that refuses every later call, from a gate answer or from
-//! the kill switch).
+//! One MCP session = one fusebox run: its identity, the events the gateway sends for it
+//! (in the run's order: `order.rs`), and its latch (the stop that refuses every later
+//! call, from a gate answer, a result's answer or the kill switch).
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::StatusCode;
@@ -15,6 +17,7 @@ use futures_util::StreamExt;
 use rmcp::model::{CallToolResult, JsonObject};
 
 use crate::mapping;
+use crate::order::RunOrder;
 
 /// Who the run is, as the operator will look it up (`fusebox run TENANT/RUN`).
 #[derive(Debug, Clone)]
@@ -66,6 +69,7 @@ pub struct GuardedRun {
     /// earlier session already used (a re-used id would get that session's decision).
     nonce: String,
     counter: AtomicU64,
+    order: RunOrder,
     latch: Arc<Mutex<Option<CallToolResult>>>,
     watcher: tokio::task::JoinHandle<()>,
     finished: AtomicBool,
@@ -98,6 +102,7 @@ impl GuardedRun {
         GuardedRun {
             nonce: format!("{:x}{:x}", now_ms(), std::process::id()),
             counter: AtomicU64::new(0),
+            order: RunOrder::new(id.fresh),
             client,
             id,
             latch,
@@ -106,16 +111,23 @@ impl GuardedRun {
         }
     }
 
-    fn event(&self, body: EventBody) -> Event {
+    fn next_id(&self) -> String {
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
-        Event {
-            v: 1,
-            id: format!("{}-{n}", self.nonce),
+        format!("{}-{n}", self.nonce)
+    }
+
+    fn event(&self, body: EventBody) -> Event {
+        self.place().with(body)
+    }
+
+    /// The next event's place in the run: its id, `seq` and time.
+    fn place(&self) -> Place {
+        Place {
+            id: self.next_id(),
             tenant: self.id.tenant.clone(),
             run: self.id.run.clone(),
-            seq: None,
+            seq: self.order.next_seq(),
             ts_ms: now_ms(),
-            body,
         }
     }
 
@@ -144,18 +156,31 @@ impl GuardedRun {
             agent: self.id.agent.clone(),
             ..RunStarted::default()
         }));
-        if let Gate::Unanswered { error, .. } = self.client.gate(&event).await {
+        if let Gate::Unanswered { error, .. } = self.send(&event).await {
             tracing::warn!(%error, "run_started not delivered");
         }
     }
 
-    /// `run_finished` when the session ends, for a run this session made.
+    /// Gates `event`. A numbered event that gets no decision leaves the session
+    /// unnumbered (see `order.rs`).
+    async fn send(&self, event: &Event) -> Gate {
+        let answer = self.client.gate(event).await;
+        if event.seq.is_some() && !matches!(answer, Gate::Decided(_)) {
+            self.order.unnumber();
+        }
+        answer
+    }
+
+    /// When the session ends: the results still in flight are answered (the process may
+    /// exit next), then `run_finished` goes, for a run this session made.
     pub async fn finish(&self) {
+        self.order.release_all();
+        self.order.settled().await;
         if !self.id.fresh || self.finished.swap(true, Ordering::Relaxed) {
             return;
         }
         let event = self.finish_event();
-        if let Gate::Unanswered { error, .. } = self.client.gate(&event).await {
+        if let Gate::Unanswered { error, .. } = self.send(&event).await {
             tracing::warn!(%error, "run_finished not delivered");
         }
     }
@@ -174,50 +199,100 @@ impl GuardedRun {
         op_key: Option<String>,
         effect: Option<Effect>,
     ) -> Gate {
+        self.order.ready_for_call().await;
         let event = self.event(EventBody::ToolCall(mapping::tool_call(
             call_id, tool, arguments, op_key, effect,
         )));
-        self.client.gate(&event).await
+        let mut call = std::pin::pin!(self.send(&event));
+        // The first poll puts the call on the connection; the results numbered before it
+        // follow it (see `order.rs`: held for them, the call commits with them).
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        match first {
+            Poll::Ready(answer) => answer,
+            Poll::Pending => {
+                if let Some(seq) = event.seq {
+                    self.order.release(seq);
+                }
+                call.await
+            }
+        }
     }
 
-    /// Reports the call's outcome inline (on the gate subject), so the daemon has
-    /// applied it before the agent can make its next call. A stop in the answer latches
-    /// the session and is returned.
-    pub async fn report(&self, result: ToolResult) -> Option<Decision> {
-        let event = self.event(EventBody::ToolResult(result.clone()));
+    /// Reports the call's outcome on the gate subject without waiting for its commit.
+    /// Its place in the run's order is taken now, before the agent sees the result, so
+    /// the daemon applies it before the session's next call (`order.rs`); the outcome
+    /// itself is made off the agent's path (for a large result, its copy into JSON, its
+    /// size and hash are the gateway's largest cost). A stop in the answer latches the
+    /// session; the daemon answers the next call with that stop too.
+    pub fn report<F>(self: &Arc<Self>, outcome: F)
+    where
+        F: FnOnce() -> ToolResult + Send + 'static,
+    {
+        let in_flight = self.order.reporting();
+        let place = self.place();
+        let run = self.clone();
+        tokio::spawn(async move {
+            let event = place.with(EventBody::ToolResult(outcome()));
+            run.order.until_released(event.seq).await;
+            run.deliver_result(event).await;
+            drop(in_flight);
+        });
+    }
+
+    async fn deliver_result(&self, mut event: Event) {
         let mut answer = self.client.gate(&event).await;
-        if let Gate::Refused(error) = &answer {
+        if let (Gate::Refused(error), EventBody::ToolResult(result)) = (&answer, &mut event.body) {
             if let (Some(Output::Json(value)), "too_large") =
-                (&result.output, error.reason.as_str())
+                (&mut result.output, error.reason.as_str())
             {
                 // Past this daemon's `max_event_bytes` (below `max_stored_result_bytes`):
                 // the hash still completes or releases the op_key, which must not stay
-                // in flight for want of the result's bytes.
+                // in flight for want of the result's bytes. The refused event was never
+                // admitted: its `seq` is the hash's.
                 tracing::warn!(message = %error.message, "tool_result too large for fuseboxd; sending its hash");
-                let hashed = ToolResult {
-                    output: Some(Output::inline_up_to(value.clone(), 0)),
-                    ..result
-                };
-                answer = self
-                    .client
-                    .gate(&self.event(EventBody::ToolResult(hashed)))
-                    .await;
+                let value = std::mem::take(value);
+                result.output = Some(Output::inline_up_to(value, 0));
+                event.id = self.next_id();
+                answer = self.client.gate(&event).await;
             }
+        }
+        if event.seq.is_some() && !matches!(answer, Gate::Decided(_)) {
+            self.order.unnumber();
         }
         match answer {
             Gate::Decided(decision) if decision.report.is_some() => {
                 self.latch(mapping::stop_result(&decision));
-                Some(decision)
             }
-            Gate::Decided(_) => None,
+            Gate::Decided(_) => {}
             Gate::Refused(error) => {
                 tracing::error!(reason = %error.reason, message = %error.message, "fuseboxd refused a tool_result");
-                None
             }
             Gate::Unanswered { error, .. } => {
                 tracing::error!(%error, "tool_result not delivered: the guard did not answer");
-                None
             }
+        }
+    }
+}
+
+/// Where an event goes in its run, taken before its body is made.
+struct Place {
+    id: String,
+    tenant: String,
+    run: String,
+    seq: Option<u64>,
+    ts_ms: u64,
+}
+
+impl Place {
+    fn with(self, body: EventBody) -> Event {
+        Event {
+            v: 1,
+            id: self.id,
+            tenant: self.tenant,
+            run: self.run,
+            seq: self.seq,
+            ts_ms: self.ts_ms,
+            body,
         }
     }
 }

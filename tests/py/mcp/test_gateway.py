@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 import anyio
+import nats
 import pytest
 from gateway import (
     TENANT,
@@ -175,6 +176,34 @@ def assert_told_where(again: CallToolResult) -> None:
     assert "already completed" in note and "too large to store" in note, note
     assert "run " in note and "call " in note and "SHA-256" in note, note
     assert "row 0" not in note and again.structured_content is None
+
+
+async def test_a_stop_answered_to_a_result_refuses_the_next_call(
+    stack: Stack, count_file: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """A result that closes the run (the third failure, past `max_tool_errors = 2`) is
+    reported without the gateway waiting for its answer; still the call right after it
+    is refused with that stop, never reaches the server, and the stop is on the kill
+    switch."""
+    config = tmp_path / "fusebox.toml"
+    shipped = stack.config.read_text()
+    assert "max_tool_errors = 50" in shipped
+    config.write_text(shipped.replace("max_tool_errors = 50", "max_tool_errors = 2"))
+    with start_stack("--config", str(config)) as strict:
+        watcher = await nats.connect(strict.nats_url)
+        stops = await watcher.subscribe(f"fusebox.stop.{TENANT}.>")
+        async with session(gateway(strict, counting_server(), env=env(count_file))) as client:
+            for attempt in range(3):
+                failed = await client.call_tool("fail", {"reason": f"disk {attempt}"})
+                assert failed.is_error and STOPPED not in text(failed), text(failed)
+            refused = await client.call_tool("list_page", {"page": 0})
+            assert refused.is_error and STOPPED in text(refused), text(refused)
+            assert "tool_error_limit" in text(refused), text(refused)
+        stop = await stops.next_msg(timeout=10)
+        kept = await watcher.request(f"$JS.API.DIRECT.GET.FUSEBOX_STOPS.{stop.subject}", b"")
+        await watcher.close()
+    assert b"tool_error_limit" in stop.data and kept.data == stop.data
+    assert [e["tool"] for e in executions(count_file)] == ["fail", "fail", "fail"]
 
 
 async def test_an_operator_cancel_ends_the_session(stack: Stack, count_file: pathlib.Path) -> None:
