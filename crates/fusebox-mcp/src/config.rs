@@ -45,9 +45,7 @@ pub struct GatewayConfig {
     pub max_stored_result_bytes: usize,
 }
 
-/// Half of fuseboxd's default `max_event_bytes` and of nats-server's default
-/// `max_payload` (both 1 MiB): room for the envelope and JSON escaping.
-pub const DEFAULT_MAX_STORED_RESULT_BYTES: usize = 512 * 1024;
+use fusebox_core::event::DEFAULT_MAX_STORED_RESULT_BYTES;
 
 fn default_max_stored_result_bytes() -> usize {
     DEFAULT_MAX_STORED_RESULT_BYTES

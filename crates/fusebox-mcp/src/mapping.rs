@@ -4,8 +4,9 @@
 
 use fusebox_client::Gate;
 use fusebox_core::decision::{Action, Decision, StopReport};
-use fusebox_core::event::{hex_sha256, Args, Effect, Output, ResultKind, ToolCall, ToolResult};
-use fusebox_core::parse::MAX_OP_KEY_LEN;
+use fusebox_core::event::{
+    op_key_from_arg, Args, Effect, Output, ResultKind, ToolCall, ToolResult,
+};
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ToolAnnotations};
 use serde_json::Value;
 
@@ -41,19 +42,7 @@ pub fn op_key_of(
     arguments: Option<&JsonObject>,
 ) -> Option<String> {
     let name = config?.op_key_arg.as_deref()?;
-    let value = arguments?.get(name)?;
-    let key = match value {
-        Value::String(text) => text.clone(),
-        Value::Null => return None,
-        other => other.to_string(),
-    };
-    let key = format!("{tool}:{key}");
-    // The contract bounds an op_key; a longer one (a document as the key) travels as its
-    // hash, so the same operation still has the same key and the call is not refused.
-    if key.len() > MAX_OP_KEY_LEN {
-        return Some(format!("sha256:{}", hex_sha256(key.as_bytes())));
-    }
-    Some(key)
+    op_key_from_arg(tool, arguments?.get(name)?)
 }
 
 /// The `tool_call` the gateway gates: the call's arguments inline, or as their hash when
@@ -297,6 +286,7 @@ pub const NOTE_KEY: &str = "fusebox_note";
 mod tests {
     use fusebox_client::{ClientError, WireError};
     use fusebox_core::event::INLINE_LIMIT;
+    use fusebox_core::parse::MAX_OP_KEY_LEN;
     use serde_json::json;
 
     use super::*;
