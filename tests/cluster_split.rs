@@ -46,6 +46,8 @@ const MINORITY: usize = 0;
 const MAJORITY: usize = 1;
 /// A new wave of runs this often, so runs start and end across the cut and the heal.
 const WAVE_EVERY: Duration = Duration::from_millis(700);
+/// How long d1 must have served the same partitions before the cut.
+const STEADY_BEFORE_CUT: Duration = Duration::from_secs(3);
 /// What a minority answer may take beyond the fence on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_millis(1500);
 /// fuseboxd's log line when a partition's service stops at the fence.
@@ -137,11 +139,26 @@ async fn a_daemon_cut_off_with_its_partitions_stops_serving_before_they_are_take
     let mut fleet = Vec::new();
     let mut waves = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while answered.load(Ordering::Relaxed) < 150 || waves < 3 {
-        assert!(Instant::now() < deadline, "load too slow: {answered:?}");
+    // Load, until d1 has served the same partitions for a while: the cut must find it
+    // serving them (a lost op_key claim race restarts a partition's service, and the
+    // partition may move to another daemon, as happens at the first waves).
+    let (mut d1_owns, mut owned_since) = (d1.owned(), Instant::now());
+    while answered.load(Ordering::Relaxed) < 150
+        || waves < 3
+        || d1_owns.is_empty()
+        || owned_since.elapsed() < STEADY_BEFORE_CUT
+    {
+        assert!(
+            Instant::now() < deadline,
+            "load too slow ({answered:?}) or d1's partitions never steady ({d1_owns:?})"
+        );
         fleet.extend(spawn_wave(waves, &sides, &answered));
         waves += 1;
         tokio::time::sleep(WAVE_EVERY).await;
+        let now_owned = d1.owned();
+        if now_owned != d1_owns {
+            (d1_owns, owned_since) = (now_owned, Instant::now());
+        }
     }
 
     // The split: node a and d1 alone, the fleet still reaching both sides.

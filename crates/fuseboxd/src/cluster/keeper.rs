@@ -106,11 +106,15 @@ async fn keep(
                     );
                     lease = Lease { revision };
                 }
-                _ => {
+                Ok(_) => {
                     return Kept {
                         lease,
                         lost: Some("lease lost"),
                     }
+                }
+                // Not known whose it is: renewals go on until the fence decides.
+                Err(err) => {
+                    tracing::warn!(partition, %err, "renewal refused and the lease unreadable");
                 }
             },
             Err(err) => {
