@@ -7,7 +7,9 @@
 //! 1. before a batch (`look_up`), every call with an op_key that the local ledger has
 //!    not seen complete is looked up, and what another run holds is *adopted* into the
 //!    engine as a logged record, so the call is judged on it (`use_completed_result`,
-//!    or a refusal while it is in flight elsewhere);
+//!    or a refusal while it is in flight elsewhere); a key free everywhere is claimed
+//!    for the call at once, so a race between two daemons is decided before either
+//!    engine decides;
 //! 2. before the batch is written (`claim`), every call the engine let run is claimed,
 //!    and every operator's `ledger_resolve` written; a claim that loses a race fails the
 //!    batch, which is then decided again on the new knowledge. A key another run holds
@@ -191,15 +193,18 @@ impl SharedLedger {
     /// operators' resolves name), as entries to adopt before deciding, with the
     /// revisions read. Keys the local ledger already has completed are skipped for
     /// calls (a completion is final; a resolve still looks), and so are claims of the
-    /// very same call.
+    /// very same call. Also returns the keys claimed here for a call: settled after
+    /// the batch like every key it touched, so a claim for a call the batch did not
+    /// apply (held for an earlier `seq`, refused) is freed again.
     pub fn look_up(
         &self,
         fence: &Fence,
         engine: &Engine,
         events: &[Event],
-    ) -> Result<(Vec<AdoptedOp>, Seen), ClaimError> {
+    ) -> Result<(Vec<AdoptedOp>, Seen, Vec<Touch>), ClaimError> {
         let mut adopted: BTreeMap<(String, String), Shared> = BTreeMap::new();
         let mut seen = Seen::new();
+        let mut claimed = Vec::new();
         for event in events {
             let Some(op_key) = op_key_of(event) else {
                 continue;
@@ -215,7 +220,33 @@ impl SharedLedger {
             if final_locally || seen.contains_key(&id) {
                 continue;
             }
-            let (shared, revision) = self.read(fence, &kv_key(&event.tenant, op_key))?;
+            let key = kv_key(&event.tenant, op_key);
+            let (mut shared, mut revision) = self.read(fence, &key)?;
+            // A free key is claimed for this call before the engine decides (freed again
+            // at the settle when the engine does not let the call run): two daemons
+            // deciding calls of one key at the same moment then race here, where the
+            // loser still decides on what the winner holds, instead of in `claim`, where
+            // losing fails the batch after the engine decided and restarts the
+            // partition's service.
+            if let (None, None, Some(call_id)) = (&shared, local, call_id) {
+                let claim = Some(LedgerEntry::InFlight {
+                    run: event.run.clone(),
+                    call_id: call_id.to_owned(),
+                    since_ms: event.ts_ms,
+                });
+                match self.write(fence, &key, &claim, revision)? {
+                    Some(written) => {
+                        claimed.push((
+                            event.tenant.clone(),
+                            op_key.to_owned(),
+                            event.run.clone(),
+                            call_id.to_owned(),
+                        ));
+                        (shared, revision) = (claim, written);
+                    }
+                    None => (shared, revision) = self.read(fence, &key)?,
+                }
+            }
             seen.insert(id.clone(), revision);
             let ours = |run: &str, c: &str| {
                 (run == event.run && Some(c) == call_id)
@@ -238,7 +269,7 @@ impl SharedLedger {
                 entry,
             })
             .collect();
-        Ok((adopted, seen))
+        Ok((adopted, seen, claimed))
     }
 
     /// Step 2, before the write: every call of `applied` that the engine let run (its

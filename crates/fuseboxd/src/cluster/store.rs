@@ -229,7 +229,7 @@ impl GuardStore for PartitionStore {
             return Ok(submitted(outcomes));
         }
         let fence = self.replicator.fence();
-        let (adopted, seen) = self.ledger.look_up(fence, self.guard.engine(), &events)?;
+        let (adopted, seen, claimed) = self.ledger.look_up(fence, self.guard.engine(), &events)?;
         let mut keys = BatchKeys {
             seen,
             touched: Vec::new(),
@@ -244,6 +244,11 @@ impl GuardStore for PartitionStore {
                         ledger, replicator, in_flight, keys, &adopted, engine, applied,
                     )
                 })?;
+        for touch in claimed {
+            if !keys.touched.contains(&touch) {
+                keys.touched.push(touch);
+            }
+        }
         self.settle_then_mark(&keys.touched);
         Ok(submitted(outcomes))
     }
