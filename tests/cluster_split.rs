@@ -140,8 +140,8 @@ async fn a_daemon_cut_off_with_its_partitions_stops_serving_before_they_are_take
     let mut waves = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     // Load, until d1 has served the same partitions for a while: the cut must find it
-    // serving them (a lost op_key claim race restarts a partition's service, and the
-    // partition may move to another daemon, as happens at the first waves).
+    // serving them (partitions still move between daemons while the three settle their
+    // fair shares, and a partition whose service failed is claimed afresh).
     let (mut d1_owns, mut owned_since) = (d1.owned(), Instant::now());
     while answered.load(Ordering::Relaxed) < 150
         || waves < 3
