@@ -464,25 +464,50 @@ async fn the_next_owner_writes_back_an_outcome_the_shared_ledger_lacks() {
     // The next owner (here the same daemon, restarted) catches the partitions up.
     let daemon = Daemon::start(&nats.url(), &config, &data).await;
     wait_until_served(&[&daemon]).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let written = Duration::from_secs(30);
+    completed_in_shared_ledger(
+        &js,
+        &key,
+        written,
+        &daemon,
+        "the outcome was not written back",
+    )
+    .await;
+    // And a later call with the key, in another run, gets the completed result.
+    a_later_run_gets_the_completed_result(&client, "INC-9:notify").await;
+}
+
+/// Waits up to `within` for the shared ledger to hold `key` completed (with the mailer's
+/// result) as its only entry; fails with `what` and the daemon's log otherwise.
+async fn completed_in_shared_ledger(
+    js: &jetstream::Context,
+    key: &str,
+    within: Duration,
+    daemon: &Daemon,
+    what: &str,
+) {
+    let deadline = Instant::now() + within;
     loop {
-        let entries = shared_ledger(&js).await;
+        let entries = shared_ledger(js).await;
         match entries.as_slice() {
-            [(k, Some(LedgerEntry::Completed { result, .. }))] if *k == key => {
+            [(k, Some(LedgerEntry::Completed { result, .. }))] if k == key => {
                 assert!(result.contains("sent"), "{result}");
-                break;
+                return;
             }
             other => assert!(
                 Instant::now() < deadline,
-                "the outcome was not written back: {other:?}\n{}",
+                "{what}: {other:?}\n{}",
                 daemon.logs()
             ),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // And a later call with the key, in another run, gets the completed result.
-    gate(&client, &ev("retry", 1, started())).await;
-    let again = gate(&client, &ev("retry", 2, send("c1", "INC-9:notify"))).await;
+}
+
+/// A call with `op_key` in a new run is answered with the completed result.
+async fn a_later_run_gets_the_completed_result(client: &FuseboxClient, op_key: &str) {
+    gate(client, &ev("retry", 1, started())).await;
+    let again = gate(client, &ev("retry", 2, send("c1", op_key))).await;
     assert_eq!(again.action, Action::UseCompletedResult, "{again:?}");
 }
 
@@ -535,23 +560,8 @@ async fn the_owner_writes_an_outcome_again_once_the_shared_ledger_takes_it() {
     );
 
     limit_ledger_messages(&js, -1).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let entries = shared_ledger(&js).await;
-        match entries.as_slice() {
-            [(k, Some(LedgerEntry::Completed { result, .. }))] if *k == key => {
-                assert!(result.contains("sent"), "{result}");
-                break;
-            }
-            other => assert!(
-                Instant::now() < deadline,
-                "the owner never wrote the outcome again: {other:?}\n{}",
-                daemon.logs()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    gate(&client, &ev("retry", 1, started())).await;
-    let again = gate(&client, &ev("retry", 2, send("c1", "INC-7:notify"))).await;
-    assert_eq!(again.action, Action::UseCompletedResult, "{again:?}");
+    let within = Duration::from_secs(20);
+    let what = "the owner never wrote the outcome again";
+    completed_in_shared_ledger(&js, &key, within, &daemon, what).await;
+    a_later_run_gets_the_completed_result(&client, "INC-7:notify").await;
 }

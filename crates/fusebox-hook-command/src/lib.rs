@@ -253,17 +253,7 @@ impl<'a> Hook<'a> {
 
     /// What the daemon's answer (or its absence) means for the call.
     fn outcome<'g>(&self, gate: &'g Gate) -> Outcome<'g> {
-        match gate {
-            Gate::Decided(decision) => Outcome::Decided(decision),
-            Gate::Refused(error) => Outcome::Failed {
-                why: format!("fuseboxd refused the event: {}", error.message),
-                allowed: false,
-            },
-            Gate::Unanswered { error, .. } => Outcome::Failed {
-                why: error.to_string(),
-                allowed: self.allowed(),
-            },
-        }
+        outcome_of(gate, self.allowed())
     }
 
     /// Connect and ask, the two together within `--timeout`. For a resumed session,
@@ -371,4 +361,21 @@ pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What the daemon's answer (or its absence) means for a call: its decision, or a
+/// failure that lets the call run only when `allowed` (`--on-error allow`) and the
+/// daemon did not refuse the event. The command hooks and `fusebox hook serve` share it.
+pub fn outcome_of(gate: &Gate, allowed: bool) -> Outcome<'_> {
+    match gate {
+        Gate::Decided(decision) => Outcome::Decided(decision),
+        Gate::Refused(error) => Outcome::Failed {
+            why: format!("fuseboxd refused the event: {}", error.message),
+            allowed: false,
+        },
+        Gate::Unanswered { error, .. } => Outcome::Failed {
+            why: error.to_string(),
+            allowed,
+        },
+    }
 }

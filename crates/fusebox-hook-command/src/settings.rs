@@ -71,17 +71,27 @@ fn agent_timeout(deadline: Duration) -> Duration {
 /// Claude Code's settings block (timeouts in whole seconds).
 pub fn claude_code(command: &str, deadline: Duration) -> String {
     let timeout_s = agent_timeout(deadline).as_secs();
-    let entry = |matcher: bool| {
-        let hook = json!({"type": "command", "command": command, "timeout": timeout_s});
-        if matcher {
-            json!({"matcher": "*", "hooks": [hook]})
-        } else {
-            json!({"hooks": [hook]})
-        }
-    };
-    let hooks: serde_json::Map<String, Value> = EVENTS
+    hooks_block(
+        &EVENTS,
+        "*",
+        |_| json!({"type": "command", "command": command, "timeout": timeout_s}),
+    )
+}
+
+/// A `{"hooks": {<event>: [{"matcher"?, "hooks": [<hook>]}]}}` settings block (Claude
+/// Code's and Gemini CLI's shape): one hook per event, `matcher` on the events that
+/// take a tool matcher.
+fn hooks_block(events: &[(&str, bool)], matcher: &str, hook: impl Fn(&str) -> Value) -> String {
+    let hooks: serde_json::Map<String, Value> = events
         .iter()
-        .map(|(event, matcher)| ((*event).to_owned(), json!([entry(*matcher)])))
+        .map(|&(event, matched)| {
+            let entry = if matched {
+                json!({"matcher": matcher, "hooks": [hook(event)]})
+            } else {
+                json!({"hooks": [hook(event)]})
+            };
+            (event.to_owned(), json!([entry]))
+        })
         .collect();
     serde_json::to_string_pretty(&json!({ "hooks": hooks })).expect("JSON values serialise")
 }
@@ -111,27 +121,18 @@ pub fn claude_code_http(
         }
     }
     let timeout_s = agent_timeout(deadline).as_secs();
-    let entry = |event: &str, matcher: bool| {
+    Ok(hooks_block(&EVENTS, "*", |event| {
+        if event == "SessionStart" {
+            return json!({"type": "command", "command": command, "timeout": timeout_s});
+        }
         let mut hook = json!({"type": "http", "url": url, "timeout": timeout_s,
             "onFailure": "block"});
-        if event == "SessionStart" {
-            hook = json!({"type": "command", "command": command, "timeout": timeout_s});
-        }
-        if let Some(var) = token_env.filter(|_| event != "SessionStart") {
+        if let Some(var) = token_env {
             hook["headers"] = json!({"Authorization": format!("Bearer ${var}")});
             hook["allowedEnvVars"] = json!([var]);
         }
-        if matcher {
-            json!({"matcher": "*", "hooks": [hook]})
-        } else {
-            json!({"hooks": [hook]})
-        }
-    };
-    let hooks: serde_json::Map<String, Value> = EVENTS
-        .iter()
-        .map(|(event, matcher)| ((*event).to_owned(), json!([entry(event, *matcher)])))
-        .collect();
-    Ok(serde_json::to_string_pretty(&json!({ "hooks": hooks })).expect("JSON values serialise"))
+        hook
+    }))
 }
 
 /// Codex's hook events fusebox listens to. Not Stop (the end of every turn), not
@@ -188,20 +189,10 @@ const GEMINI_EVENTS: [(&str, bool); 4] = [
 /// matcher (with one, 0.61 does not run a SessionStart hook).
 pub fn gemini_cli(command: &str, deadline: Duration) -> String {
     let timeout_ms = agent_timeout(deadline).as_millis() as u64;
-    let entry = |matcher: bool| {
-        let hook = json!({"name": "fusebox", "type": "command", "command": command,
-            "timeout": timeout_ms});
-        if matcher {
-            json!({"matcher": ".*", "hooks": [hook]})
-        } else {
-            json!({"hooks": [hook]})
-        }
-    };
-    let hooks: serde_json::Map<String, Value> = GEMINI_EVENTS
-        .iter()
-        .map(|(event, matcher)| ((*event).to_owned(), json!([entry(*matcher)])))
-        .collect();
-    serde_json::to_string_pretty(&json!({ "hooks": hooks })).expect("JSON values serialise")
+    hooks_block(&GEMINI_EVENTS, ".*", |_| {
+        json!({"name": "fusebox", "type": "command", "command": command,
+            "timeout": timeout_ms})
+    })
 }
 
 #[cfg(test)]

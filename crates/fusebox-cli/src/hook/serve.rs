@@ -30,7 +30,7 @@ use fusebox_hook::Operations;
 
 use fusebox_hook_command::session_runs::SessionRuns;
 use fusebox_hook_command::{
-    continue_resumed, gate_result_fitted, now_ms, state_dir, GuardArgs, OnError,
+    continue_resumed, gate_result_fitted, now_ms, outcome_of, state_dir, GuardArgs, OnError,
 };
 
 /// The path Claude Code's hooks POST to.
@@ -239,17 +239,7 @@ async fn claude_code_hook(
             },
             allowed: endpoint.allowed,
         });
-    let outcome = match &gate {
-        Gate::Decided(decision) => Outcome::Decided(decision),
-        Gate::Refused(error) => Outcome::Failed {
-            why: format!("fuseboxd refused the event: {}", error.message),
-            allowed: false,
-        },
-        Gate::Unanswered { error, .. } => Outcome::Failed {
-            why: error.to_string(),
-            allowed: endpoint.allowed,
-        },
-    };
+    let outcome = outcome_of(&gate, endpoint.allowed);
     if let Outcome::Failed { why, .. } = &outcome {
         eprintln!("fusebox: {} {}: {why}", payload.hook_event_name, event.id);
     }
