@@ -6,7 +6,7 @@ use fusebox_hook::claude_code::{self, Outcome, Payload};
 use serde_json::json;
 
 use super::reply::{Answer, Reply};
-use super::{log_failure, now_ms, read_stdin, Hook};
+use super::{log_failure, now_ms, read_stdin, transcript_len, Hook};
 
 /// The exit status is 0 with the answer on stdout, except for a payload that cannot be
 /// read or guarded: exit 2, which Claude Code treats as a blocking error (the tool call
@@ -28,11 +28,7 @@ pub fn hook(hook: &Hook) -> ExitCode {
         payload.event(),
         &unanswered,
     )));
-    let transcript_len = payload
-        .transcript_path
-        .as_deref()
-        .and_then(|path| std::fs::metadata(path).ok())
-        .map(|meta| meta.len());
+    let transcript_len = transcript_len(payload.transcript_path.as_deref());
     let run = hook.runs().current(hook.tenant(), &payload.session_id);
     let event = claude_code::event_for(
         &payload,

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::kept_stops::KeptStops;
 use super::reply::{Answer, Reply};
-use super::{log_failure, now_ms, read_stdin, Hook};
+use super::{log_failure, now_ms, read_stdin, transcript_len, Hook};
 
 pub fn hook(hook: &Hook) -> ExitCode {
     // Before the event is known, exit 2: Codex reads it as a deny with stderr as the
@@ -36,11 +36,7 @@ pub fn hook(hook: &Hook) -> ExitCode {
             return reply.send(Answer::json(codex::kept_stop_answer(&report)));
         }
     }
-    let transcript_len = payload
-        .transcript_path
-        .as_deref()
-        .and_then(|path| std::fs::metadata(path).ok())
-        .map(|meta| meta.len());
+    let transcript_len = transcript_len(payload.transcript_path.as_deref());
     let event = codex::event_for(
         &payload,
         &hook.operations,

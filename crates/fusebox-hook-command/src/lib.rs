@@ -357,6 +357,12 @@ fn log_failure(event_name: &str, event_id: &str, outcome: &Outcome) {
     }
 }
 
+/// The transcript's length in bytes, when its file is readable here: what tells one
+/// compaction from the next (the hooks' compaction ids).
+pub fn transcript_len(path: Option<&str>) -> Option<u64> {
+    std::fs::metadata(path?).ok().map(|meta| meta.len())
+}
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -30,7 +30,8 @@ use fusebox_hook::Operations;
 
 use fusebox_hook_command::session_runs::SessionRuns;
 use fusebox_hook_command::{
-    continue_resumed, gate_result_fitted, now_ms, outcome_of, state_dir, GuardArgs, OnError,
+    continue_resumed, gate_result_fitted, now_ms, outcome_of, state_dir, transcript_len, GuardArgs,
+    OnError,
 };
 
 /// The path Claude Code's hooks POST to.
@@ -198,11 +199,7 @@ async fn claude_code_hook(
     };
     // Claude Code runs on this machine for a loopback endpoint; elsewhere the transcript
     // is not readable and a compaction is named by its trigger alone.
-    let transcript_len = payload
-        .transcript_path
-        .as_deref()
-        .and_then(|path| std::fs::metadata(path).ok())
-        .map(|meta| meta.len());
+    let transcript_len = transcript_len(payload.transcript_path.as_deref());
     let run = endpoint.runs.current(&tenant, &payload.session_id);
     let event = claude_code::event_for(
         &payload,
