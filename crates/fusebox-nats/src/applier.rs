@@ -23,7 +23,8 @@ use crate::query::{self, Query};
 use crate::reject::{reject, Origin};
 use crate::stall::Busy;
 use crate::store::{GuardStore, StoreError, Submitted};
-use crate::{subjects, ticks};
+use crate::subjects;
+use crate::ticks::Wakes;
 
 pub(crate) type RunKey = (String, String);
 type EventKey = (String, String, String);
@@ -71,11 +72,11 @@ pub(crate) struct Applier<S> {
     /// Inputs whose event is held (waiting for a gap): answered once it is applied.
     waiters: HashMap<EventKey, Vec<Origin>>,
     gap_since: HashMap<RunKey, Instant>,
-    last_seen: HashMap<RunKey, Instant>,
+    /// When each open run needs a tick.
+    wakes: Wakes,
     recent: HashMap<RunKey, VecDeque<Decision>>,
     /// Runs whose stop is on the kill switch.
     stopped: HashSet<RunKey>,
-    started: Instant,
     /// When the batch in hand was started, for the service's stall check.
     busy: Arc<Busy>,
 }
@@ -120,6 +121,7 @@ impl<S: GuardStore> Applier<S> {
                 .collect(),
         };
         owed.send(&out);
+        let wakes = Wakes::rebuilt(store.engine(), Instant::now());
         Applier {
             store,
             probes,
@@ -130,10 +132,9 @@ impl<S: GuardStore> Applier<S> {
             options,
             waiters: HashMap::new(),
             gap_since: HashMap::new(),
-            last_seen: HashMap::new(),
+            wakes,
             recent: HashMap::new(),
             stopped,
-            started: Instant::now(),
             busy,
         }
     }
@@ -278,7 +279,7 @@ impl<S: GuardStore> Applier<S> {
     fn decided(&mut self, decision: Decision, touched: &mut HashSet<RunKey>) {
         let run_key = (decision.tenant.clone(), decision.run.clone());
         self.observer.decision(&decision);
-        self.last_seen.insert(run_key.clone(), Instant::now());
+        self.wakes.applied(run_key.clone(), Instant::now());
         let body = encode(&decision);
         if decision.is_notable() {
             self.outbox.publishes.push(Output::Publish {
@@ -423,7 +424,7 @@ impl<S: GuardStore> Applier<S> {
             }
         }
         self.store.on_timer();
-        let due = ticks::due(self.store.engine(), &self.last_seen, self.started, now);
+        let due = self.wakes.due(self.store.engine(), now);
         if !due.is_empty() {
             tracing::info!(
                 runs = due.len(),
@@ -432,13 +433,7 @@ impl<S: GuardStore> Applier<S> {
             let events = due.into_iter().map(|e| (e, Origin::Internal)).collect();
             self.submit(events, touched)?;
         }
-        let open = self
-            .store
-            .engine()
-            .runs()
-            .filter(|(_, _, r)| r.is_open())
-            .count();
-        self.observer.runs_active(open as u64);
+        self.observer.runs_active(self.wakes.open_runs() as u64);
         Ok(())
     }
 }
