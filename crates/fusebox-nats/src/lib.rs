@@ -6,8 +6,10 @@
 //! fusebox.gate.<t>.<r>     ──request──┐
 //! fusebox.events.<t>.<r>   ──JetStream┼──▶ applier thread ──▶ GuardStore::submit_batch
 //! fusebox.control.<t>.<r>.*──request──┘   (one ordered,      (dedup, seq order, engine,
-//!                                          group commit)      one flush per batch)
+//!                                          group commit)      written per batch)
 //!                                              │
+//!                                         flush thread (one sync for the batches
+//!                                              │        written since the last)
 //!                    replies, acks, fusebox.decisions.*, fusebox.stop.* (FUSEBOX_STOPS),
 //!                    fusebox.dlq.<t>  ◀──dispatcher◀──┘
 //! ```
@@ -19,6 +21,7 @@ mod applier;
 mod backlog;
 mod control;
 mod dispatch;
+mod flush;
 mod gap_probe;
 mod gate;
 mod inbound;
@@ -37,4 +40,4 @@ pub mod wire;
 pub use observer::{NoopObserver, Observer};
 pub use service::{Service, ServiceError, ServiceOptions};
 pub use setup::SetupError;
-pub use store::{GuardStore, MemoryStore, StoreError, Submitted};
+pub use store::{Flush, GuardStore, MemoryStore, StoreError, Submitted};
