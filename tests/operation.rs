@@ -248,34 +248,17 @@ async fn a_daemon_stops_on_sigterm_while_nats_is_unreachable() {
     assert!(status.success(), "exit {status}:\n{}", setup.daemon.logs());
 }
 
-/// A store that gets stuck as sled did after a write error on a full disk: its commits
-/// never return, or (with the commit pipelined) its flushes never do. Either way the
-/// service must give up on it (and the daemon exit) rather than hang.
-struct StuckStore {
-    inner: fusebox_nats::MemoryStore,
-    stuck: Stuck,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Stuck {
-    Commit,
-    Flush,
-}
-
-fn park_forever() -> ! {
-    loop {
-        std::thread::park();
-    }
-}
+/// A store whose commits never return, as sled's did after a write error on a full
+/// disk: the service must give up on it (and the daemon exit) rather than hang.
+struct StuckStore(fusebox_nats::MemoryStore);
 
 impl fusebox_nats::GuardStore for StuckStore {
     fn submit_batch(
         &mut self,
-        events: Vec<Event>,
+        _: Vec<Event>,
     ) -> Result<Vec<fusebox_nats::Submitted>, fusebox_nats::StoreError> {
-        match self.stuck {
-            Stuck::Commit => park_forever(),
-            Stuck::Flush => self.inner.submit_batch(events),
+        loop {
+            std::thread::park();
         }
     }
 
@@ -284,38 +267,27 @@ impl fusebox_nats::GuardStore for StuckStore {
         tenant: &str,
         run: &str,
     ) -> Result<Vec<Decision>, fusebox_nats::StoreError> {
-        self.inner.release_gap(tenant, run)
+        self.0.release_gap(tenant, run)
     }
 
     fn waiting(&self) -> Vec<(String, String, u64)> {
-        self.inner.waiting()
+        self.0.waiting()
     }
 
     fn engine(&self) -> &fusebox_core::Engine {
-        self.inner.engine()
-    }
-
-    fn defer_flushes(&mut self) -> Option<fusebox_nats::Flush> {
-        match self.stuck {
-            Stuck::Commit => None,
-            Stuck::Flush => Some(Box::new(|| park_forever())),
-        }
+        self.0.engine()
     }
 }
 
-/// Whether the log gets stuck in a commit or in a flush, before or after a shutdown
-/// signal: either way the service gives up on it within its stall limit.
+/// Whether the log gets stuck before or after a shutdown signal: either way the service
+/// gives up on it within its stall limit.
 #[tokio::test]
 async fn a_stuck_log_stops_the_service_instead_of_hanging_it() {
     let nats = NatsServer::start();
-    let cases = [Stuck::Commit, Stuck::Flush].map(|stuck| [(stuck, false), (stuck, true)]);
-    for (stuck, signalled) in cases.into_iter().flatten() {
+    for signalled in [false, true] {
         let service = fusebox_nats::Service::start(
             client(&nats.url()).await.nats().clone(),
-            StuckStore {
-                inner: fusebox_nats::MemoryStore::default(),
-                stuck,
-            },
+            StuckStore(fusebox_nats::MemoryStore::default()),
             fusebox_nats::ServiceOptions {
                 stall_limit: Duration::from_millis(300),
                 ..Default::default()
@@ -327,7 +299,7 @@ async fn a_stuck_log_stops_the_service_instead_of_hanging_it() {
         let agent = client(&nats.url()).await;
         let events = fixture("ping-pong.jsonl");
         let asked = tokio::spawn(async move { agent.gate(&events[0]).await });
-        // The signal comes once the request is in the stuck commit or flush.
+        // The signal comes once the request is in the stuck commit.
         let signal = async move {
             match signalled {
                 true => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -339,7 +311,7 @@ async fn a_stuck_log_stops_the_service_instead_of_hanging_it() {
             .expect("the service hung on its stuck log");
         assert!(
             matches!(ended, Err(fusebox_nats::ServiceError::Stalled { .. })),
-            "stuck in {stuck:?}, signalled: {signalled}: {ended:?}"
+            "signalled: {signalled}: {ended:?}"
         );
         assert!(
             !matches!(asked.await.unwrap(), Gate::Decided(_)),

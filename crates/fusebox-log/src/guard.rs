@@ -41,8 +41,6 @@ pub struct Guard<L: EventLog = SledLog> {
     /// log can rebuild, and its writes were a large part of a batch's cost.
     pub(crate) ledger_changed: HashSet<(String, String), FixedHasher>,
     pub(crate) poisoned: bool,
-    /// Set once a [`crate::flusher::Flusher`] makes the batches durable: whether it failed.
-    pub(crate) flush_failed: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Guard<SledLog> {
@@ -85,7 +83,6 @@ impl<L: EventLog> Guard<L> {
             last_snapshot,
             ledger_changed: HashSet::default(),
             poisoned: false,
-            flush_failed: None,
         };
         guard.reconcile_ledger()?;
         if guard.state.position == 0 || guard.state.engine.policies() != &policies {
@@ -158,9 +155,6 @@ impl<L: EventLog> Guard<L> {
             let mut pending = Pending::default();
             guard.snapshot_into(&mut pending);
             guard.commit(pending)?;
-            if guard.defers_flushes() {
-                guard.log.flush()?;
-            }
             guard.snapshots.wait()
         })
     }
@@ -170,8 +164,7 @@ impl<L: EventLog> Guard<L> {
         &mut self,
         f: impl FnOnce(&mut Self) -> Result<T, LogError>,
     ) -> Result<T, LogError> {
-        if self.poisoned || self.flusher_failed() {
-            self.poisoned = true;
+        if self.poisoned {
             return Err(LogError::Poisoned {
                 path: self.log.path().to_owned(),
             });

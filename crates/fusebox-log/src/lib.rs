@@ -14,19 +14,16 @@
 //!   ledger keys) are records of their own at their position, so replay repeats them.
 //!   Consecutive positions share a frame keyed by the first one (big-endian).
 //! * Group commit: a batch's frames are written and flushed once, before any of its
-//!   decisions is returned; or, pipelined ([`Guard::defer_flushes`]), flushed by a
-//!   [`Flusher`] on another thread before its decisions may leave the process.
+//!   decisions is returned.
 //! * A re-delivered event gets its original decision from an in-memory index (event id
 //!   → position) that snapshots carry and replay rebuilds.
 //! * Snapshots are encoded and written by a thread of their own, from a copy-on-write
-//!   view of the state taken in the batch and handed over once the batch is written
-//!   (the writer's own flush covers the batch: sled keeps writes in order).
+//!   view of the state taken in the batch and handed over once the batch is durable.
 //! * Start-up: the newest snapshot that verifies, plus the records after it; this
 //!   equals a replay of the whole log (tested by property).
 //! * [`inspect`] holds `fusebox log stats | verify | export`.
 
 mod error;
-mod flusher;
 mod guard;
 pub mod inspect;
 pub mod keys;
@@ -44,7 +41,6 @@ mod submit;
 pub mod workload;
 
 pub use error::LogError;
-pub use flusher::Flusher;
 pub use guard::Guard;
 pub use maintain::expired_runs;
 pub use options::GuardOptions;

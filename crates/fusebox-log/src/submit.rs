@@ -178,8 +178,7 @@ impl<L: EventLog> Guard<L> {
     }
 
     /// Writes the batch's frames in one atomic write (the commit point) and flushes
-    /// once (unless a [`crate::Flusher`] does); then hands its snapshot, if any, to the
-    /// snapshot writer, whose own flush comes after the batch's write.
+    /// once; then hands its snapshot, if any, to the snapshot writer.
     pub(crate) fn commit(&mut self, pending: Pending) -> Result<(), LogError> {
         let mut batch = WriteBatch::default();
         for (first, frame) in pending.frames.into_frames() {
@@ -187,9 +186,7 @@ impl<L: EventLog> Guard<L> {
         }
         if !batch.is_empty() {
             self.log.write(batch)?;
-            if !self.defers_flushes() {
-                self.log.flush()?;
-            }
+            self.log.flush()?;
         }
         if let Some(job) = pending.snapshot {
             self.snapshots.write(job);

@@ -1,10 +1,7 @@
 //! Crash test: a child process appends the workload under load and is SIGKILLed at a
 //! random moment, 100 times (25 logs, four crashes each). After each crash the log must
 //! reopen, hold a prefix of what was submitted, hold every event whose decision was
-//! returned, verify clean, and rebuild to exactly what a full replay gives. Half of the
-//! children commit as the daemon does, pipelined: a thread of their own flushes
-//! (`Guard::defer_flushes`), and a batch is acknowledged once a flush that started
-//! after it has returned.
+//! returned, verify clean, and rebuild to exactly what a full replay gives.
 
 mod common;
 
@@ -55,15 +52,11 @@ fn child(dir: &Path, seed: u64) {
     let mut guard = open(dir, child_options());
     let done = events_in(guard.log()).len();
     let mut events = workload().skip(done);
-    let mut out = std::io::stdout();
+    let mut out = std::io::stdout().lock();
     writeln!(out, "{READY}").unwrap();
     out.flush().unwrap();
     let mut rng = seed | 1;
     let mut previous: Option<Event> = None;
-    let acknowledge = match seed % 2 {
-        0 => Acknowledge::AfterSubmit,
-        _ => Acknowledge::AfterFlush(spawn_flusher(guard.defer_flushes())),
-    };
     loop {
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -76,39 +69,11 @@ fn child(dir: &Path, seed: u64) {
         previous = batch.last().cloned();
         let ids: Vec<String> = batch.iter().map(|e| e.id.clone()).collect();
         guard.submit_batch(batch).unwrap();
-        match &acknowledge {
-            Acknowledge::AfterSubmit => print_acked(&mut out, ids),
-            Acknowledge::AfterFlush(flusher) => flusher.send(ids).unwrap(),
+        for id in ids {
+            writeln!(out, "{id}").unwrap();
         }
+        out.flush().unwrap();
     }
-}
-
-enum Acknowledge {
-    AfterSubmit,
-    /// To the flush thread, which prints them once a flush after them has returned.
-    AfterFlush(mpsc::Sender<Vec<String>>),
-}
-
-fn print_acked(out: &mut impl Write, ids: Vec<String>) {
-    for id in ids {
-        writeln!(out, "{id}").unwrap();
-    }
-    out.flush().unwrap();
-}
-
-fn spawn_flusher(flusher: fusebox_log::Flusher) -> mpsc::Sender<Vec<String>> {
-    let (tx, rx) = mpsc::channel::<Vec<String>>();
-    std::thread::spawn(move || {
-        while let Ok(first) = rx.recv() {
-            let batches: Vec<Vec<String>> = std::iter::once(first).chain(rx.try_iter()).collect();
-            flusher.flush().unwrap();
-            let mut out = std::io::stdout().lock();
-            for ids in batches {
-                print_acked(&mut out, ids);
-            }
-        }
-    });
-    tx
 }
 
 struct Crash {

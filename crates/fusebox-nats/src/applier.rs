@@ -5,8 +5,7 @@
 //!
 //! Group commit: the thread takes whatever is queued (up to `max_batch`) and submits it
 //! as one batch, so under load one flush covers many events, and with one request in
-//! flight the batch is that request alone. When the store lets it, the flush is made
-//! by a thread of its own (`flush.rs`) while this one decides the next batch.
+//! flight the batch is that request alone.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -18,12 +17,11 @@ use fusebox_core::{Action, Decision, Event};
 use tokio::sync::mpsc::{Receiver, UnboundedSender};
 
 use crate::dispatch::{Outbox, Output};
-use crate::flush::FlushThread;
 use crate::gap_probe::{Answer, Probe};
 use crate::observer::Observer;
 use crate::query::{self, Query};
 use crate::reject::{reject, Origin};
-use crate::stall::{Busy, Stage};
+use crate::stall::Busy;
 use crate::store::{GuardStore, StoreError, Submitted};
 use crate::subjects;
 use crate::ticks::Wakes;
@@ -69,10 +67,6 @@ pub(crate) struct Applier<S> {
     out: UnboundedSender<Outbox>,
     /// What the batch being handled will send, handed over once it is durable.
     outbox: Outbox,
-    /// Whether the batch being handled wrote to the store.
-    wrote: bool,
-    /// Where outboxes wait for their flush, when the store lets the applier flush.
-    flush: Option<FlushThread>,
     observer: Arc<dyn Observer>,
     options: ApplierOptions,
     /// Inputs whose event is held (waiting for a gap): answered once it is applied.
@@ -128,17 +122,12 @@ impl<S: GuardStore> Applier<S> {
         };
         owed.send(&out);
         let wakes = Wakes::rebuilt(store.engine(), Instant::now());
-        let flush = store
-            .defer_flushes()
-            .map(|flush| FlushThread::spawn(flush, out.clone(), busy.clone()));
         Applier {
             store,
             probes,
             probing: HashSet::new(),
             out,
             outbox: Outbox::default(),
-            wrote: false,
-            flush,
             observer,
             options,
             waiters: HashMap::new(),
@@ -161,50 +150,17 @@ impl<S: GuardStore> Applier<S> {
                     Err(_) => break,
                 }
             }
-            if let Some(err) = self.flush.as_ref().and_then(FlushThread::failed) {
-                self.give_back(inputs);
-                self.hand_back_held();
-                std::mem::take(&mut self.outbox).send(&self.out);
-                return Err(err);
-            }
-            self.busy.start(Stage::Apply);
+            self.busy.start();
             let handled = self.handle(inputs);
             if handled.is_err() {
                 self.hand_back_held();
             }
-            // Whatever was committed before a failure is answered once it is durable.
-            self.hand_on();
-            self.busy.done(Stage::Apply);
+            // Whatever was committed before a failure is durable and is answered.
+            std::mem::take(&mut self.outbox).send(&self.out);
+            self.busy.done();
             handled?;
         }
-        // The last outboxes leave once flushed, before the store closes.
-        drop(self.flush.take());
         self.store.close()
-    }
-
-    /// The handled batch's outputs: to the flush thread when it makes the batches
-    /// durable, else (the store flushed in the batch) to the dispatcher.
-    fn hand_on(&mut self) {
-        let outbox = std::mem::take(&mut self.outbox);
-        let wrote = std::mem::take(&mut self.wrote);
-        match &self.flush {
-            Some(flush) => flush.hand_over(outbox, wrote),
-            None => outbox.send(&self.out),
-        }
-    }
-
-    /// Inputs taken after a failed flush: stream messages go back for redelivery, gate
-    /// requests are left to their clients' retries.
-    fn give_back(&mut self, inputs: Vec<Input>) {
-        for input in inputs {
-            if let Input::Event {
-                origin: Origin::Stream(message),
-                ..
-            } = input
-            {
-                self.outbox.answers.push(Output::Nak(message));
-            }
-        }
     }
 
     fn handle(&mut self, inputs: Vec<Input>) -> Result<(), StoreError> {
@@ -262,7 +218,6 @@ impl<S: GuardStore> Applier<S> {
             batch.push(event);
         }
         let started = Instant::now();
-        self.wrote = true;
         let outcomes = match self.store.submit_batch(batch) {
             Ok(outcomes) => outcomes,
             Err(err) => {
@@ -390,7 +345,6 @@ impl<S: GuardStore> Applier<S> {
         touched: &mut HashSet<RunKey>,
     ) -> Result<(), StoreError> {
         self.gap_since.remove(&(tenant.to_owned(), run.to_owned()));
-        self.wrote = true;
         for decision in self.store.release_gap(tenant, run)? {
             self.decided(decision, touched);
         }
@@ -514,108 +468,6 @@ mod tests {
         }
         fn take_stops_to_publish(&mut self) -> Vec<Decision> {
             std::mem::take(&mut self.stops)
-        }
-    }
-
-    /// A memory store whose flushes the test makes: each waits for the test's word.
-    struct Deferring {
-        inner: MemoryStore,
-        flushes: Option<std::sync::mpsc::Receiver<Result<(), String>>>,
-    }
-
-    impl GuardStore for Deferring {
-        fn submit_batch(&mut self, events: Vec<Event>) -> Result<Vec<Submitted>, StoreError> {
-            self.inner.submit_batch(events)
-        }
-        fn release_gap(&mut self, tenant: &str, run: &str) -> Result<Vec<Decision>, StoreError> {
-            self.inner.release_gap(tenant, run)
-        }
-        fn waiting(&self) -> Vec<(String, String, u64)> {
-            self.inner.waiting()
-        }
-        fn engine(&self) -> &fusebox_core::Engine {
-            self.inner.engine()
-        }
-        fn defer_flushes(&mut self) -> Option<crate::store::Flush> {
-            let flushes = self.flushes.take()?;
-            Some(Box::new(move || {
-                flushes.recv().expect("the test's word").map_err(Into::into)
-            }))
-        }
-    }
-
-    fn control(json: &str, reply: &str) -> Input {
-        Input::Event {
-            event: parse_event(json.as_bytes()).unwrap(),
-            origin: Origin::Control {
-                reply: Subject::from(reply.to_owned()),
-            },
-        }
-    }
-
-    fn replied_to(outbox: &Outbox) -> Vec<String> {
-        outbox
-            .answers
-            .iter()
-            .filter_map(|output| match output {
-                Output::Reply { to, .. } => Some(to.to_string()),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn with_a_deferred_flush_an_answer_leaves_only_after_its_flush_and_a_failed_flush_stops_the_applier(
-    ) {
-        let (word, flushes) = std::sync::mpsc::channel();
-        let store = Deferring {
-            inner: MemoryStore::default(),
-            flushes: Some(flushes),
-        };
-        let (out, mut sent) = unbounded_channel();
-        let options = ApplierOptions {
-            max_batch: 8,
-            gap_timeout: Duration::from_secs(5),
-            recent_decisions: 8,
-        };
-        let applier = Applier::new(
-            store,
-            None,
-            out,
-            Arc::new(NoopObserver),
-            options,
-            Arc::new(Busy::default()),
-        );
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        let thread = std::thread::spawn(move || applier.run(rx));
-        let first = r#"{"v":1,"id":"e1","tenant":"acme","run":"r1","ts_ms":1,"type":"run_started","agent":"a"}"#;
-        tx.blocking_send(control(first, "first")).unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-        assert!(sent.try_recv().is_err(), "answered before its flush");
-        word.send(Ok(())).unwrap();
-        let outbox = sent.blocking_recv().unwrap();
-        assert_eq!(replied_to(&outbox), ["first"]);
-
-        let second = r#"{"v":1,"id":"e2","tenant":"acme","run":"r1","ts_ms":2,"type":"progress","version":1}"#;
-        tx.blocking_send(control(second, "second")).unwrap();
-        word.send(Err("the disk is gone".to_owned())).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !thread.is_finished() {
-            assert!(
-                Instant::now() < deadline,
-                "the applier went on after a failed flush"
-            );
-            let _ = tx.try_send(Input::Timer);
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let err = thread.join().unwrap().unwrap_err();
-        assert!(err.to_string().contains("the disk is gone"), "{err}");
-        while let Ok(outbox) = sent.try_recv() {
-            assert_eq!(
-                replied_to(&outbox),
-                Vec::<String>::new(),
-                "an unflushed batch was answered"
-            );
         }
     }
 

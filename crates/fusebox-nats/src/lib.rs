@@ -6,10 +6,8 @@
 //! fusebox.gate.<t>.<r>     ──request──┐
 //! fusebox.events.<t>.<r>   ──JetStream┼──▶ applier thread ──▶ GuardStore::submit_batch
 //! fusebox.control.<t>.<r>.*──request──┘   (one ordered,      (dedup, seq order, engine,
-//!                                          group commit)      written per batch)
+//!                                          group commit)      one flush per batch)
 //!                                              │
-//!                                         flush thread (one sync for the batches
-//!                                              │        written since the last)
 //!                    replies, acks, fusebox.decisions.*, fusebox.stop.* (FUSEBOX_STOPS),
 //!                    fusebox.dlq.<t>  ◀──dispatcher◀──┘
 //! ```
@@ -21,7 +19,6 @@ mod applier;
 mod backlog;
 mod control;
 mod dispatch;
-mod flush;
 mod gap_probe;
 mod gate;
 mod inbound;
@@ -40,4 +37,4 @@ pub mod wire;
 pub use observer::{NoopObserver, Observer};
 pub use service::{Service, ServiceError, ServiceOptions};
 pub use setup::SetupError;
-pub use store::{Flush, GuardStore, MemoryStore, StoreError, Submitted};
+pub use store::{GuardStore, MemoryStore, StoreError, Submitted};

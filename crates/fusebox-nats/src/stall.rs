@@ -1,6 +1,5 @@
 //! A stuck log must not leave a daemon that looks alive: when the applier has been in
-//! one batch, or the flush thread in one flush, for longer than the stall limit (a
-//! commit blocked in the storage layer —
+//! one batch for longer than the stall limit (a commit blocked in the storage layer —
 //! a failing disk, a hung network volume, or sled waiting forever after a write error
 //! on a full disk), the service fails with [`crate::ServiceError::Stalled`] so the
 //! daemon exits, its supervisor restarts it, and a full disk is then reported plainly
@@ -10,51 +9,42 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The two threads a commit passes through.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Stage {
-    /// The applier, deciding and writing a batch.
-    Apply = 0,
-    /// The flush thread (`flush.rs`), making written batches durable.
-    Flush = 1,
-}
-
-/// When each stage started the work in hand (ms after `epoch`, plus one so that zero
+/// When the applier started the batch in hand (ms after `epoch`, plus one so that zero
 /// means idle).
 #[derive(Debug)]
 pub(crate) struct Busy {
     epoch: Instant,
-    since: [AtomicU64; 2],
+    since: AtomicU64,
 }
 
 impl Default for Busy {
     fn default() -> Self {
         Busy {
             epoch: Instant::now(),
-            since: [AtomicU64::new(0), AtomicU64::new(0)],
+            since: AtomicU64::new(0),
         }
     }
 }
 
 impl Busy {
-    pub(crate) fn start(&self, stage: Stage) {
+    pub(crate) fn start(&self) {
         let now = self.epoch.elapsed().as_millis() as u64 + 1;
-        self.since[stage as usize].store(now, Ordering::Relaxed);
+        self.since.store(now, Ordering::Relaxed);
     }
 
-    pub(crate) fn done(&self, stage: Stage) {
-        self.since[stage as usize].store(0, Ordering::Relaxed);
+    pub(crate) fn done(&self) {
+        self.since.store(0, Ordering::Relaxed);
     }
 
-    /// How long the longest work in hand has taken so far; `None` while both are idle.
+    /// How long the batch in hand has taken so far; `None` while idle.
     fn busy_for(&self) -> Option<Duration> {
-        let now = self.epoch.elapsed().as_millis() as u64 + 1;
-        self.since
-            .iter()
-            .map(|since| since.load(Ordering::Relaxed))
-            .filter(|since| *since != 0)
-            .map(|since| Duration::from_millis(now.saturating_sub(since)))
-            .max()
+        match self.since.load(Ordering::Relaxed) {
+            0 => None,
+            since => {
+                let now = self.epoch.elapsed().as_millis() as u64 + 1;
+                Some(Duration::from_millis(now.saturating_sub(since)))
+            }
+        }
     }
 }
 
@@ -83,14 +73,14 @@ mod tests {
         assert!(tokio::time::timeout(limit * 5, stalled(&busy, limit))
             .await
             .is_err());
-        busy.start(Stage::Apply);
-        busy.done(Stage::Apply);
+        busy.start();
+        busy.done();
         assert!(tokio::time::timeout(limit * 5, stalled(&busy, limit))
             .await
             .is_err());
         // The paused clock does not move `Instant`, so a real batch is simulated by
-        // backdating its start: a flush that hangs while the applier is idle.
-        busy.since[Stage::Flush as usize].store(1, Ordering::Relaxed);
+        // backdating its start.
+        busy.since.store(1, Ordering::Relaxed);
         std::thread::sleep(limit + Duration::from_millis(20));
         let taken = tokio::time::timeout(limit * 5, stalled(&busy, limit))
             .await

@@ -9,9 +9,6 @@ use fusebox_core::{Admission, Decision, Engine, Event, EventError, Sequencer};
 
 pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Makes every batch a store has written durable (see [`GuardStore::defer_flushes`]).
-pub type Flush = Box<dyn Fn() -> Result<(), StoreError> + Send>;
-
 /// What became of one submitted event.
 #[derive(Debug)]
 pub enum Submitted {
@@ -34,14 +31,6 @@ pub trait GuardStore: Send + 'static {
     fn release_gap(&mut self, tenant: &str, run: &str) -> Result<Vec<Decision>, StoreError>;
     /// Runs with held events, and the `seq` each waits for.
     fn waiting(&self) -> Vec<(String, String, u64)>;
-    /// Hands the store's flushes to the caller, for a pipelined commit (`flush.rs`):
-    /// from now on a batch is written but not yet durable when `submit_batch` or
-    /// `release_gap` returns, and nothing about it may leave the process before the
-    /// returned [`Flush`], called after it, has returned. `None` (the default): every
-    /// batch is durable when it returns; a wrapper must forward this.
-    fn defer_flushes(&mut self) -> Option<Flush> {
-        None
-    }
     /// The guard state, for reads (status queries, deadlines).
     fn engine(&self) -> &Engine;
     /// The run's applied events with their decisions, in applied order: the entries

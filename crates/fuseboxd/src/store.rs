@@ -3,7 +3,7 @@
 use fusebox_core::{Decision, Engine, Event};
 use fusebox_log::{Guard, Outcome};
 use fusebox_nats::wire::RunHistory;
-use fusebox_nats::{Flush, GuardStore, StoreError, Submitted};
+use fusebox_nats::{GuardStore, StoreError, Submitted};
 
 pub struct DurableStore(pub Guard);
 
@@ -38,11 +38,6 @@ impl GuardStore for DurableStore {
 
     fn engine(&self) -> &Engine {
         self.0.engine()
-    }
-
-    fn defer_flushes(&mut self) -> Option<Flush> {
-        let flusher = self.0.defer_flushes();
-        Some(Box::new(move || Ok(flusher.flush()?)))
     }
 
     fn history(

@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use fusebox_core::{Decision, Engine, Event, EventBody};
-use fusebox_nats::{Flush, GuardStore, StoreError, Submitted};
+use fusebox_nats::{GuardStore, StoreError, Submitted};
 use fusebox_watchdog::{Fact, InstanceLaunched, RunEnded};
 
 /// Where facts go: journaled durably, then handed to the watchdog.
@@ -197,10 +197,6 @@ impl<S: GuardStore> GuardStore for FeedStore<S> {
 
     fn on_timer(&mut self) {
         self.inner.on_timer();
-    }
-
-    fn defer_flushes(&mut self) -> Option<Flush> {
-        self.inner.defer_flushes()
     }
 
     fn release_gap(&mut self, tenant: &str, run: &str) -> Result<Vec<Decision>, StoreError> {
