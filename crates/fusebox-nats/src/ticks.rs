@@ -183,6 +183,15 @@ mod tests {
             }
         }
 
+        /// A run whose call holds `k` in flight since event time 2000, its lease 1 min.
+        fn leased_call() -> Self {
+            let mut daemon = Daemon::new();
+            for line in LEASED_CALL {
+                daemon.apply(0, line);
+            }
+            daemon
+        }
+
         fn at(&self, ms: u64) -> Instant {
             self.start + Duration::from_millis(ms)
         }
@@ -264,10 +273,7 @@ mod tests {
 
     #[test]
     fn a_run_holding_a_key_in_flight_is_woken_when_its_lease_runs_out() {
-        let mut daemon = Daemon::new();
-        for line in LEASED_CALL {
-            daemon.apply(0, line);
-        }
+        let mut daemon = Daemon::leased_call();
         assert_eq!(daemon.due(59_999), []);
         assert_eq!(daemon.due(60_000), [("r".to_owned(), 62_000)]);
         let decision = daemon.tick(60_000, "r", 62_000);
@@ -276,10 +282,7 @@ mod tests {
 
     #[test]
     fn a_lease_freed_by_another_run_is_computed_again_before_any_tick() {
-        let mut daemon = Daemon::new();
-        for line in LEASED_CALL {
-            daemon.apply(0, line);
-        }
+        let mut daemon = Daemon::leased_call();
         assert_eq!(daemon.due(1000), []);
         // An operator releases the key on a run of its own: r's wake becomes its budget's
         // end, and r itself saw no event.
