@@ -77,46 +77,51 @@ impl<S: GuardStore> FeedStore<S> {
         self.held.insert(key, seen);
     }
 
-    /// The facts of `decisions`, looking their events up in `batch` first, then in `held`.
-    fn facts(&mut self, decisions: &[&Decision], batch: &HashMap<EventKey, Seen>) -> Vec<Fact> {
-        let mut facts = Vec::new();
-        for decision in decisions {
-            let key = (
-                decision.tenant.clone(),
-                decision.run.clone(),
-                decision.event_id.clone(),
+    /// The facts of a decision whose event is `seen`.
+    fn facts_of(&mut self, decision: &Decision, seen: &Seen, facts: &mut Vec<Fact>) {
+        if let Some(l) = &seen.launched {
+            facts.push(
+                InstanceLaunched {
+                    tenant: decision.tenant.clone(),
+                    run: decision.run.clone(),
+                    provider: l.provider.clone(),
+                    region: l.region.clone(),
+                    instance_id: l.instance_id.clone(),
+                    max_lifetime_s: l.max_lifetime_s,
+                    ts_ms: seen.ts_ms,
+                }
+                .into(),
             );
-            let from_hold = self.held.remove(&key);
-            let Some(seen) = batch.get(&key).or(from_hold.as_ref()) else {
-                // Every decision answers an event of this batch or of a hold; one that
-                // does not (a store change) still ends its run, at the wall-clock time.
+        }
+        if (decision.report.is_some() || seen.finished) && self.first_end(decision) {
+            facts.push(run_ended(decision, seen.ts_ms));
+        }
+    }
+
+    /// The facts of the decision of an event that was held, looked up in `held`.
+    fn facts_of_released(&mut self, decision: &Decision, facts: &mut Vec<Fact>) {
+        let key = (
+            decision.tenant.clone(),
+            decision.run.clone(),
+            decision.event_id.clone(),
+        );
+        match self.held.remove(&key) {
+            Some(seen) => self.facts_of(decision, &seen, facts),
+            // Every released decision answers a remembered event; one that does not (the
+            // oldest forgotten, or a store change) still ends its run, at the wall-clock
+            // time.
+            None => {
                 if decision.report.is_some() && self.first_end(decision) {
                     facts.push(run_ended(decision, now_ms()));
                 }
-                continue;
-            };
-            if let Some(l) = &seen.launched {
-                facts.push(
-                    InstanceLaunched {
-                        tenant: decision.tenant.clone(),
-                        run: decision.run.clone(),
-                        provider: l.provider.clone(),
-                        region: l.region.clone(),
-                        instance_id: l.instance_id.clone(),
-                        max_lifetime_s: l.max_lifetime_s,
-                        ts_ms: seen.ts_ms,
-                    }
-                    .into(),
-                );
-            }
-            if (decision.report.is_some() || seen.finished) && self.first_end(decision) {
-                facts.push(run_ended(decision, seen.ts_ms));
             }
         }
+    }
+
+    fn forget_released(&mut self) {
         if self.held_order.len() != self.held.len() {
             self.held_order.retain(|k| self.held.contains_key(k));
         }
-        facts
     }
 
     fn first_end(&mut self, decision: &Decision) -> bool {
@@ -166,27 +171,43 @@ impl<S: GuardStore> GuardStore for FeedStore<S> {
         if self.sink.is_none() {
             return self.inner.submit_batch(events);
         }
-        let keys: Vec<EventKey> = events
+        // What each event's decision needs, taken before the events move into the store.
+        // The key only for an event with a `seq`: only those can be held for a gap, and
+        // the common batch then copies no strings at all.
+        let seen: Vec<(Seen, Option<EventKey>)> = events
             .iter()
-            .map(|e| (e.tenant.clone(), e.run.clone(), e.id.clone()))
+            .map(|e| {
+                let key = e
+                    .seq
+                    .map(|_| (e.tenant.clone(), e.run.clone(), e.id.clone()));
+                (seen(e), key)
+            })
             .collect();
-        let mut batch: HashMap<EventKey, Seen> =
-            keys.iter().cloned().zip(events.iter().map(seen)).collect();
         let outcomes = self.inner.submit_batch(events)?;
-        let mut decisions = Vec::new();
-        for (key, outcome) in keys.into_iter().zip(&outcomes) {
+        let mut facts = Vec::new();
+        for ((seen, key), outcome) in seen.into_iter().zip(&outcomes) {
             match outcome {
-                Submitted::Applied(applied) => decisions.extend(applied),
+                // The event's own decision first, then those of the held events it
+                // released (`Submitted::Applied`).
+                Submitted::Applied(applied) => {
+                    let mut applied = applied.iter();
+                    if let Some(own) = applied.next() {
+                        self.facts_of(own, &seen, &mut facts);
+                    }
+                    for released in applied {
+                        self.facts_of_released(released, &mut facts);
+                    }
+                }
                 Submitted::Held { .. } => {
-                    if let Some(s) = batch.remove(&key) {
-                        self.remember(key, s);
+                    if let Some(key) = key {
+                        self.remember(key, seen);
                     }
                 }
                 // A duplicate was applied (and fed) the first time; a rejection never was.
                 Submitted::Duplicate(_) | Submitted::Rejected(_) => {}
             }
         }
-        let facts = self.facts(&decisions, &batch);
+        self.forget_released();
         self.emit(facts);
         Ok(outcomes)
     }
@@ -202,8 +223,11 @@ impl<S: GuardStore> GuardStore for FeedStore<S> {
     fn release_gap(&mut self, tenant: &str, run: &str) -> Result<Vec<Decision>, StoreError> {
         let decisions = self.inner.release_gap(tenant, run)?;
         if self.sink.is_some() {
-            let refs: Vec<&Decision> = decisions.iter().collect();
-            let facts = self.facts(&refs, &HashMap::new());
+            let mut facts = Vec::new();
+            for decision in &decisions {
+                self.facts_of_released(decision, &mut facts);
+            }
+            self.forget_released();
             self.emit(facts);
         }
         Ok(decisions)
@@ -323,5 +347,32 @@ mod tests {
             matches!(&facts[..], [Fact::InstanceLaunched(l)] if l.instance_id == "i-3" && l.ts_ms == 3000),
             "{facts:?}"
         );
+    }
+
+    /// A launch held for a missing `seq` is fed with its own time once the missing event
+    /// arrives: in a later batch, or later in the same batch.
+    #[test]
+    fn a_held_launch_is_fed_when_the_missing_seq_arrives() {
+        let started =
+            r#"{"v":1,"id":"e1","tenant":"t","run":"r","seq":1,"ts_ms":1000,"type":"run_started"}"#;
+        let missing = r#"{"v":1,"id":"e2","tenant":"t","run":"r","seq":2,"ts_ms":2000,"type":"progress","version":1}"#;
+        let launched = r#"{"v":1,"id":"e3","tenant":"t","run":"r","seq":3,"ts_ms":3000,"type":"instance_launched","provider":"ec2","region":"us-east-1","instance_id":"i-3"}"#;
+        for batches in [
+            vec![vec![started], vec![launched], vec![missing]],
+            vec![vec![started], vec![launched, missing]],
+        ] {
+            let (mut store, facts) = store();
+            for batch in &batches {
+                store
+                    .submit_batch(batch.iter().map(|json| event(json)).collect())
+                    .unwrap();
+            }
+            let facts = facts.0.lock().unwrap().clone();
+            assert!(
+                matches!(&facts[..], [Fact::InstanceLaunched(l)] if l.instance_id == "i-3" && l.ts_ms == 3000),
+                "{batches:?}: {facts:?}"
+            );
+            assert!(store.held.is_empty() && store.held_order.is_empty());
+        }
     }
 }
