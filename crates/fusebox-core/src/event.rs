@@ -268,6 +268,21 @@ pub struct ToolResult {
     pub progress: Option<u64>,
 }
 
+impl ToolResult {
+    /// Replaces an inline output by its hash, for a daemon that refused the result as
+    /// too large (its `max_event_bytes` below the sender's bound): the hash still
+    /// completes or releases the call's op_key, which must not stay in flight for want
+    /// of the result's bytes. `false` when there was no inline output to replace.
+    pub fn hash_output(&mut self) -> bool {
+        let Some(Output::Json(value)) = &mut self.output else {
+            return false;
+        };
+        let value = std::mem::take(value);
+        self.output = Some(Output::inline_up_to(value, 0));
+        true
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProgressUpdate {
     pub version: u64,
@@ -402,6 +417,28 @@ mod tests {
         assert_eq!(Output::inline_or_hash(big), Output::Hash(hash));
         let small = json!({"command": "ls"});
         assert_eq!(Args::inline_or_hash(small.clone()), Args::Json(small));
+    }
+
+    #[test]
+    fn a_refused_result_goes_again_as_its_hash_once() {
+        let output = json!({"rows": ["a", "b"]});
+        let mut result = ToolResult {
+            call_id: "c1".to_owned(),
+            tool: "export".to_owned(),
+            kind: ResultKind::Success,
+            code: None,
+            retry_after_ms: None,
+            terminal: None,
+            output: Some(Output::Json(output.clone())),
+            progress: None,
+        };
+        assert!(result.hash_output());
+        let hash = hex_sha256(&serde_json::to_vec(&output).unwrap());
+        assert_eq!(result.output, Some(Output::Hash(hash.clone())));
+        assert!(!result.hash_output(), "a hash is not hashed again");
+        assert_eq!(result.output, Some(Output::Hash(hash)));
+        result.output = None;
+        assert!(!result.hash_output());
     }
 
     #[test]

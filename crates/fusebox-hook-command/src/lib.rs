@@ -329,16 +329,20 @@ pub async fn gate_result_fitted(
     event: &fusebox_core::Event,
 ) -> Gate {
     let gate = client.gate(event).await;
-    match (&gate, with_result_hashed(event)) {
-        (Gate::Refused(error), Some(hashed)) if error.reason == "too_large" => {
+    // The hashed copy is made only for a refusal: every result passes here.
+    if let Gate::Refused(error) = &gate {
+        if let Some(hashed) = (error.reason == "too_large")
+            .then(|| with_result_hashed(event))
+            .flatten()
+        {
             eprintln!(
                 "fusebox: {}: {}; sending the result's hash instead",
                 event.id, error.message
             );
-            client.gate(&hashed).await
+            return client.gate(&hashed).await;
         }
-        _ => gate,
     }
+    gate
 }
 
 /// The payload on stdin, whole.

@@ -93,18 +93,11 @@ pub fn checked(event: Event, hook_event_name: &str) -> Result<Event, String> {
 /// event. For a result the daemon refused `too_large` (its `max_event_bytes` set below
 /// the default): the hook sends it again so.
 pub fn with_result_hashed(event: &Event) -> Option<Event> {
-    let EventBody::ToolResult(result) = &event.body else {
+    let mut hashed = event.clone();
+    let EventBody::ToolResult(result) = &mut hashed.body else {
         return None;
     };
-    let Some(Output::Json(value)) = &result.output else {
-        return None;
-    };
-    let mut result = result.clone();
-    result.output = Some(Output::inline_up_to(value.clone(), 0));
-    Some(Event {
-        body: EventBody::ToolResult(result),
-        ..event.clone()
-    })
+    result.hash_output().then_some(hashed)
 }
 
 /// What came back from the guard.

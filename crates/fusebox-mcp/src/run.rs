@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::StatusCode;
 use fusebox_client::{FuseboxClient, Gate};
 use fusebox_core::decision::Decision;
-use fusebox_core::event::{Effect, EventBody, Output, RunFinished, RunStarted, ToolResult};
+use fusebox_core::event::{Effect, EventBody, RunFinished, RunStarted, ToolResult};
 use fusebox_core::Event;
 use futures_util::StreamExt;
 use rmcp::model::{CallToolResult, JsonObject};
@@ -242,16 +242,10 @@ impl GuardedRun {
     async fn deliver_result(&self, mut event: Event) {
         let mut answer = self.client.gate(&event).await;
         if let (Gate::Refused(error), EventBody::ToolResult(result)) = (&answer, &mut event.body) {
-            if let (Some(Output::Json(value)), "too_large") =
-                (&mut result.output, error.reason.as_str())
-            {
-                // Past this daemon's `max_event_bytes` (below `max_stored_result_bytes`):
-                // the hash still completes or releases the op_key, which must not stay
-                // in flight for want of the result's bytes. The refused event was never
-                // admitted: its `seq` is the hash's.
+            // Past this daemon's `max_event_bytes` (below `max_stored_result_bytes`). The
+            // refused event was never admitted: its `seq` is the hash's.
+            if error.reason == "too_large" && result.hash_output() {
                 tracing::warn!(message = %error.message, "tool_result too large for fuseboxd; sending its hash");
-                let value = std::mem::take(value);
-                result.output = Some(Output::inline_up_to(value, 0));
                 event.id = self.next_id();
                 answer = self.client.gate(&event).await;
             }
