@@ -24,7 +24,7 @@ use tokio::runtime::Handle;
 
 use super::shared_ledger::Touch;
 use super::store::{CallKey, PartitionStore};
-use super::{ClusterError, Fence, ATTEMPTS, RETRY_PAUSE};
+use super::{refused_by_revision_check, ClusterError, Fence, ATTEMPTS, RETRY_PAUSE};
 use crate::watchdog::FeedStore;
 
 pub const STREAM: &str = "FUSEBOX_APPLIED";
@@ -183,12 +183,7 @@ impl Replicator {
 /// Either means another daemon wrote to the partition: it is fenced, not unavailable
 /// (retrying would only refuse again, 20 times).
 fn failed_sequence_check(err: &PublishError) -> bool {
-    err.kind() == PublishErrorKind::WrongLastSequence
-        || std::error::Error::source(err)
-            .and_then(|source| source.downcast_ref::<jetstream::Error>())
-            .is_some_and(|answer| {
-                answer.error_code() == jetstream::ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
-            })
+    err.kind() == PublishErrorKind::WrongLastSequence || refused_by_revision_check(err)
 }
 
 /// What catching up found: the sequence the new owner continues from, and the stop
@@ -458,12 +453,7 @@ mod tests {
 
     #[test]
     fn both_forms_of_a_failed_sequence_check_fence_the_partition() {
-        let answer = |code: u64| -> jetstream::Error {
-            serde_json::from_value(serde_json::json!({
-                "code": 400, "err_code": code, "description": "wrong last sequence: 7"
-            }))
-            .unwrap()
-        };
+        let answer = crate::cluster::jetstream_answer;
         let named = PublishError::with_source(PublishErrorKind::WrongLastSequence, answer(10071));
         let constant = PublishError::with_source(PublishErrorKind::Other, answer(10164));
         let other = PublishError::with_source(PublishErrorKind::Other, answer(10077));

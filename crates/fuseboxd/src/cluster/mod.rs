@@ -108,6 +108,15 @@ where
     false
 }
 
+/// JetStream's answer refusing a write with `code`, as the server sends it (tests).
+#[cfg(test)]
+fn jetstream_answer(code: u64) -> jetstream::Error {
+    serde_json::from_value(serde_json::json!({
+        "code": 400, "err_code": code, "description": "wrong last sequence: 7"
+    }))
+    .unwrap()
+}
+
 /// Binds a KV bucket, creating it from `config` when absent.
 async fn bind_bucket(
     js: &jetstream::Context,
@@ -672,12 +681,7 @@ mod tests {
     fn both_forms_of_a_refused_revision_are_a_lost_race() {
         use async_nats::jetstream::context::{PublishError, PublishErrorKind};
         use async_nats::jetstream::kv::{UpdateError, UpdateErrorKind};
-        let answer = |code: u64| -> jetstream::Error {
-            serde_json::from_value(serde_json::json!({
-                "code": 400, "err_code": code, "description": "wrong last sequence: 7"
-            }))
-            .unwrap()
-        };
+        let answer = jetstream_answer;
         let update = |code: u64| {
             let publish = PublishError::with_source(PublishErrorKind::Other, answer(code));
             UpdateError::with_source(UpdateErrorKind::Other, publish)
