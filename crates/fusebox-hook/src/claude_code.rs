@@ -14,9 +14,9 @@ use fusebox_core::event::{
 };
 use fusebox_core::{Action, Decision, Event, EventBody};
 
-use crate::common::Operations;
 use crate::common::{
     checked, completed_reason, message_of, observe_context, unasked_reason, unguarded_note,
+    Operations,
 };
 pub use crate::common::{run_id, Outcome};
 use serde::Deserialize;

@@ -21,12 +21,11 @@ use serde_json::{json, Value};
 
 use crate::common::{
     checked, completed_reason, lines_in_one_order, message_of, observe_context, unasked_reason,
-    unguarded_note,
+    unguarded_note, Operations,
 };
 
 /// Codex's shell tool, as its hooks name it.
 const SHELL_TOOL: &str = "Bash";
-use crate::common::Operations;
 pub use crate::common::{run_id, Outcome};
 
 /// The hook events fusebox acts on. Anything else is answered with no opinion.

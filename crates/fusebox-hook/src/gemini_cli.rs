@@ -23,10 +23,9 @@ use fusebox_core::{Action, Decision, Event, EventBody};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::common::Operations;
 use crate::common::{
     checked, completed_reason, lines_in_one_order, message_of, observe_context, unasked_reason,
-    unguarded_note,
+    unguarded_note, Operations,
 };
 pub use crate::common::{run_id, Outcome};
 
