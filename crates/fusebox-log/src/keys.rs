@@ -15,10 +15,14 @@ pub const FORMAT_VERSION_KEY: &[u8] = b"format_version";
 /// 3: events in their positional stored form (`stored.rs`) instead of named fields;
 /// the ledger tree is written at snapshots and on open, and says at which position.
 /// 4: snapshots in pieces of [`SNAPSHOT_PIECE_BYTES`] ([`snapshot_piece`] keys).
-pub const FORMAT_VERSION: u32 = 4;
+/// 5: the latest commits may be only in the commit file (`wal.rs`) beside sled's files.
+/// A build that knows nothing of it must not open such a log: it would miss them, then
+/// append at their positions what the next open overwrote with them.
+pub const FORMAT_VERSION: u32 = 5;
 /// Formats this build reads. A format-3 log is a format-4 log whose snapshots are each
-/// one piece under an 8-byte key; opening it for writing records format 4.
-pub const READABLE_FORMATS: [u32; 2] = [3, FORMAT_VERSION];
+/// one piece under an 8-byte key; a format-4 log is a format-5 log with nothing in a
+/// commit file. Opening either for writing records format 5.
+pub const READABLE_FORMATS: [u32; 3] = [3, 4, FORMAT_VERSION];
 
 /// Whether a stored format version is one this build reads.
 pub fn is_readable_format(found: &[u8]) -> bool {

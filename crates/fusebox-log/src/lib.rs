@@ -38,6 +38,7 @@ mod state;
 mod store;
 mod stored;
 mod submit;
+mod wal;
 pub mod workload;
 
 pub use error::LogError;
@@ -49,3 +50,4 @@ pub use sled_log::{SledLog, SledOptions};
 pub use state::{LedgerTimes, LogState};
 pub use store::{EventLog, SideWriter, Tree, WriteBatch};
 pub use submit::Outcome;
+pub use wal::FILE as COMMIT_FILE;

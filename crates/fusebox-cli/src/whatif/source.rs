@@ -219,10 +219,12 @@ fn position_bar(positions: u64) -> Option<ProgressBar> {
 }
 
 /// A plain recursive copy: files that grow while being read are copied as far as they
-/// were read, which sled's recovery treats as a torn tail.
+/// were read, which sled's recovery treats as a torn tail. The commit file goes first
+/// (see [`fusebox_log::COMMIT_FILE`]).
 fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
+    let mut entries = std::fs::read_dir(from)?.collect::<io::Result<Vec<_>>>()?;
+    entries.sort_by_key(|entry| entry.file_name() != fusebox_log::COMMIT_FILE);
+    for entry in entries {
         let target = to.join(entry.file_name());
         let kind = entry.file_type()?;
         if kind.is_dir() {

@@ -56,7 +56,7 @@ pub fn verify<L: EventLog>(log: &L) -> Result<VerifyReport, LogError> {
     match log.get(Tree::Meta, FORMAT_VERSION_KEY)? {
         Some(v) if keys::is_readable_format(v.as_ref()) => {}
         other => report.problem(format!(
-            "format version is {:?}, expected {FORMAT_VERSION} (or 3, which this build reads)",
+            "format version is {:?}, expected {FORMAT_VERSION} (or 3 or 4, which this build reads)",
             other.map(|v| String::from_utf8_lossy(v.as_ref()).into_owned())
         )),
     }

@@ -1,0 +1,355 @@
+//! The commit file: what makes a batch of frames durable in one `fdatasync`.
+//!
+//! sled 0.34's own flush costs two disk round trips (its buffer written and waited on
+//! with `sync_file_range`, then the `fdatasync` that `sled_log::flush` adds) and hands the
+//! write to sled's I/O pool, whose condition variable wakes all seven of its threads for
+//! every flush. So a commit that holds only new frames is written here instead: one
+//! record appended in place to a file allocated up front (an `fdatasync` then writes data
+//! only, never the file's size or its block map), while sled takes the same frames
+//! in memory and writes them out in its own time. When the file is full, and on close,
+//! sled is flushed in full (a checkpoint) and the file starts over; on open, whatever the
+//! file holds is applied to sled again. Frames are inserted at positions nobody else
+//! writes, so applying one a second time changes nothing.
+//!
+//! Layout: two header slots (generation, CRC) at offsets 0 and [`SLOT_BYTES`]; the
+//! valid one with the higher generation is current. Records from [`RECORDS_AT`] on:
+//! `len: u32 LE`, `crc: u32 LE` (CRC-32 of the generation then the payload), payload.
+//! The generation in the CRC is what ends a replay at the last record written since the
+//! file started over: the older records after it fail their check.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// The commit file's name in the log's directory. A copy of a live directory takes it
+/// before sled's files: whatever a checkpoint empties out of it while the copy is made,
+/// sled's files, copied after, already hold.
+pub const FILE: &str = "commits";
+const MAGIC: &[u8; 8] = b"FBXCOMMT";
+const SLOT_BYTES: u64 = 512;
+/// Records start on their own page, apart from the headers rewritten at each start-over.
+const RECORDS_AT: u64 = 4096;
+const RECORD_HEADER: usize = 8;
+/// The file's size: a checkpoint per ~100 k events of the usual size.
+pub(crate) const CAPACITY: u64 = 32 << 20;
+
+/// One frame: its key and bytes, as they go into the events tree.
+pub(crate) type Frame = (Vec<u8>, Vec<u8>);
+
+pub(crate) struct CommitFile {
+    file: File,
+    capacity: u64,
+    generation: u64,
+    /// Where the next record goes.
+    end: u64,
+}
+
+/// What an open found in the file: the frames of each record of the current
+/// generation, in the order they were committed.
+pub(crate) type Replay = Vec<Vec<Frame>>;
+
+impl CommitFile {
+    /// Opens the file in `dir`, creating it with `capacity` bytes when missing.
+    pub(crate) fn open(dir: &Path, capacity: u64) -> io::Result<(CommitFile, Replay)> {
+        let path = dir.join(FILE);
+        match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(file) => Self::read(file),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Ok((Self::create(dir, &path, capacity)?, Vec::new()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn create(dir: &Path, path: &Path, capacity: u64) -> io::Result<CommitFile> {
+        // Written under another name and renamed once allocated and durable, so a crash
+        // here never leaves a half-made file that an open would take for a damaged one.
+        let partial = dir.join(format!("{FILE}.new"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&partial)?;
+        // Real zeroes, not `set_len`'s holes: a write into a hole allocates blocks, and
+        // the `fdatasync` after it would have to write the file's block map too.
+        let zeroes = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < capacity {
+            let n = zeroes.len().min((capacity - at) as usize);
+            file.write_all_at(&zeroes[..n], at)?;
+            at += n as u64;
+        }
+        let mut commits = CommitFile {
+            file,
+            capacity,
+            generation: 0,
+            end: RECORDS_AT,
+        };
+        commits.start_over()?;
+        std::fs::rename(&partial, path)?;
+        File::open(dir)?.sync_all()?;
+        Ok(commits)
+    }
+
+    fn read(file: File) -> io::Result<(CommitFile, Replay)> {
+        let bytes = {
+            let len = file.metadata()?.len();
+            let mut bytes = vec![0; len as usize];
+            file.read_exact_at(&mut bytes, 0)?;
+            bytes
+        };
+        if (bytes.len() as u64) < RECORDS_AT {
+            return Err(damaged("shorter than its headers"));
+        }
+        let generation = [0, SLOT_BYTES as usize]
+            .into_iter()
+            .filter_map(|at| read_slot(&bytes[at..at + SLOT_BYTES as usize]))
+            .max()
+            .ok_or_else(|| damaged("neither header slot is valid"))?;
+        let mut replay = Vec::new();
+        let mut at = RECORDS_AT as usize;
+        while let Some((payload, next)) = record_at(&bytes, at, generation) {
+            replay.push(decode(payload).ok_or_else(|| damaged("a record's frames"))?);
+            at = next;
+        }
+        let commits = CommitFile {
+            file,
+            capacity: bytes.len() as u64,
+            generation,
+            end: at as u64,
+        };
+        Ok((commits, replay))
+    }
+
+    /// Appends one record and makes it durable; `false` (nothing written) when it does
+    /// not fit in what is left of the file.
+    pub(crate) fn append(&mut self, record: &mut Record) -> io::Result<bool> {
+        let bytes = record.seal(self.generation);
+        if self.end + bytes.len() as u64 > self.capacity {
+            return Ok(false);
+        }
+        self.file.write_all_at(bytes, self.end)?;
+        self.file.sync_data()?;
+        self.end += bytes.len() as u64;
+        Ok(true)
+    }
+
+    /// Empties the file: called once everything its records hold is durable elsewhere.
+    /// The next generation goes in the slot the current one is not in, so a torn header
+    /// write leaves the current one readable (and its records, already durable in sled,
+    /// are applied once more at worst).
+    pub(crate) fn start_over(&mut self) -> io::Result<()> {
+        self.generation += 1;
+        let mut slot = [0u8; 20];
+        slot[..8].copy_from_slice(MAGIC);
+        slot[8..16].copy_from_slice(&self.generation.to_le_bytes());
+        let crc = crc32fast::hash(&slot[..16]);
+        slot[16..].copy_from_slice(&crc.to_le_bytes());
+        self.file
+            .write_all_at(&slot, (self.generation % 2) * SLOT_BYTES)?;
+        self.file.sync_data()?;
+        self.end = RECORDS_AT;
+        Ok(())
+    }
+
+    /// Whether nothing was appended since the file last started over.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.end == RECORDS_AT
+    }
+}
+
+/// The frames of one commit, encoded as they are staged.
+pub(crate) struct Record {
+    bytes: Vec<u8>,
+}
+
+impl Default for Record {
+    fn default() -> Self {
+        Record {
+            bytes: vec![0; RECORD_HEADER],
+        }
+    }
+}
+
+impl Record {
+    pub(crate) fn push(&mut self, key: &[u8], value: &[u8]) {
+        for part in [key, value] {
+            self.bytes
+                .extend_from_slice(&(part.len() as u32).to_le_bytes());
+            self.bytes.extend_from_slice(part);
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bytes.len() == RECORD_HEADER
+    }
+
+    /// Bytes staged.
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len() - RECORD_HEADER
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.bytes.truncate(RECORD_HEADER);
+    }
+
+    /// The record with its header for `generation`.
+    fn seal(&mut self, generation: u64) -> &[u8] {
+        let payload_len = (self.bytes.len() - RECORD_HEADER) as u32;
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&generation.to_le_bytes());
+        crc.update(&self.bytes[RECORD_HEADER..]);
+        self.bytes[..4].copy_from_slice(&payload_len.to_le_bytes());
+        self.bytes[4..8].copy_from_slice(&crc.finalize().to_le_bytes());
+        &self.bytes
+    }
+}
+
+fn read_slot(slot: &[u8]) -> Option<u64> {
+    let crc = u32::from_le_bytes(slot[16..20].try_into().ok()?);
+    (slot[..8] == MAGIC[..] && crc32fast::hash(&slot[..16]) == crc)
+        .then(|| u64::from_le_bytes(slot[8..16].try_into().expect("8 bytes")))
+}
+
+/// The payload of the record at `at` and where the next one starts, when a whole record
+/// of `generation` is there.
+fn record_at(bytes: &[u8], at: usize, generation: u64) -> Option<(&[u8], usize)> {
+    let header = bytes.get(at..at + RECORD_HEADER)?;
+    let len = u32::from_le_bytes(header[..4].try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(header[4..].try_into().ok()?);
+    let start = at + RECORD_HEADER;
+    let payload = bytes.get(start..start.checked_add(len)?)?;
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&generation.to_le_bytes());
+    hasher.update(payload);
+    (len > 0 && hasher.finalize() == crc).then_some((payload, start + len))
+}
+
+fn decode(mut payload: &[u8]) -> Option<Vec<Frame>> {
+    let mut take = || -> Option<Vec<u8>> {
+        let len = u32::from_le_bytes(payload.get(..4)?.try_into().ok()?) as usize;
+        let part = payload.get(4..4 + len)?.to_vec();
+        payload = &payload[4 + len..];
+        Some(part)
+    };
+    let mut frames = Vec::new();
+    while let Some(key) = take() {
+        frames.push((key, take()?));
+    }
+    payload.is_empty().then_some(frames)
+}
+
+fn damaged(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the commit file ({FILE}) is damaged: {what}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMALL: u64 = RECORDS_AT + 256;
+
+    fn record(frames: &[(&[u8], &[u8])]) -> Record {
+        let mut record = Record::default();
+        for (key, value) in frames {
+            record.push(key, value);
+        }
+        record
+    }
+
+    fn frames(replay: &Replay) -> Vec<Vec<(&[u8], &[u8])>> {
+        replay
+            .iter()
+            .map(|r| r.iter().map(|(k, v)| (&k[..], &v[..])).collect())
+            .collect()
+    }
+
+    #[test]
+    fn what_was_appended_is_read_back_in_order_until_the_file_starts_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut commits, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
+        assert!(replay.is_empty() && commits.is_empty());
+        assert!(commits
+            .append(&mut record(&[(b"k1", b"one"), (b"k2", b"")]))
+            .unwrap());
+        assert!(commits.append(&mut record(&[(b"k3", b"three")])).unwrap());
+        drop(commits);
+        let (mut commits, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
+        assert_eq!(
+            frames(&replay),
+            [
+                vec![(&b"k1"[..], &b"one"[..]), (b"k2", b"")],
+                vec![(b"k3", b"three")]
+            ]
+        );
+        commits.start_over().unwrap();
+        // A shorter record over the old ones: they follow it, and must not be replayed.
+        assert!(commits.append(&mut record(&[(b"k4", b"4")])).unwrap());
+        drop(commits);
+        let (_, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
+        assert_eq!(frames(&replay), [vec![(&b"k4"[..], &b"4"[..])]]);
+    }
+
+    #[test]
+    fn a_record_that_does_not_fit_is_refused_and_nothing_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut commits, _) = CommitFile::open(dir.path(), SMALL).unwrap();
+        assert!(commits.append(&mut record(&[(b"k", &[1; 200])])).unwrap());
+        assert!(!commits.append(&mut record(&[(b"k", &[2; 200])])).unwrap());
+        drop(commits);
+        let (_, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
+        assert_eq!(replay.len(), 1);
+    }
+
+    #[test]
+    fn a_torn_record_ends_the_replay_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut commits, _) = CommitFile::open(dir.path(), SMALL).unwrap();
+        commits.append(&mut record(&[(b"a", b"1")])).unwrap();
+        let second = commits.end;
+        commits.append(&mut record(&[(b"b", b"2")])).unwrap();
+        commits.append(&mut record(&[(b"c", b"3")])).unwrap();
+        drop(commits);
+        // The second record's last byte never reached the disk.
+        let file = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(FILE))
+            .unwrap();
+        file.write_all_at(&[0xff], second + RECORD_HEADER as u64 + 9)
+            .unwrap();
+        let (commits, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
+        assert_eq!(frames(&replay), [vec![(&b"a"[..], &b"1"[..])]]);
+        assert_eq!(
+            commits.end, second,
+            "the next record goes where the torn one was"
+        );
+    }
+
+    #[test]
+    fn a_torn_header_leaves_the_other_slot_current() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut commits, _) = CommitFile::open(dir.path(), SMALL).unwrap();
+        commits.start_over().unwrap(); // generation 2, in slot 0
+        commits.append(&mut record(&[(b"a", b"1")])).unwrap();
+        let torn_slot = ((commits.generation + 1) % 2) * SLOT_BYTES;
+        drop(commits);
+        let file = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(FILE))
+            .unwrap();
+        file.write_all_at(b"FBXCOMMT\x03\0\0\0\0\0\0\0garb", torn_slot)
+            .unwrap();
+        let (_, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
+        assert_eq!(frames(&replay), [vec![(&b"a"[..], &b"1"[..])]]);
+        // Both slots gone is damage, said as such rather than an empty log.
+        file.write_all_at(&[0; 16], 0).unwrap();
+        file.write_all_at(&[0; 16], SLOT_BYTES).unwrap();
+        let err = CommitFile::open(dir.path(), SMALL).err().expect("damaged");
+        assert!(err.to_string().contains("neither header slot"), "{err}");
+    }
+}
