@@ -224,6 +224,24 @@ async fn bench_gate_runs_as_the_bench_user_and_tells_the_operator_so() {
     );
     for via in [Via::Flags, Via::File] {
         let out = ok(&run(fusebox(&stack, "bench", via, &bench)));
-        assert!(out.contains("raw"), "{out}");
+        assert!(
+            out.contains("raw") && out.contains("ratios: serial p50"),
+            "{out}"
+        );
     }
+    // With a directory on the disk, its floor is measured in the same run, and the
+    // file it wrote there is gone afterwards.
+    let disk = tempfile::tempdir().unwrap();
+    let dir = disk.path().to_str().unwrap();
+    let with_floor: Vec<&str> = bench
+        .iter()
+        .copied()
+        .chain(["--disk-floor-dir", dir])
+        .collect();
+    let out = ok(&run(fusebox(&stack, "bench", Via::Flags, &with_floor)));
+    assert!(
+        out.contains("4 KiB append + fdatasync (disk)") && out.contains("(raw NATS + fdatasync)"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read_dir(disk.path()).unwrap().count(), 0);
 }

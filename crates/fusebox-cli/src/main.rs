@@ -165,6 +165,10 @@ enum BenchSub {
         /// Events published to JetStream for the ingest measurement.
         #[arg(long, default_value_t = 100_000)]
         ingest: usize,
+        /// A directory on the daemon's disk (beside its data dir) where the disk's floor
+        /// is measured in the same run (4 KiB append + fdatasync), for the serial ratio.
+        #[arg(long, value_name = "DIR")]
+        disk_floor_dir: Option<PathBuf>,
     },
 }
 
@@ -451,6 +455,7 @@ fn main() -> ExitCode {
                     parallel,
                     in_flight,
                     ingest,
+                    disk_floor_dir,
                 },
         } => {
             let options = fusebox_client::bench::BenchOptions {
@@ -458,6 +463,7 @@ fn main() -> ExitCode {
                 parallel,
                 in_flight,
                 ingest,
+                disk_floor_dir,
                 ..Default::default()
             };
             operate(remote, operate::Op::BenchGate { options })

@@ -32,6 +32,9 @@ pub struct BenchOptions {
     pub in_flight: usize,
     /// Events published for the ingest measurement.
     pub ingest: usize,
+    /// A directory on the daemon's disk (its data dir's filesystem), where the disk's
+    /// floor is measured in the same run: 4 KiB appends each followed by `fdatasync`.
+    pub disk_floor_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for BenchOptions {
@@ -42,6 +45,7 @@ impl Default for BenchOptions {
             parallel: 100_000,
             in_flight: 64,
             ingest: 100_000,
+            disk_floor_dir: None,
         }
     }
 }
@@ -81,6 +85,18 @@ pub struct BenchReport {
     pub parallel_echo: Figure,
     pub ingest: Figure,
     pub ingest_raw: Figure,
+    /// 4 KiB append + `fdatasync`, when a directory was given.
+    pub disk_floor: Option<Figure>,
+}
+
+impl BenchReport {
+    /// The serial gate's p50 over its floor: one raw round trip, plus one `fdatasync`
+    /// when the disk was measured.
+    pub fn serial_ratio(&self) -> f64 {
+        let floor =
+            self.serial_echo.p50 + self.disk_floor.as_ref().map_or(Duration::ZERO, |f| f.p50);
+        self.serial_gate.p50.as_secs_f64() / floor.as_secs_f64()
+    }
 }
 
 impl std::fmt::Display for BenchReport {
@@ -113,13 +129,34 @@ impl std::fmt::Display for BenchReport {
             "",
             self.ingest.per_second()
         )?;
-        write!(
+        writeln!(
             f,
             "{:<34} {:>10} {:>10} {:>12.0}",
             "raw JetStream publish (acked)",
             "",
             "",
             self.ingest_raw.per_second()
+        )?;
+        let floor = match &self.disk_floor {
+            Some(disk) => {
+                writeln!(
+                    f,
+                    "{:<34} {:>10.0} {:>10.0} {:>12.0}",
+                    "4 KiB append + fdatasync (disk)",
+                    us(disk.p50),
+                    us(disk.p99),
+                    disk.per_second()
+                )?;
+                "raw NATS + fdatasync"
+            }
+            None => "raw NATS; no --disk-floor-dir",
+        };
+        writeln!(
+            f,
+            "ratios: serial p50 {:.2}x its floor ({floor}), in flight {:.2}x raw, ingest {:.2}x raw",
+            self.serial_ratio(),
+            self.parallel_gate.per_second() / self.parallel_echo.per_second(),
+            self.ingest.per_second() / self.ingest_raw.per_second()
         )
     }
 }
@@ -241,6 +278,21 @@ pub async fn run(
     };
     let serial_gate = measure(options.serial, 1, gate_fn(format!("s{id}"))).await?;
     let serial_echo = measure(options.serial, 1, echo_fn()).await?;
+    let disk_floor = match options.disk_floor_dir.clone() {
+        Some(dir) => Some(
+            tokio::task::spawn_blocking(move || {
+                disk_floor(&dir, DISK_FLOOR_SAMPLES).map_err(|err| {
+                    ClientError::Usage(format!(
+                        "measuring the disk floor in {}: {err}",
+                        dir.display()
+                    ))
+                })
+            })
+            .await
+            .expect("the disk floor task does not panic")?,
+        ),
+        None => None,
+    };
     let parallel_gate = measure(
         options.parallel,
         options.in_flight,
@@ -259,7 +311,32 @@ pub async fn run(
         parallel_echo,
         ingest,
         ingest_raw,
+        disk_floor,
     })
+}
+
+/// Appends in the disk floor measurement (as `log_bench`'s).
+const DISK_FLOOR_SAMPLES: usize = 2_000;
+
+/// `samples` 4 KiB appends to a new file in `dir`, each made durable with `fdatasync`:
+/// what one durable write costs on that disk at the least.
+fn disk_floor(dir: &std::path::Path, samples: usize) -> std::io::Result<Figure> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join(format!("fusebox-bench-disk-floor-{}", nonce()));
+    let file = std::fs::File::create_new(&path)?;
+    let block = [0x5a_u8; 4096];
+    let started = Instant::now();
+    let mut latencies = Vec::with_capacity(samples);
+    let appended = (0..samples as u64).try_for_each(|i| {
+        let sent = Instant::now();
+        file.write_all_at(&block, i * block.len() as u64)?;
+        file.sync_data()?;
+        latencies.push(sent.elapsed());
+        Ok::<_, std::io::Error>(())
+    });
+    let removed = std::fs::remove_file(&path);
+    appended.and(removed)?;
+    Ok(Figure::from_samples(latencies, started.elapsed()))
 }
 
 fn js_error(what: &str) -> impl Fn(async_nats::Error) -> ClientError + '_ {
