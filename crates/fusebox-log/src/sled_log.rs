@@ -54,8 +54,8 @@ struct Commits {
     file: CommitFile,
     staged: Record,
     /// A write since the last flush was not a new frame (a snapshot repair, the ledger,
-    /// the format version): the next flush is a full one.
-    needs_checkpoint: bool,
+    /// the format version): the next flush is a full sync of sled.
+    needs_full_sync: bool,
     /// Frame bytes committed since sled's file was last synced in full.
     since_sled_synced: usize,
 }
@@ -106,19 +106,17 @@ impl SledLog {
         let mut commits = Commits {
             file,
             staged: Record::default(),
-            needs_checkpoint: false,
+            needs_full_sync: false,
             since_sled_synced: 0,
         };
         if !replay.is_empty() {
             let frames: usize = replay.iter().map(Vec::len).sum();
             for record in replay {
-                let mut batch = Batch::default();
+                let mut batch = WriteBatch::default();
                 for (key, value) in record {
-                    batch.insert(key, value);
+                    batch.insert(Tree::Events, key, value);
                 }
-                log.tree(Tree::Events)
-                    .apply_batch(batch)
-                    .map_err(|e| log.storage(e))?;
+                log.apply(batch, None)?;
             }
             tracing::info!(path = %path.display(), frames, "applied the commit file's frames to sled");
         }
@@ -140,7 +138,7 @@ impl SledLog {
                 for (key, value) in &writes {
                     match (value, tree) {
                         (Some(value), Tree::Events) => commits.staged.push(key, value),
-                        _ => commits.needs_checkpoint = true,
+                        _ => commits.needs_full_sync = true,
                     }
                 }
             }
@@ -168,37 +166,38 @@ impl SledLog {
         Ok(())
     }
 
-    /// Makes everything durable in sled itself, then empties the commit file.
-    fn checkpoint(&self, commits: &mut Commits) -> Result<(), LogError> {
+    /// Makes every write so far durable in sled itself: what is staged needs the commit
+    /// file no more.
+    fn sync_sled(&self, commits: &mut Commits) -> Result<(), LogError> {
         flush(&self.db, &self.blobs, &self.data_file).map_err(|e| self.storage(e))?;
+        commits.staged.clear();
+        commits.needs_full_sync = false;
+        commits.since_sled_synced = 0;
+        Ok(())
+    }
+
+    /// Syncs sled, then empties the commit file (whose records it now holds).
+    fn checkpoint(&self, commits: &mut Commits) -> Result<(), LogError> {
+        self.sync_sled(commits)?;
         if !commits.file.is_empty() {
             commits
                 .file
                 .start_over()
                 .map_err(|e| self.storage(sled::Error::Io(e)))?;
         }
-        commits.staged.clear();
-        commits.needs_checkpoint = false;
-        commits.since_sled_synced = 0;
         Ok(())
     }
 
-    /// A commit: the staged frames appended to the commit file with one `fdatasync`, or
-    /// a checkpoint when they do not fit or something else was written.
+    /// A commit: the staged frames appended to the commit file with one `fdatasync`; a
+    /// full sync of sled instead when something else was written or it is due (the
+    /// commit file keeps its records, applied again at open, harmlessly, until it is
+    /// full); a checkpoint when they do not fit.
     fn commit(&self, commits: &mut Commits) -> Result<(), LogError> {
-        if commits.needs_checkpoint {
-            return self.checkpoint(commits);
+        commits.since_sled_synced += commits.staged.len();
+        if commits.needs_full_sync || commits.since_sled_synced >= SYNC_SLED_EVERY_BYTES {
+            return self.sync_sled(commits);
         }
         if commits.staged.is_empty() {
-            return Ok(());
-        }
-        commits.since_sled_synced += commits.staged.len();
-        if commits.since_sled_synced >= SYNC_SLED_EVERY_BYTES {
-            // This commit is durable in sled itself; the commit file keeps its records
-            // (applied again at open, harmlessly) until it is full.
-            flush(&self.db, &self.blobs, &self.data_file).map_err(|e| self.storage(e))?;
-            commits.staged.clear();
-            commits.since_sled_synced = 0;
             return Ok(());
         }
         let appended = commits
@@ -363,7 +362,7 @@ impl Drop for SledLog {
             return;
         };
         let mut commits = commits.into_inner().unwrap_or_else(|p| p.into_inner());
-        if commits.file.is_empty() && !commits.needs_checkpoint {
+        if commits.file.is_empty() && !commits.needs_full_sync {
             return;
         }
         if let Err(err) = self.checkpoint(&mut commits) {

@@ -18,7 +18,7 @@
 //! file started over: the older records after it fail their check.
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -93,32 +93,34 @@ impl CommitFile {
         Ok(commits)
     }
 
+    /// Reads the headers, then the records of the current generation in order, up to
+    /// the first that is not whole: only what was written, not the file's zeroed rest.
     fn read(file: File) -> io::Result<(CommitFile, Replay)> {
-        let bytes = {
-            let len = file.metadata()?.len();
-            let mut bytes = vec![0; len as usize];
-            file.read_exact_at(&mut bytes, 0)?;
-            bytes
-        };
-        if (bytes.len() as u64) < RECORDS_AT {
+        let capacity = file.metadata()?.len();
+        if capacity < RECORDS_AT {
             return Err(damaged("shorter than its headers"));
         }
-        let generation = [0, SLOT_BYTES as usize]
-            .into_iter()
-            .filter_map(|at| read_slot(&bytes[at..at + SLOT_BYTES as usize]))
+        let mut slots = [0u8; 2 * SLOT_BYTES as usize];
+        file.read_exact_at(&mut slots, 0)?;
+        let generation = slots
+            .chunks(SLOT_BYTES as usize)
+            .filter_map(read_slot)
             .max()
             .ok_or_else(|| damaged("neither header slot is valid"))?;
+        let mut reader = BufReader::new(&file);
+        reader.seek(SeekFrom::Start(RECORDS_AT))?;
         let mut replay = Vec::new();
-        let mut at = RECORDS_AT as usize;
-        while let Some((payload, next)) = record_at(&bytes, at, generation) {
-            replay.push(decode(payload).ok_or_else(|| damaged("a record's frames"))?);
-            at = next;
+        let mut end = RECORDS_AT;
+        while let Some(payload) = next_record(&mut reader, end, capacity, generation)? {
+            end += (RECORD_HEADER + payload.len()) as u64;
+            replay.push(decode(&payload).ok_or_else(|| damaged("a record's frames"))?);
         }
+        drop(reader);
         let commits = CommitFile {
             file,
-            capacity: bytes.len() as u64,
+            capacity,
             generation,
-            end: at as u64,
+            end,
         };
         Ok((commits, replay))
     }
@@ -213,18 +215,30 @@ fn read_slot(slot: &[u8]) -> Option<u64> {
         .then(|| u64::from_le_bytes(slot[8..16].try_into().expect("8 bytes")))
 }
 
-/// The payload of the record at `at` and where the next one starts, when a whole record
-/// of `generation` is there.
-fn record_at(bytes: &[u8], at: usize, generation: u64) -> Option<(&[u8], usize)> {
-    let header = bytes.get(at..at + RECORD_HEADER)?;
-    let len = u32::from_le_bytes(header[..4].try_into().ok()?) as usize;
-    let crc = u32::from_le_bytes(header[4..].try_into().ok()?);
-    let start = at + RECORD_HEADER;
-    let payload = bytes.get(start..start.checked_add(len)?)?;
+/// The payload of the record at `at` (where `reader` stands), when a whole record of
+/// `generation` is there.
+fn next_record(
+    reader: &mut impl Read,
+    at: u64,
+    capacity: u64,
+    generation: u64,
+) -> io::Result<Option<Vec<u8>>> {
+    if at + RECORD_HEADER as u64 > capacity {
+        return Ok(None);
+    }
+    let mut header = [0u8; RECORD_HEADER];
+    reader.read_exact(&mut header)?;
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+    if len == 0 || at + (RECORD_HEADER as u64) + u64::from(len) > capacity {
+        return Ok(None);
+    }
+    let mut payload = vec![0; len as usize];
+    reader.read_exact(&mut payload)?;
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&generation.to_le_bytes());
-    hasher.update(payload);
-    (len > 0 && hasher.finalize() == crc).then_some((payload, start + len))
+    hasher.update(&payload);
+    Ok((hasher.finalize() == crc).then_some(payload))
 }
 
 fn decode(mut payload: &[u8]) -> Option<Vec<Frame>> {

@@ -56,8 +56,9 @@ pub fn verify<L: EventLog>(log: &L) -> Result<VerifyReport, LogError> {
     match log.get(Tree::Meta, FORMAT_VERSION_KEY)? {
         Some(v) if keys::is_readable_format(v.as_ref()) => {}
         other => report.problem(format!(
-            "format version is {:?}, expected {FORMAT_VERSION} (or 3 or 4, which this build reads)",
-            other.map(|v| String::from_utf8_lossy(v.as_ref()).into_owned())
+            "format version is {:?}, expected {FORMAT_VERSION} (this build reads {:?})",
+            other.map(|v| String::from_utf8_lossy(v.as_ref()).into_owned()),
+            keys::READABLE_FORMATS
         )),
     }
     let mut snapshots = load_snapshots(log, &mut report)?;
