@@ -56,8 +56,9 @@ struct Commits {
     /// A write since the last flush was not a new frame (a snapshot repair, the ledger,
     /// the format version): the next flush is a full sync of sled.
     needs_full_sync: bool,
-    /// Frame bytes committed since sled's file was last synced in full.
+    /// Frame bytes committed since sled's file was last synced in full, and when that was.
     since_sled_synced: usize,
+    sled_synced_at: Instant,
 }
 
 /// sled's file is synced in full at least every this many frame bytes, so that what it
@@ -68,6 +69,10 @@ struct Commits {
 /// frames, so a sync always falls between a move and the overwrite, as when every
 /// commit synced sled.
 const SYNC_SLED_EVERY_BYTES: usize = 64 << 10;
+/// ... and at least this often while frames come: a disk that filled up (sled's own
+/// writes fail, the commit file's never do, it is allocated) is noticed within this
+/// long, not only after 64 KiB more of frames, and sled's unsynced writes span no more.
+const SYNC_SLED_EVERY: Duration = Duration::from_millis(200);
 
 impl SledLog {
     /// Opens (or creates) the sled database at `path`. Damage, a directory that is not a
@@ -108,6 +113,7 @@ impl SledLog {
             staged: Record::default(),
             needs_full_sync: false,
             since_sled_synced: 0,
+            sled_synced_at: Instant::now(),
         };
         if !replay.is_empty() {
             let frames: usize = replay.iter().map(Vec::len).sum();
@@ -173,6 +179,7 @@ impl SledLog {
         commits.staged.clear();
         commits.needs_full_sync = false;
         commits.since_sled_synced = 0;
+        commits.sled_synced_at = Instant::now();
         Ok(())
     }
 
@@ -189,12 +196,15 @@ impl SledLog {
     }
 
     /// A commit: the staged frames appended to the commit file with one `fdatasync`; a
-    /// full sync of sled instead when something else was written or it is due (the
+    /// full sync of sled instead when something else was written or one is due (the
     /// commit file keeps its records, applied again at open, harmlessly, until it is
     /// full); a checkpoint when they do not fit.
     fn commit(&self, commits: &mut Commits) -> Result<(), LogError> {
         commits.since_sled_synced += commits.staged.len();
-        if commits.needs_full_sync || commits.since_sled_synced >= SYNC_SLED_EVERY_BYTES {
+        let due = commits.since_sled_synced >= SYNC_SLED_EVERY_BYTES
+            || (commits.since_sled_synced > 0
+                && commits.sled_synced_at.elapsed() >= SYNC_SLED_EVERY);
+        if commits.needs_full_sync || due {
             return self.sync_sled(commits);
         }
         if commits.staged.is_empty() {
@@ -572,6 +582,27 @@ mod tests {
         assert!(
             held >= SYNC_SLED_EVERY_BYTES / (frame.len() + 16),
             "sled's files hold {held} of {frames} frames"
+        );
+    }
+
+    #[test]
+    fn sled_is_synced_in_full_while_frames_come_even_slowly() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = SledLog::open(dir.path(), &SledOptions::default()).unwrap();
+        for pos in 1..=2 {
+            let mut batch = WriteBatch::default();
+            batch.insert(Tree::Events, keys::position(pos), b"small".to_vec());
+            log.write(batch).unwrap();
+            log.flush().unwrap();
+            std::thread::sleep(SYNC_SLED_EVERY + Duration::from_millis(50));
+        }
+        let crashed = tempfile::tempdir().unwrap();
+        crash_copy(dir.path(), crashed.path(), false);
+        let reopened = SledLog::open(crashed.path(), &SledOptions::default()).unwrap();
+        assert_eq!(
+            reopened.scan(Tree::Events, &[]).count(),
+            2,
+            "the second commit came after the interval and synced sled"
         );
     }
 }
