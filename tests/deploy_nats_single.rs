@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fusebox_e2e::deploy_nats::{self, connect, expect_error, expect_no_error};
+use fusebox_e2e::nats::server_has_processed;
 use fusebox_e2e::secured::start_single;
 use futures_util::StreamExt;
 
@@ -66,7 +67,7 @@ async fn permissions_hold_with_the_daemons_own_service() {
         .subscribe("fusebox.gate.acme.*.r1")
         .await
         .expect("daemon may subscribe anywhere under fusebox.>");
-    daemon.flush().await.expect("flush");
+    server_has_processed(&daemon).await;
     let started = event("e1", "acme", "r1", 1, r#""type":"run_started""#);
     let reply = tokio::time::timeout(
         Duration::from_secs(10),
@@ -123,6 +124,8 @@ async fn permissions_hold_with_the_daemons_own_service() {
         .subscribe("fusebox.gate.globex.>")
         .await
         .expect("daemon may subscribe anywhere under fusebox.>");
+    // Registered before acme publishes, or "must not reach" below proves nothing.
+    server_has_processed(&daemon).await;
     acme.publish(
         "fusebox.gate.globex.r1",
         event("x1", "globex", "r1", 1, r#""type":"run_started""#).into(),
@@ -294,7 +297,7 @@ async fn partition_mapping_is_deterministic_per_run() {
     // single daemon subscribes to the partitioned form too (the first test shows its
     // Service answering through the mapping).
     let mut unpartitioned = daemon.subscribe("fusebox.gate.*.*").await.expect("sub");
-    daemon.flush().await.expect("flush");
+    server_has_processed(&daemon).await;
 
     let (acme, mut acme_errors) = connect(&urls, "tenant-acme", Some("_INBOX.acme")).await;
     let (operator, _) = connect(&urls, "operator", None).await;

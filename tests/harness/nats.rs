@@ -170,3 +170,27 @@ impl NatsServer {
         }
     }
 }
+
+/// Returns once nats-server has processed everything `client` sent before the call, so
+/// a subscription made just before already gets what another connection publishes
+/// next. `Client::flush()` is not that: it only writes async-nats's buffer to the
+/// socket, and the server reads each connection on its own, so a SUB merely written can
+/// lose the race with another connection's PUB (deploy_nats_single saw it in ~1 of 6
+/// runs). A server handles one connection's commands in order: our own message coming
+/// back on a fresh inbox means the earlier SUBs are registered.
+pub async fn server_has_processed(client: &async_nats::Client) {
+    use futures_util::StreamExt;
+    let probe = client.new_inbox();
+    let mut echo = client
+        .subscribe(probe.clone())
+        .await
+        .expect("subscribe to a probe inbox");
+    client
+        .publish(probe, Default::default())
+        .await
+        .expect("publish to the probe inbox");
+    tokio::time::timeout(Duration::from_secs(10), echo.next())
+        .await
+        .expect("nats-server echoed the probe within 10 s")
+        .expect("probe subscription open");
+}
