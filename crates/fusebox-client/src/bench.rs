@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream;
+use fusebox_nats::wire::RunsQuery;
 use futures_util::StreamExt;
 
 use crate::client::{FuseboxClient, Gate};
@@ -398,13 +399,23 @@ async fn ingest(
         )
     })
     .await?;
+    // One page holding just this measurement's runs, not the whole listing: queries
+    // are answered on the applier thread, and listing every run the bench left behind
+    // (~600 by now) every 20 ms took that thread's time from the ingest being measured.
+    let query = RunsQuery {
+        tenant: Some(tenant.to_owned()),
+        run_contains: Some(prefix.to_owned()),
+        limit: Some(runs),
+        ..RunsQuery::default()
+    };
     loop {
         let applied: u64 = client
-            .runs()
+            .runs_page(&query)
             .await?
+            .page
+            .runs
             .iter()
-            .filter(|r| r.tenant == tenant && r.run.starts_with(prefix))
-            .map(|r| r.events)
+            .map(|r| r.summary.events)
             .sum();
         if applied as usize >= total {
             break;
