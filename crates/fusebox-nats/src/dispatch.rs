@@ -26,12 +26,12 @@ pub(crate) enum Output {
         /// When the gate request arrived (for the gate latency histogram).
         gate_received: Option<Instant>,
     },
-    Ack(jetstream::Message),
+    Ack(Box<jetstream::Message>),
     /// A stream message that can never be applied (it was dead-lettered).
-    Terminate(jetstream::Message),
+    Terminate(Box<jetstream::Message>),
     /// A stream message this daemon will not apply after all (its batch failed): hand
     /// it back for redelivery now rather than after the ack wait.
-    Nak(jetstream::Message),
+    Nak(Box<jetstream::Message>),
     Publish {
         subject: String,
         body: Bytes,

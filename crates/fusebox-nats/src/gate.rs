@@ -16,7 +16,10 @@ pub(crate) async fn handle(inbound: &Inbound, message: async_nats::Message) {
         &message.payload,
         &inbound.accept,
     );
-    let origin = Origin::Gate { message, received };
+    let origin = Origin::Gate {
+        message: Box::new(message),
+        received,
+    };
     match parsed {
         Ok(event) => inbound.queue(Input::Event { event, origin }).await,
         Err(err) => inbound.reject(origin, &err),

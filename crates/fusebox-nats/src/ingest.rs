@@ -99,7 +99,7 @@ async fn handle(inbound: &Inbound, message: async_nats::jetstream::Message) {
         &message.payload,
         &inbound.accept,
     );
-    let origin = Origin::Stream(message);
+    let origin = Origin::Stream(Box::new(message));
     match parsed {
         Ok(event) => inbound.queue(Input::Event { event, origin }).await,
         Err(err) => inbound.reject(origin, &err),

@@ -13,16 +13,18 @@ use crate::subjects;
 use crate::wire::{DeadLetter, ErrorReply, WireError};
 
 /// Where an input came from, and so how it is answered once its batch is durable.
-// Moved once into the applier and out with the answer; not worth a box per event.
-#[allow(clippy::large_enum_variant)]
+/// The messages are boxed: an input is moved several times on its way (the channel,
+/// the batch, the waiters, the outbox), and a JetStream message is 408 bytes. Unboxed,
+/// an input was 656 bytes and `memmove` 13 % of the daemon's samples under ingest
+/// (perf); boxed, 9 %.
 pub(crate) enum Origin {
     /// A gate request (`fusebox.gate.<t>.<r>`): reply with the decision.
     Gate {
-        message: async_nats::Message,
+        message: Box<async_nats::Message>,
         received: Instant,
     },
     /// A JetStream message: acknowledge it.
-    Stream(async_nats::jetstream::Message),
+    Stream(Box<async_nats::jetstream::Message>),
     /// An operator command: reply with the decision.
     Control { reply: Subject },
     /// Written by the daemon itself (ticks): nobody to answer.
