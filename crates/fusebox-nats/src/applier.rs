@@ -76,12 +76,6 @@ pub(crate) struct Applier<S> {
     stopped: HashSet<RunKey>,
     /// When the batch in hand was started, for the service's stall check.
     busy: Arc<Busy>,
-    /// A batch's events, and what is kept of each while the store decides: emptied by
-    /// every batch and kept for the next. Buffers of a thousand inputs are large
-    /// allocations; made afresh for each batch they were where the applier met most of
-    /// the pages the kernel zeroed for it (`clear_page_erms`, perf under ingest).
-    arrived: Vec<(Event, Origin)>,
-    in_hand: Vec<(EventKey, &'static str, Origin)>,
 }
 
 /// A decision's JSON, serialised once for its reply, its publish and its stop.
@@ -139,8 +133,6 @@ impl<S: GuardStore> Applier<S> {
             recent: HashMap::new(),
             stopped,
             busy,
-            arrived: Vec::new(),
-            in_hand: Vec::new(),
         }
     }
 
@@ -173,7 +165,7 @@ impl<S: GuardStore> Applier<S> {
 
     /// One batch: `inputs` is left empty.
     fn handle(&mut self, inputs: &mut Vec<Input>) -> Result<(), StoreError> {
-        let mut events = std::mem::take(&mut self.arrived);
+        let mut events = Vec::with_capacity(inputs.len());
         let mut queries = Vec::new();
         let mut timer = false;
         let mut probed = Vec::new();
@@ -187,9 +179,8 @@ impl<S: GuardStore> Applier<S> {
         }
         let mut touched = HashSet::new();
         if !events.is_empty() {
-            self.submit(&mut events, &mut touched)?;
+            self.submit(events, &mut touched)?;
         }
-        self.arrived = events;
         for (probe, answer) in probed {
             self.on_probed(probe, answer, &mut touched)?;
         }
@@ -208,15 +199,14 @@ impl<S: GuardStore> Applier<S> {
         Ok(())
     }
 
-    /// Submits `events` (left empty) as one batch.
     fn submit(
         &mut self,
-        events: &mut Vec<(Event, Origin)>,
+        events: Vec<(Event, Origin)>,
         touched: &mut HashSet<RunKey>,
     ) -> Result<(), StoreError> {
-        let mut meta = std::mem::take(&mut self.in_hand);
+        let mut meta = Vec::with_capacity(events.len());
         let mut batch = Vec::with_capacity(events.len());
-        for (mut event, origin) in events.drain(..) {
+        for (mut event, origin) in events {
             if matches!(origin, Origin::Control { .. }) {
                 // An operator command takes effect at the run's own event time: stamping
                 // it with our wall clock would move the run's clock (producers' clocks
@@ -235,7 +225,7 @@ impl<S: GuardStore> Applier<S> {
                 // Nothing of the batch was committed and this applier stops: stream
                 // messages go back for redelivery at once (to whoever serves next),
                 // gate requests are left to their clients' retries.
-                for (_, _, origin) in meta.drain(..) {
+                for (_, _, origin) in meta {
                     if let Origin::Stream(message) = origin {
                         self.outbox.answers.push(Output::Nak(message));
                     }
@@ -244,7 +234,7 @@ impl<S: GuardStore> Applier<S> {
             }
         };
         self.observer.log_commit(started.elapsed());
-        for ((key, event_type, origin), outcome) in meta.drain(..).zip(outcomes) {
+        for ((key, event_type, origin), outcome) in meta.into_iter().zip(outcomes) {
             match outcome {
                 Submitted::Applied(decisions) => {
                     self.observer.event(&key.0, event_type);
@@ -271,7 +261,6 @@ impl<S: GuardStore> Applier<S> {
                 Submitted::Rejected(err) => reject(&mut self.outbox, &*self.observer, origin, &err),
             }
         }
-        self.in_hand = meta;
         Ok(())
     }
 
@@ -388,7 +377,7 @@ impl<S: GuardStore> Applier<S> {
         match answer {
             Answer::Holds(event) => {
                 tracing::warn!(%tenant, %run, missing_seq = seq, "gap timed out; the events stream holds the missing event its consumer has not delivered: applying the stream's copy");
-                self.submit(&mut vec![(*event, Origin::Internal)], touched)?;
+                self.submit(vec![(*event, Origin::Internal)], touched)?;
                 if self.still_missing(&probe) {
                     // The stream's copy was refused: it can never fill the gap.
                     self.release(tenant, run, touched)?;
@@ -442,8 +431,8 @@ impl<S: GuardStore> Applier<S> {
                 runs = due.len(),
                 "time budget expired on idle runs; writing ticks"
             );
-            let mut events = due.into_iter().map(|e| (e, Origin::Internal)).collect();
-            self.submit(&mut events, touched)?;
+            let events = due.into_iter().map(|e| (e, Origin::Internal)).collect();
+            self.submit(events, touched)?;
         }
         self.observer.runs_active(self.wakes.open_runs() as u64);
         Ok(())
