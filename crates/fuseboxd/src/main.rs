@@ -21,6 +21,23 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc asks for transparent huge pages on its arenas, and gives memory it has not
+/// used for a while back to the kernel; the daemon's state keeps growing while batch
+/// buffers come and go, so the same ranges were faulted in again and again, each fault
+/// a 2 MiB page zeroed (sometimes compacted for) on the thread that touched it — the
+/// applier, between a batch's decisions and its commit. Measured under the gate
+/// benchmark: thousands of 2 MiB faults a run, and the kernel zeroing pages the largest
+/// single cost of the applier thread. Without huge pages a fault costs one 4 KiB page,
+/// and the daemon used ~13 % less CPU for the same work (docs/benchmarks.md). The flag
+/// is the process's (every thread, later mappings), set before the runtime starts.
+fn disable_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if let Err(err) = rustix::thread::disable_transparent_huge_pages(true) {
+        // Only a cost: the daemon works the same with huge pages.
+        eprintln!("fuseboxd: could not turn transparent huge pages off ({err}); continuing");
+    }
+}
+
 /// The fusebox guard daemon: gates tool calls over NATS, logs every event durably, and
 /// publishes decisions and stop reports.
 #[derive(Debug, Parser)]
@@ -45,6 +62,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    disable_transparent_huge_pages();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
