@@ -229,8 +229,10 @@ async fn bench_gate_runs_as_the_bench_user_and_tells_the_operator_so() {
             "{out}"
         );
     }
-    // With a directory on the disk, its floor is measured in the same run, and the
-    // file it wrote there is gone afterwards.
+    // With a directory on the disk, its floors are measured in the same run (one
+    // durable append, and requests in flight to a responder that group-commits them
+    // there, connected as the same user), and the files they wrote there are gone
+    // afterwards.
     let disk = tempfile::tempdir().unwrap();
     let dir = disk.path().to_str().unwrap();
     let with_floor: Vec<&str> = bench
@@ -240,7 +242,10 @@ async fn bench_gate_runs_as_the_bench_user_and_tells_the_operator_so() {
         .collect();
     let out = ok(&run(fusebox(&stack, "bench", Via::Flags, &with_floor)));
     assert!(
-        out.contains("4 KiB append + fdatasync (disk)") && out.contains("(raw NATS + fdatasync)"),
+        out.contains("4 KiB append + fdatasync (disk)")
+            && out.contains("durable echo, in flight (disk)")
+            && out.contains("(raw NATS + fdatasync)")
+            && out.contains("x the durable echo)"),
         "{out}"
     );
     assert_eq!(std::fs::read_dir(disk.path()).unwrap().count(), 0);

@@ -165,8 +165,10 @@ enum BenchSub {
         /// Events published to JetStream for the ingest measurement.
         #[arg(long, default_value_t = 100_000)]
         ingest: usize,
-        /// A directory on the daemon's disk (beside its data dir) where the disk's floor
-        /// is measured in the same run (4 KiB append + fdatasync), for the serial ratio.
+        /// A directory on the daemon's disk (beside its data dir) where the disk's floors
+        /// are measured in the same run: a 4 KiB append + fdatasync, for the serial ratio,
+        /// and requests in flight to a responder that group-commits them there before
+        /// answering (a durable echo), for the in-flight one.
         #[arg(long, value_name = "DIR")]
         disk_floor_dir: Option<PathBuf>,
     },

@@ -183,7 +183,7 @@ pub fn run(target: &Target, op: Op) -> Result<(), String> {
                 Ok(())
             }
             Op::BenchGate { options } => {
-                let report = fusebox_client::bench::run(&client, &options)
+                let report = fusebox_client::bench::run(&client, &target.nats, &options)
                     .await
                     .map_err(|e| match e {
                         // The operator may not put events in: the benchmark has a user

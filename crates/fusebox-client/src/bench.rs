@@ -1,7 +1,12 @@
 //! The gate benchmark (`fusebox bench gate`): serial round-trip latency, throughput with
 //! many requests in flight, and JetStream ingest into the durable log — each beside the
 //! raw NATS figure measured in the same run (a trivial echo responder; a plain stream
-//! with no consumer), so the guard's own cost is visible.
+//! with no consumer), so the guard's own cost is visible. Given a directory on the
+//! daemon's disk, the disk's own floors too: one 4 KiB append + `fdatasync`, and with
+//! requests in flight a responder that group-commits them to that disk before it
+//! answers (`durable_echo.rs`), which is what any durable gate must pay.
+
+mod durable_echo;
 
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,6 +20,7 @@ use futures_util::StreamExt;
 
 use crate::client::{FuseboxClient, Gate};
 use crate::error::ClientError;
+use crate::settings::NatsSettings;
 
 const ECHO_SUBJECT: &str = "fusebox.bench.echo";
 const RAW_STREAM: &str = "FUSEBOX_BENCH";
@@ -88,6 +94,9 @@ pub struct BenchReport {
     pub ingest_raw: Figure,
     /// 4 KiB append + `fdatasync`, when a directory was given.
     pub disk_floor: Option<Figure>,
+    /// Requests in flight to a responder that makes them durable on that directory's
+    /// disk (one `fdatasync` for all it has) before answering, when a directory was given.
+    pub parallel_durable_echo: Option<Figure>,
 }
 
 impl BenchReport {
@@ -113,7 +122,13 @@ impl std::fmt::Display for BenchReport {
             ("raw NATS request/reply, serial", &self.serial_echo),
             ("gate, in flight (durable)", &self.parallel_gate),
             ("raw NATS request/reply, in flight", &self.parallel_echo),
-        ] {
+        ]
+        .into_iter()
+        .chain(
+            self.parallel_durable_echo
+                .as_ref()
+                .map(|fig| ("durable echo, in flight (disk)", fig)),
+        ) {
             writeln!(
                 f,
                 "{name:<34} {:>10.0} {:>10.0} {:>12.0}",
@@ -154,9 +169,16 @@ impl std::fmt::Display for BenchReport {
         };
         writeln!(
             f,
-            "ratios: serial p50 {:.2}x its floor ({floor}), in flight {:.2}x raw, ingest {:.2}x raw",
+            "ratios: serial p50 {:.2}x its floor ({floor}), in flight {:.2}x raw{}, ingest {:.2}x raw",
             self.serial_ratio(),
             self.parallel_gate.per_second() / self.parallel_echo.per_second(),
+            match &self.parallel_durable_echo {
+                Some(durable) => format!(
+                    " ({:.2}x the durable echo)",
+                    self.parallel_gate.per_second() / durable.per_second()
+                ),
+                None => String::new(),
+            },
             self.ingest.per_second() / self.ingest_raw.per_second()
         )
     }
@@ -233,9 +255,11 @@ where
     Ok(Figure::from_samples(samples, started.elapsed()))
 }
 
-/// Runs every measurement against the daemon `client` talks to.
+/// Runs every measurement against the daemon `client` talks to; the durable echo gets a
+/// connection of its own with `settings` (those `client` was made with).
 pub async fn run(
     client: &FuseboxClient,
+    settings: &NatsSettings,
     options: &BenchOptions,
 ) -> Result<BenchReport, ClientError> {
     let subscribed = std::time::Instant::now();
@@ -302,6 +326,34 @@ pub async fn run(
     .await?;
     let parallel_echo = measure(options.parallel, options.in_flight, echo_fn()).await?;
     echo_task.abort();
+    let parallel_durable_echo = match options.disk_floor_dir.clone() {
+        Some(dir) => {
+            let responder =
+                durable_echo::DurableEcho::start(settings.clone(), client.options.clone(), dir)
+                    .await?;
+            let (requester, durable_tenant) = (client.nats.clone(), tenant.clone());
+            let figure = measure(options.parallel, options.in_flight, move |i| {
+                let (requester, tenant) = (requester.clone(), durable_tenant.clone());
+                async move {
+                    requester
+                        .request(
+                            durable_echo::SUBJECT,
+                            tool_call(&tenant, "durable", i).1.into(),
+                        )
+                        .await
+                        .map(drop)
+                        .map_err(|err| ClientError::Request {
+                            subject: durable_echo::SUBJECT.to_owned(),
+                            detail: err.to_string(),
+                        })
+                }
+            })
+            .await;
+            responder.stop()?;
+            Some(figure?)
+        }
+        None => None,
+    };
 
     let ingest = ingest(client, &tenant, &format!("i{id}"), options.ingest).await?;
     let ingest_raw = ingest_raw(client, &tenant, options.ingest).await?;
@@ -313,6 +365,7 @@ pub async fn run(
         ingest,
         ingest_raw,
         disk_floor,
+        parallel_durable_echo,
     })
 }
 
