@@ -210,14 +210,18 @@ fn check(gate: Gate) -> Result<(), ClientError> {
     }
 }
 
-async fn echo_request(client: &FuseboxClient, payload: Vec<u8>) -> Result<(), ClientError> {
+async fn echo_request(
+    client: &FuseboxClient,
+    subject: &'static str,
+    payload: Vec<u8>,
+) -> Result<(), ClientError> {
     client
         .nats
-        .request(ECHO_SUBJECT, payload.into())
+        .request(subject, payload.into())
         .await
         .map(drop)
         .map_err(|err| ClientError::Request {
-            subject: ECHO_SUBJECT.to_owned(),
+            subject: subject.to_owned(),
             detail: err.to_string(),
         })
 }
@@ -262,17 +266,7 @@ pub async fn run(
     settings: &NatsSettings,
     options: &BenchOptions,
 ) -> Result<BenchReport, ClientError> {
-    let subscribed = std::time::Instant::now();
-    let mut echo =
-        client
-            .nats
-            .subscribe(ECHO_SUBJECT)
-            .await
-            .map_err(|err| ClientError::Request {
-                subject: ECHO_SUBJECT.to_owned(),
-                detail: err.to_string(),
-            })?;
-    client.confirm_subscribed(ECHO_SUBJECT, subscribed).await?;
+    let mut echo = client.subscribe_confirmed(ECHO_SUBJECT).await?;
     let responder = client.nats.clone();
     let echo_task = tokio::spawn(async move {
         while let Some(message) = echo.next().await {
@@ -298,7 +292,7 @@ pub async fn run(
         let (client, tenant) = (client.clone(), tenant.clone());
         move |i| {
             let (client, tenant) = (client.clone(), tenant.clone());
-            async move { echo_request(&client, tool_call(&tenant, "echo", i).1).await }
+            async move { echo_request(&client, ECHO_SUBJECT, tool_call(&tenant, "echo", i).1).await }
         }
     };
     let serial_gate = measure(options.serial, 1, gate_fn(format!("s{id}"))).await?;
@@ -331,21 +325,12 @@ pub async fn run(
             let responder =
                 durable_echo::DurableEcho::start(settings.clone(), client.options.clone(), dir)
                     .await?;
-            let (requester, durable_tenant) = (client.nats.clone(), tenant.clone());
+            let (requester, durable_tenant) = (client.clone(), tenant.clone());
             let figure = measure(options.parallel, options.in_flight, move |i| {
                 let (requester, tenant) = (requester.clone(), durable_tenant.clone());
                 async move {
-                    requester
-                        .request(
-                            durable_echo::SUBJECT,
-                            tool_call(&tenant, "durable", i).1.into(),
-                        )
-                        .await
-                        .map(drop)
-                        .map_err(|err| ClientError::Request {
-                            subject: durable_echo::SUBJECT.to_owned(),
-                            detail: err.to_string(),
-                        })
+                    let payload = tool_call(&tenant, "durable", i).1;
+                    echo_request(&requester, durable_echo::SUBJECT, payload).await
                 }
             })
             .await;

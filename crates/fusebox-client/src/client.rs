@@ -275,6 +275,25 @@ impl FuseboxClient {
         }
     }
 
+    /// Subscribes to `subject` and makes sure the server took the subscription (see
+    /// [`FuseboxClient::confirm_subscribed`]).
+    pub(crate) async fn subscribe_confirmed(
+        &self,
+        subject: &str,
+    ) -> Result<async_nats::Subscriber, ClientError> {
+        let started = Instant::now();
+        let subscriber = self
+            .nats
+            .subscribe(subject.to_owned())
+            .await
+            .map_err(|err| ClientError::Request {
+                subject: subject.to_owned(),
+                detail: err.to_string(),
+            })?;
+        self.confirm_subscribed(subject, started).await?;
+        Ok(subscriber)
+    }
+
     /// Makes sure the server has the subscriptions made since `started` (a flush) and
     /// did not refuse one: a refused subscription would otherwise just stay silent.
     /// The refusal comes before the flush's answer but reaches us through the

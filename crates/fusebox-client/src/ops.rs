@@ -277,16 +277,7 @@ impl FuseboxClient {
             (Some(tenant), None) => format!("fusebox.decisions.{tenant}.*"),
             (None, _) => subjects::DECISIONS_FILTER.to_owned(),
         };
-        let started = std::time::Instant::now();
-        let subscriber =
-            self.nats
-                .subscribe(subject.clone())
-                .await
-                .map_err(|err| ClientError::Request {
-                    subject: subject.clone(),
-                    detail: err.to_string(),
-                })?;
-        self.confirm_subscribed(&subject, started).await?;
+        let subscriber = self.subscribe_confirmed(&subject).await?;
         Ok(DecisionTail { subscriber })
     }
 

@@ -87,17 +87,7 @@ impl FuseboxClient {
     /// subscription (a stop published from then on reaches it).
     async fn subscribe_stops(&self, tenant: &str, run: &str) -> Result<Subscriber, ClientError> {
         let subject = subjects::stop(tenant, run);
-        let started = std::time::Instant::now();
-        let live =
-            self.nats
-                .subscribe(subject.clone())
-                .await
-                .map_err(|e| ClientError::Request {
-                    subject: subject.clone(),
-                    detail: e.to_string(),
-                })?;
-        self.confirm_subscribed(&subject, started).await?;
-        Ok(live)
+        self.subscribe_confirmed(&subject).await
     }
 
     /// Watches the run's kill switch, starting with the stop kept from before the watch:

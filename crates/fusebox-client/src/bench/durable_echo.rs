@@ -9,7 +9,6 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::oneshot;
@@ -85,17 +84,7 @@ async fn serve(
 ) -> Result<(), String> {
     let setup = async {
         let client = FuseboxClient::connect_with(&settings, options).await?;
-        let subscribed = Instant::now();
-        let requests =
-            client
-                .nats
-                .subscribe(SUBJECT)
-                .await
-                .map_err(|err| ClientError::Request {
-                    subject: SUBJECT.to_owned(),
-                    detail: err.to_string(),
-                })?;
-        client.confirm_subscribed(SUBJECT, subscribed).await?;
+        let requests = client.subscribe_confirmed(SUBJECT).await?;
         let disk = Disk::create(&dir).map_err(|err| {
             usage(format!(
                 "the durable echo's file in {}: {err}",
