@@ -288,15 +288,15 @@ pub async fn run(
             }
         }
     };
-    let echo_fn = || {
+    let echo_fn = |subject: &'static str| {
         let (client, tenant) = (client.clone(), tenant.clone());
         move |i| {
             let (client, tenant) = (client.clone(), tenant.clone());
-            async move { echo_request(&client, ECHO_SUBJECT, tool_call(&tenant, "echo", i).1).await }
+            async move { echo_request(&client, subject, tool_call(&tenant, "echo", i).1).await }
         }
     };
     let serial_gate = measure(options.serial, 1, gate_fn(format!("s{id}"))).await?;
-    let serial_echo = measure(options.serial, 1, echo_fn()).await?;
+    let serial_echo = measure(options.serial, 1, echo_fn(ECHO_SUBJECT)).await?;
     let disk_floor = match options.disk_floor_dir.clone() {
         Some(dir) => Some(
             tokio::task::spawn_blocking(move || {
@@ -318,21 +318,18 @@ pub async fn run(
         gate_fn(format!("p{id}")),
     )
     .await?;
-    let parallel_echo = measure(options.parallel, options.in_flight, echo_fn()).await?;
+    let parallel_echo = measure(options.parallel, options.in_flight, echo_fn(ECHO_SUBJECT)).await?;
     echo_task.abort();
     let parallel_durable_echo = match options.disk_floor_dir.clone() {
         Some(dir) => {
             let responder =
                 durable_echo::DurableEcho::start(settings.clone(), client.options.clone(), dir)
                     .await?;
-            let (requester, durable_tenant) = (client.clone(), tenant.clone());
-            let figure = measure(options.parallel, options.in_flight, move |i| {
-                let (requester, tenant) = (requester.clone(), durable_tenant.clone());
-                async move {
-                    let payload = tool_call(&tenant, "durable", i).1;
-                    echo_request(&requester, durable_echo::SUBJECT, payload).await
-                }
-            })
+            let figure = measure(
+                options.parallel,
+                options.in_flight,
+                echo_fn(durable_echo::SUBJECT),
+            )
             .await;
             responder.stop()?;
             Some(figure?)
