@@ -16,6 +16,13 @@
 //! `len: u32 LE`, `crc: u32 LE` (CRC-32 of the generation then the payload), payload.
 //! The generation in the CRC is what ends a replay at the last record written since the
 //! file started over: the older records after it fail their check.
+//!
+//! Records are written with direct, synchronous I/O where the file system allows it
+//! (`O_DIRECT | O_DSYNC`, see [`Direct`]): a commit is then one write that returns once
+//! the disk has it, instead of a copy into the page cache, its writeback and an
+//! `fdatasync`. Direct writes are whole blocks, so the last, partly filled block is
+//! written again with each record (the same bytes where records already are, zeroes
+//! after the new one: nothing a replay reads changes but the record appended).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
@@ -31,6 +38,9 @@ const SLOT_BYTES: u64 = 512;
 /// Records start on their own page, apart from the headers rewritten at each start-over.
 const RECORDS_AT: u64 = 4096;
 const RECORD_HEADER: usize = 8;
+/// What a direct write's offset, length and memory are aligned to: the largest logical
+/// block size of the disks this runs on (512 or 4096 bytes).
+const BLOCK: usize = 4096;
 /// The file's size: a checkpoint per ~100 k events of the usual size.
 pub(crate) const CAPACITY: u64 = 32 << 20;
 
@@ -43,6 +53,23 @@ pub(crate) struct CommitFile {
     generation: u64,
     /// Where the next record goes.
     end: u64,
+    /// `None`: records go through the page cache and an `fdatasync`, where the file system
+    /// refuses direct I/O (tmpfs).
+    direct: Option<Direct>,
+}
+
+/// The commit file opened a second time for direct, synchronous writes: one syscall per
+/// commit, with no copy into the page cache and no writeback to wait on, on the applier
+/// thread whose time per batch bounds the gate (figures in docs/benchmarks.md, "Direct
+/// writes to the commit file").
+struct Direct {
+    file: File,
+    /// The bytes of the block the file's end falls in, up to the end: written again in
+    /// front of the next record, which starts mid-block.
+    tail: Vec<u8>,
+    /// Room for one write, over-allocated by a block so an aligned run can be cut out of
+    /// it (`aligned`).
+    staging: Vec<u8>,
 }
 
 /// What an open found in the file: the frames of each record of the current
@@ -52,14 +79,28 @@ pub(crate) type Replay = Vec<Vec<Frame>>;
 impl CommitFile {
     /// Opens the file in `dir`, creating it with `capacity` bytes when missing.
     pub(crate) fn open(dir: &Path, capacity: u64) -> io::Result<(CommitFile, Replay)> {
+        Self::open_with(dir, capacity, true)
+    }
+
+    /// [`CommitFile::open`] writing through the page cache whatever the file system.
+    #[cfg(test)]
+    fn open_buffered(dir: &Path, capacity: u64) -> io::Result<(CommitFile, Replay)> {
+        Self::open_with(dir, capacity, false)
+    }
+
+    fn open_with(dir: &Path, capacity: u64, direct: bool) -> io::Result<(CommitFile, Replay)> {
         let path = dir.join(FILE);
-        match OpenOptions::new().read(true).write(true).open(&path) {
-            Ok(file) => Self::read(file),
+        let (mut commits, replay) = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(file) => Self::read(file)?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Ok((Self::create(dir, &path, capacity)?, Vec::new()))
+                (Self::create(dir, &path, capacity)?, Vec::new())
             }
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
+        };
+        if direct && commits.capacity % BLOCK as u64 == 0 {
+            commits.direct = Direct::open(&path, &commits.file, commits.end)?;
         }
+        Ok((commits, replay))
     }
 
     fn create(dir: &Path, path: &Path, capacity: u64) -> io::Result<CommitFile> {
@@ -86,6 +127,7 @@ impl CommitFile {
             capacity,
             generation: 0,
             end: RECORDS_AT,
+            direct: None,
         };
         commits.start_over()?;
         std::fs::rename(&partial, path)?;
@@ -121,6 +163,7 @@ impl CommitFile {
             capacity,
             generation,
             end,
+            direct: None,
         };
         Ok((commits, replay))
     }
@@ -132,8 +175,23 @@ impl CommitFile {
         if self.end + bytes.len() as u64 > self.capacity {
             return Ok(false);
         }
-        self.file.write_all_at(bytes, self.end)?;
-        self.file.sync_data()?;
+        match &mut self.direct {
+            Some(direct) => match direct.append(bytes, self.end) {
+                Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                    // The disk wants a larger alignment than `BLOCK`. The record is
+                    // written whole through the page cache, as every one from now on.
+                    tracing::warn!(err = %e, "direct writes to the commit file refused; writing through the page cache");
+                    self.direct = None;
+                    self.file.write_all_at(bytes, self.end)?;
+                    self.file.sync_data()?;
+                }
+                written => written?,
+            },
+            None => {
+                self.file.write_all_at(bytes, self.end)?;
+                self.file.sync_data()?;
+            }
+        }
         self.end += bytes.len() as u64;
         Ok(true)
     }
@@ -153,6 +211,9 @@ impl CommitFile {
             .write_all_at(&slot, (self.generation % 2) * SLOT_BYTES)?;
         self.file.sync_data()?;
         self.end = RECORDS_AT;
+        if let Some(direct) = &mut self.direct {
+            direct.tail.clear();
+        }
         Ok(())
     }
 
@@ -160,6 +221,71 @@ impl CommitFile {
     pub(crate) fn is_empty(&self) -> bool {
         self.end == RECORDS_AT
     }
+}
+
+impl Direct {
+    /// Opens `path` for direct writes, and reads the block `end` falls in; `None` where
+    /// the file system refuses direct I/O.
+    fn open(path: &Path, buffered: &File, end: u64) -> io::Result<Option<Direct>> {
+        let Some(file) = open_direct(path)? else {
+            return Ok(None);
+        };
+        let block_start = end - end % BLOCK as u64;
+        let mut tail = vec![0; (end - block_start) as usize];
+        buffered.read_exact_at(&mut tail, block_start)?;
+        Ok(Some(Direct {
+            file,
+            tail,
+            staging: Vec::new(),
+        }))
+    }
+
+    /// Writes `record` at `end` (durable on return): the blocks from the one `end` falls
+    /// in, holding the bytes before `end` in that block, the record, then zeroes.
+    fn append(&mut self, record: &[u8], end: u64) -> io::Result<()> {
+        let used = self.tail.len() + record.len();
+        let len = used.div_ceil(BLOCK) * BLOCK;
+        let blocks = aligned(&mut self.staging, len);
+        blocks[..self.tail.len()].copy_from_slice(&self.tail);
+        blocks[self.tail.len()..used].copy_from_slice(record);
+        blocks[used..].fill(0);
+        self.file
+            .write_all_at(blocks, end - self.tail.len() as u64)?;
+        let last_block = used / BLOCK * BLOCK;
+        self.tail.clear();
+        self.tail.extend_from_slice(&blocks[last_block..used]);
+        Ok(())
+    }
+}
+
+/// `len` bytes of `buffer` starting on a [`BLOCK`] boundary in memory, growing it as
+/// needed.
+fn aligned(buffer: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buffer.len() < len + BLOCK {
+        buffer.resize(len + BLOCK, 0);
+    }
+    let offset = buffer.as_ptr().align_offset(BLOCK);
+    &mut buffer[offset..offset + len]
+}
+
+/// `path` opened with `O_DIRECT | O_DSYNC`; `None` where the file system refuses it.
+#[cfg(target_os = "linux")]
+fn open_direct(path: &Path) -> io::Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+        .open(path)
+    {
+        Ok(file) => Ok(Some(file)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_direct(_path: &Path) -> io::Result<Option<File>> {
+    Ok(None)
 }
 
 /// The frames of one commit, encoded as they are staged.
@@ -266,7 +392,24 @@ fn damaged(what: &str) -> io::Error {
 mod tests {
     use super::*;
 
-    const SMALL: u64 = RECORDS_AT + 256;
+    /// Room for two blocks of records: whole blocks, so direct writes are used where the
+    /// file system takes them.
+    const SMALL: u64 = RECORDS_AT + 2 * BLOCK as u64;
+
+    /// How a test opens the file: direct where the file system allows, or buffered.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Io {
+        Direct,
+        Buffered,
+    }
+    const BOTH: [Io; 2] = [Io::Direct, Io::Buffered];
+
+    fn open(dir: &Path, capacity: u64, io: Io) -> io::Result<(CommitFile, Replay)> {
+        match io {
+            Io::Direct => CommitFile::open(dir, capacity),
+            Io::Buffered => CommitFile::open_buffered(dir, capacity),
+        }
+    }
 
     fn record(frames: &[(&[u8], &[u8])]) -> Record {
         let mut record = Record::default();
@@ -285,85 +428,146 @@ mod tests {
 
     #[test]
     fn what_was_appended_is_read_back_in_order_until_the_file_starts_over() {
+        for io in BOTH {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut commits, replay) = open(dir.path(), SMALL, io).unwrap();
+            assert!(replay.is_empty() && commits.is_empty());
+            assert!(commits
+                .append(&mut record(&[(b"k1", b"one"), (b"k2", b"")]))
+                .unwrap());
+            assert!(commits.append(&mut record(&[(b"k3", b"three")])).unwrap());
+            drop(commits);
+            let (mut commits, replay) = open(dir.path(), SMALL, io).unwrap();
+            assert_eq!(
+                frames(&replay),
+                [
+                    vec![(&b"k1"[..], &b"one"[..]), (b"k2", b"")],
+                    vec![(b"k3", b"three")]
+                ],
+                "{io:?}"
+            );
+            commits.start_over().unwrap();
+            // A shorter record over the old ones: they follow it, and must not be replayed.
+            assert!(commits.append(&mut record(&[(b"k4", b"4")])).unwrap());
+            drop(commits);
+            let (_, replay) = open(dir.path(), SMALL, io).unwrap();
+            assert_eq!(frames(&replay), [vec![(&b"k4"[..], &b"4"[..])]], "{io:?}");
+        }
+    }
+
+    /// Records across block boundaries, appended before and after a reopen (which must
+    /// pick up the partly filled last block): read back whole, and the file holds the
+    /// same bytes whichever way they were written.
+    #[test]
+    fn records_across_blocks_read_back_the_same_written_either_way() {
+        let sizes = [10, 4000, 1, 4087, 4088, 300, 9000, 4096, 17];
+        let values: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| vec![i as u8 + 1; n])
+            .collect();
+        let capacity = RECORDS_AT + 16 * BLOCK as u64;
+        let mut files = Vec::new();
+        for io in BOTH {
+            let dir = tempfile::tempdir().unwrap();
+            let (before, after) = values.split_at(4);
+            for part in [before, after] {
+                let (mut commits, _) = open(dir.path(), capacity, io).unwrap();
+                for value in part {
+                    assert!(commits.append(&mut record(&[(b"k", value)])).unwrap());
+                }
+                // Still direct: a misaligned write would have fallen back to buffered.
+                let direct = io == Io::Direct && takes_direct(dir.path());
+                assert_eq!(commits.direct.is_some(), direct, "{io:?}");
+            }
+            let (_, replay) = open(dir.path(), capacity, io).unwrap();
+            let read: Vec<&[u8]> = replay.iter().map(|r| &r[0].1[..]).collect();
+            let expected: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+            assert_eq!(read, expected, "{io:?}");
+            files.push(std::fs::read(dir.path().join(FILE)).unwrap());
+        }
+        assert!(files[0] == files[1], "direct and buffered files differ");
+    }
+
+    /// Whether the file system under `dir` takes direct I/O.
+    fn takes_direct(dir: &Path) -> bool {
+        let probe = dir.join("probe");
+        std::fs::write(&probe, [0; BLOCK]).unwrap();
+        let takes = open_direct(&probe).unwrap().is_some();
+        std::fs::remove_file(probe).unwrap();
+        takes
+    }
+
+    #[test]
+    fn direct_writes_are_used_where_the_file_system_takes_them() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut commits, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
-        assert!(replay.is_empty() && commits.is_empty());
-        assert!(commits
-            .append(&mut record(&[(b"k1", b"one"), (b"k2", b"")]))
-            .unwrap());
-        assert!(commits.append(&mut record(&[(b"k3", b"three")])).unwrap());
-        drop(commits);
-        let (mut commits, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
-        assert_eq!(
-            frames(&replay),
-            [
-                vec![(&b"k1"[..], &b"one"[..]), (b"k2", b"")],
-                vec![(b"k3", b"three")]
-            ]
-        );
-        commits.start_over().unwrap();
-        // A shorter record over the old ones: they follow it, and must not be replayed.
-        assert!(commits.append(&mut record(&[(b"k4", b"4")])).unwrap());
-        drop(commits);
-        let (_, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
-        assert_eq!(frames(&replay), [vec![(&b"k4"[..], &b"4"[..])]]);
+        let (commits, _) = open(dir.path(), SMALL, Io::Direct).unwrap();
+        assert_eq!(commits.direct.is_some(), takes_direct(dir.path()));
+        let (commits, _) = open(dir.path(), SMALL, Io::Buffered).unwrap();
+        assert!(commits.direct.is_none());
     }
 
     #[test]
     fn a_record_that_does_not_fit_is_refused_and_nothing_is_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut commits, _) = CommitFile::open(dir.path(), SMALL).unwrap();
-        assert!(commits.append(&mut record(&[(b"k", &[1; 200])])).unwrap());
-        assert!(!commits.append(&mut record(&[(b"k", &[2; 200])])).unwrap());
-        drop(commits);
-        let (_, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
-        assert_eq!(replay.len(), 1);
+        for io in BOTH {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut commits, _) = open(dir.path(), SMALL, io).unwrap();
+            assert!(commits.append(&mut record(&[(b"k", &[1; 5000])])).unwrap());
+            assert!(!commits.append(&mut record(&[(b"k", &[2; 5000])])).unwrap());
+            drop(commits);
+            let (_, replay) = open(dir.path(), SMALL, io).unwrap();
+            assert_eq!(replay.len(), 1, "{io:?}");
+        }
     }
 
     #[test]
     fn a_torn_record_ends_the_replay_before_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut commits, _) = CommitFile::open(dir.path(), SMALL).unwrap();
-        commits.append(&mut record(&[(b"a", b"1")])).unwrap();
-        let second = commits.end;
-        commits.append(&mut record(&[(b"b", b"2")])).unwrap();
-        commits.append(&mut record(&[(b"c", b"3")])).unwrap();
-        drop(commits);
-        // The second record's last byte never reached the disk.
-        let file = OpenOptions::new()
-            .write(true)
-            .open(dir.path().join(FILE))
-            .unwrap();
-        file.write_all_at(&[0xff], second + RECORD_HEADER as u64 + 9)
-            .unwrap();
-        let (commits, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
-        assert_eq!(frames(&replay), [vec![(&b"a"[..], &b"1"[..])]]);
-        assert_eq!(
-            commits.end, second,
-            "the next record goes where the torn one was"
-        );
+        for io in BOTH {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut commits, _) = open(dir.path(), SMALL, io).unwrap();
+            commits.append(&mut record(&[(b"a", b"1")])).unwrap();
+            let second = commits.end;
+            commits.append(&mut record(&[(b"b", b"2")])).unwrap();
+            commits.append(&mut record(&[(b"c", b"3")])).unwrap();
+            drop(commits);
+            // The second record's last byte never reached the disk.
+            let file = OpenOptions::new()
+                .write(true)
+                .open(dir.path().join(FILE))
+                .unwrap();
+            file.write_all_at(&[0xff], second + RECORD_HEADER as u64 + 9)
+                .unwrap();
+            let (commits, replay) = open(dir.path(), SMALL, io).unwrap();
+            assert_eq!(frames(&replay), [vec![(&b"a"[..], &b"1"[..])]], "{io:?}");
+            assert_eq!(
+                commits.end, second,
+                "the next record goes where the torn one was"
+            );
+        }
     }
 
     #[test]
     fn a_torn_header_leaves_the_other_slot_current() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut commits, _) = CommitFile::open(dir.path(), SMALL).unwrap();
-        commits.start_over().unwrap(); // generation 2, in slot 0
-        commits.append(&mut record(&[(b"a", b"1")])).unwrap();
-        let torn_slot = ((commits.generation + 1) % 2) * SLOT_BYTES;
-        drop(commits);
-        let file = OpenOptions::new()
-            .write(true)
-            .open(dir.path().join(FILE))
-            .unwrap();
-        file.write_all_at(b"FBXCOMMT\x03\0\0\0\0\0\0\0garb", torn_slot)
-            .unwrap();
-        let (_, replay) = CommitFile::open(dir.path(), SMALL).unwrap();
-        assert_eq!(frames(&replay), [vec![(&b"a"[..], &b"1"[..])]]);
-        // Both slots gone is damage, said as such rather than an empty log.
-        file.write_all_at(&[0; 16], 0).unwrap();
-        file.write_all_at(&[0; 16], SLOT_BYTES).unwrap();
-        let err = CommitFile::open(dir.path(), SMALL).err().expect("damaged");
-        assert!(err.to_string().contains("neither header slot"), "{err}");
+        for io in BOTH {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut commits, _) = open(dir.path(), SMALL, io).unwrap();
+            commits.start_over().unwrap(); // generation 2, in slot 0
+            commits.append(&mut record(&[(b"a", b"1")])).unwrap();
+            let torn_slot = ((commits.generation + 1) % 2) * SLOT_BYTES;
+            drop(commits);
+            let file = OpenOptions::new()
+                .write(true)
+                .open(dir.path().join(FILE))
+                .unwrap();
+            file.write_all_at(b"FBXCOMMT\x03\0\0\0\0\0\0\0garb", torn_slot)
+                .unwrap();
+            let (_, replay) = open(dir.path(), SMALL, io).unwrap();
+            assert_eq!(frames(&replay), [vec![(&b"a"[..], &b"1"[..])]], "{io:?}");
+            // Both slots gone is damage, said as such rather than an empty log.
+            file.write_all_at(&[0; 16], 0).unwrap();
+            file.write_all_at(&[0; 16], SLOT_BYTES).unwrap();
+            let err = open(dir.path(), SMALL, io).err().expect("damaged");
+            assert!(err.to_string().contains("neither header slot"), "{err}");
+        }
     }
 }
