@@ -69,6 +69,10 @@ const OP: u8 = 1;
 /// per leaf and writes a node above 128 KiB as a separate blob file, so compressed
 /// frames must stay well below 8 KiB.
 pub const FRAME_BYTES: usize = 16 * 1024;
+/// A new frame's buffer: it is cut once it holds `FRAME_BYTES`, so it ends with one entry
+/// more than that. Grown from empty by doubling, a full frame was copied about thirteen
+/// times over on the applier thread (~5 % of its time with 64 requests in flight).
+const FRAME_CAPACITY: usize = FRAME_BYTES + 4 * 1024;
 
 /// MessagePack with field names (self-describing: `skip_serializing_if` safe).
 pub fn encode<T: Serialize + ?Sized>(value: &T, what: &'static str) -> Result<Vec<u8>, LogError> {
@@ -293,7 +297,9 @@ impl FrameWriter {
             }
         };
         if cut {
-            self.frames.push((pos, vec![0; 4]));
+            let mut frame = Vec::with_capacity(FRAME_CAPACITY);
+            frame.extend_from_slice(&[0; 4]);
+            self.frames.push((pos, frame));
         }
         self.next = pos + 1;
         let frame = &mut self.frames.last_mut().expect("pushed above").1;
