@@ -175,22 +175,22 @@ impl CommitFile {
         if self.end + bytes.len() as u64 > self.capacity {
             return Ok(false);
         }
-        match &mut self.direct {
+        let written = match &mut self.direct {
             Some(direct) => match direct.append(bytes, self.end) {
                 Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-                    // The disk wants a larger alignment than `BLOCK`. The record is
-                    // written whole through the page cache, as every one from now on.
+                    // The disk wants a larger alignment than `BLOCK`: this record and
+                    // every later one go through the page cache.
                     tracing::warn!(err = %e, "direct writes to the commit file refused; writing through the page cache");
                     self.direct = None;
-                    self.file.write_all_at(bytes, self.end)?;
-                    self.file.sync_data()?;
+                    false
                 }
-                written => written?,
+                appended => appended.map(|()| true)?,
             },
-            None => {
-                self.file.write_all_at(bytes, self.end)?;
-                self.file.sync_data()?;
-            }
+            None => false,
+        };
+        if !written {
+            self.file.write_all_at(bytes, self.end)?;
+            self.file.sync_data()?;
         }
         self.end += bytes.len() as u64;
         Ok(true)
