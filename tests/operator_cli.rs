@@ -225,7 +225,9 @@ async fn bench_gate_runs_as_the_bench_user_and_tells_the_operator_so() {
     for via in [Via::Flags, Via::File] {
         let out = ok(&run(fusebox(&stack, "bench", via, &bench)));
         assert!(
-            out.contains("raw") && out.contains("ratios: serial p50"),
+            out.contains("raw publish + consumer acking")
+                && out.contains("ratios: serial p50")
+                && out.contains("x the acked consumer)"),
             "{out}"
         );
     }

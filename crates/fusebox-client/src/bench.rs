@@ -6,6 +6,7 @@
 //! requests in flight a responder that group-commits them to that disk before it
 //! answers (`durable_echo.rs`), which is what any durable gate must pay.
 
+mod acked_consumer;
 mod durable_echo;
 
 use std::future::IntoFuture;
@@ -92,6 +93,8 @@ pub struct BenchReport {
     pub parallel_echo: Figure,
     pub ingest: Figure,
     pub ingest_raw: Figure,
+    /// The same publishes into a stream a pull consumer acks, one by one, as they come.
+    pub ingest_consumed: Figure,
     /// 4 KiB append + `fdatasync`, when a directory was given.
     pub disk_floor: Option<Figure>,
     /// Requests in flight to a responder that makes them durable on that directory's
@@ -145,14 +148,18 @@ impl std::fmt::Display for BenchReport {
             "",
             self.ingest.per_second()
         )?;
-        writeln!(
-            f,
-            "{:<34} {:>10} {:>10} {:>12.0}",
-            "raw JetStream publish (acked)",
-            "",
-            "",
-            self.ingest_raw.per_second()
-        )?;
+        for (name, fig) in [
+            ("raw JetStream publish (acked)", &self.ingest_raw),
+            ("raw publish + consumer acking", &self.ingest_consumed),
+        ] {
+            writeln!(
+                f,
+                "{name:<34} {:>10} {:>10} {:>12.0}",
+                "",
+                "",
+                fig.per_second()
+            )?;
+        }
         let floor = match &self.disk_floor {
             Some(disk) => {
                 writeln!(
@@ -169,7 +176,7 @@ impl std::fmt::Display for BenchReport {
         };
         writeln!(
             f,
-            "ratios: serial p50 {:.2}x its floor ({floor}), in flight {:.2}x raw{}, ingest {:.2}x raw",
+            "ratios: serial p50 {:.2}x its floor ({floor}), in flight {:.2}x raw{}, ingest {:.2}x raw ({:.2}x the acked consumer)",
             self.serial_ratio(),
             self.parallel_gate.per_second() / self.parallel_echo.per_second(),
             match &self.parallel_durable_echo {
@@ -179,7 +186,8 @@ impl std::fmt::Display for BenchReport {
                 ),
                 None => String::new(),
             },
-            self.ingest.per_second() / self.ingest_raw.per_second()
+            self.ingest.per_second() / self.ingest_raw.per_second(),
+            self.ingest.per_second() / self.ingest_consumed.per_second()
         )
     }
 }
@@ -339,6 +347,12 @@ pub async fn run(
 
     let ingest = ingest(client, &tenant, &format!("i{id}"), options.ingest).await?;
     let ingest_raw = ingest_raw(client, &tenant, options.ingest).await?;
+    let ingest_consumed =
+        acked_consumer::measure(client, settings, &client.options, options.ingest, |i| {
+            let (run, id, body) = ingest_event(&tenant, "c", i);
+            (format!("{tenant}.{run}"), id, body)
+        })
+        .await?;
     Ok(BenchReport {
         serial_gate,
         serial_echo,
@@ -346,6 +360,7 @@ pub async fn run(
         parallel_echo,
         ingest,
         ingest_raw,
+        ingest_consumed,
         disk_floor,
         parallel_durable_echo,
     })
@@ -410,6 +425,21 @@ async fn publish_all(
     Ok(())
 }
 
+/// Runs the ingest's events are spread over.
+const INGEST_RUNS: usize = 64;
+
+/// The `i`-th ingest event: its run, id and body (a `progress` event, in `seq` order).
+fn ingest_event(tenant: &str, prefix: &str, i: usize) -> (String, String, Vec<u8>) {
+    let run = format!("{prefix}-{}", i % INGEST_RUNS);
+    let seq = i / INGEST_RUNS + 1;
+    let id = format!("{prefix}-{i}");
+    let body = format!(
+        r#"{{"v":1,"id":"{id}","tenant":"{tenant}","run":"{run}","seq":{seq},"ts_ms":{},"type":"progress","version":{seq}}}"#,
+        1_700_000_000_000u64 + seq as u64
+    );
+    (run, id, body.into_bytes())
+}
+
 /// Events into `FUSEBOX_EVENTS` until the daemon has applied every one (durably: it
 /// acks only after the commit, and reports only committed state).
 async fn ingest(
@@ -418,19 +448,13 @@ async fn ingest(
     prefix: &str,
     total: usize,
 ) -> Result<Figure, ClientError> {
-    let runs = 64;
     let started = Instant::now();
     publish_all(client, total, |i| {
-        let run = format!("{prefix}-{}", i % runs);
-        let seq = i / runs + 1;
-        let body = format!(
-            r#"{{"v":1,"id":"{prefix}-{i}","tenant":"{tenant}","run":"{run}","seq":{seq},"ts_ms":{},"type":"progress","version":{seq}}}"#,
-            1_700_000_000_000u64 + seq as u64
-        );
+        let (run, id, body) = ingest_event(tenant, prefix, i);
         (
             fusebox_nats::subjects::events(tenant, &run),
-            format!("{tenant}.{run}.{prefix}-{i}"),
-            body.into_bytes(),
+            format!("{tenant}.{run}.{id}"),
+            body,
         )
     })
     .await?;
@@ -440,7 +464,7 @@ async fn ingest(
     let query = RunsQuery {
         tenant: Some(tenant.to_owned()),
         run_contains: Some(prefix.to_owned()),
-        limit: Some(runs),
+        limit: Some(INGEST_RUNS),
         ..RunsQuery::default()
     };
     loop {
