@@ -73,6 +73,16 @@ impl Figure {
         self.count as f64 / self.elapsed.as_secs_f64()
     }
 
+    /// A measurement timed as a whole (no per-request samples).
+    fn whole(count: usize, elapsed: Duration) -> Figure {
+        Figure {
+            count,
+            elapsed,
+            p50: Duration::ZERO,
+            p99: Duration::ZERO,
+        }
+    }
+
     fn from_samples(mut samples: Vec<Duration>, elapsed: Duration) -> Figure {
         samples.sort_unstable();
         let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
@@ -481,12 +491,7 @@ async fn ingest(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Ok(Figure {
-        count: total,
-        elapsed: started.elapsed(),
-        p50: Duration::ZERO,
-        p99: Duration::ZERO,
-    })
+    Ok(Figure::whole(total, started.elapsed()))
 }
 
 /// The same events into a plain stream nobody consumes: what JetStream alone costs.
@@ -495,16 +500,7 @@ async fn ingest_raw(
     tenant: &str,
     total: usize,
 ) -> Result<Figure, ClientError> {
-    let _ = client.js.delete_stream(RAW_STREAM).await;
-    client
-        .js
-        .create_stream(stream::Config {
-            name: RAW_STREAM.to_owned(),
-            subjects: vec![format!("{RAW_SUBJECT}.>")],
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| js_error("bench stream")(e.into()))?;
+    fresh_stream(client, RAW_STREAM, RAW_SUBJECT).await?;
     let started = Instant::now();
     publish_all(client, total, |i| {
         let body = format!(
@@ -513,12 +509,23 @@ async fn ingest_raw(
         (format!("{RAW_SUBJECT}.{tenant}.raw"), format!("raw-{i}"), body.into_bytes())
     })
     .await?;
-    let figure = Figure {
-        count: total,
-        elapsed: started.elapsed(),
-        p50: Duration::ZERO,
-        p99: Duration::ZERO,
-    };
+    let figure = Figure::whole(total, started.elapsed());
     let _ = client.js.delete_stream(RAW_STREAM).await;
     Ok(figure)
+}
+
+/// A new, empty stream `name` on `{prefix}.>` (a leftover of an interrupted run deleted
+/// first), with JetStream's defaults.
+async fn fresh_stream(client: &FuseboxClient, name: &str, prefix: &str) -> Result<(), ClientError> {
+    let _ = client.js.delete_stream(name).await;
+    client
+        .js
+        .create_stream(stream::Config {
+            name: name.to_owned(),
+            subjects: vec![format!("{prefix}.>")],
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+        .map_err(|e| js_error("bench stream")(e.into()))
 }

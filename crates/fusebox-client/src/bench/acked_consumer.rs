@@ -9,11 +9,10 @@
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
-use async_nats::jetstream::stream;
 use futures_util::StreamExt;
 use tokio::sync::oneshot;
 
-use super::{js_error, publish_all, Figure};
+use super::{fresh_stream, js_error, publish_all, Figure};
 use crate::client::{ClientOptions, FuseboxClient};
 use crate::error::ClientError;
 use crate::settings::NatsSettings;
@@ -36,16 +35,7 @@ pub(super) async fn measure(
     total: usize,
     message: impl Fn(usize) -> (String, String, Vec<u8>),
 ) -> Result<Figure, ClientError> {
-    let _ = client.js.delete_stream(STREAM).await;
-    client
-        .js
-        .create_stream(stream::Config {
-            name: STREAM.to_owned(),
-            subjects: vec![format!("{SUBJECT_PREFIX}.>")],
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| js_error("consumed bench stream")(e.into()))?;
+    fresh_stream(client, STREAM, SUBJECT_PREFIX).await?;
     let (ready_tx, ready_rx) = oneshot::channel();
     let (stop, stop_rx) = oneshot::channel();
     let (settings, options) = (settings.clone(), options.clone());
@@ -89,12 +79,7 @@ pub(super) async fn measure(
     // The consumer's own error first: it explains a consumer that was never ready.
     consumed?;
     let started = published?;
-    Ok(Figure {
-        count: total,
-        elapsed: started.elapsed(),
-        p50: Duration::ZERO,
-        p99: Duration::ZERO,
-    })
+    Ok(Figure::whole(total, started.elapsed()))
 }
 
 fn usage(message: String) -> ClientError {
