@@ -38,7 +38,10 @@ impl<P: Provider> Inner<P> {
                 return Err(err);
             }
             let wait = jitter(retry.backoff(attempt));
-            tracing::warn!(op = op.as_str(), region, attempt, error = %err, ?wait, "retrying");
+            // Debug only: the caller reports the call's outcome and the API error metric
+            // counts every failed attempt; at warn, a region that cannot be reached
+            // repeated four lines on every sweep.
+            tracing::debug!(op = op.as_str(), region, attempt, error = %err, ?wait, "retrying");
             tokio::time::sleep(wait).await;
             attempt += 1;
         }

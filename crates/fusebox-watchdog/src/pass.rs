@@ -193,7 +193,10 @@ impl<P: Provider> Inner<P> {
         let mut errors = BTreeMap::new();
         while let Some(joined) = set.join_next().await {
             match joined {
-                Ok((_, Ok(instances))) => {
+                Ok((region, Ok(instances))) => {
+                    if self.state().listing_succeeded(&region) {
+                        tracing::info!(%region, "listing instances works again");
+                    }
                     for i in instances {
                         let key = InstanceKey {
                             region: i.region.clone(),
@@ -203,7 +206,14 @@ impl<P: Provider> Inner<P> {
                     }
                 }
                 Ok((region, Err(e))) => {
-                    tracing::error!(%region, error = %e, "cannot list instances");
+                    // Every failure is counted (fusebox_watchdog_api_errors_total, which
+                    // an alert watches); the log says it once, not every minute.
+                    if self.state().listing_failed(&region, &e) {
+                        tracing::error!(%region, error = %e,
+                            "cannot list instances (logged again when the error changes or the region recovers)");
+                    } else {
+                        tracing::debug!(%region, error = %e, "still cannot list instances");
+                    }
                     errors.insert(region, e.to_string());
                 }
                 Err(e) => tracing::error!(error = %e, "listing task failed"),

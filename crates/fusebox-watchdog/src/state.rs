@@ -4,6 +4,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use crate::facts::{Fact, Halted, InstanceLaunched, RunEnded};
+use crate::provider::{ErrorKind, ProviderError};
 use crate::sink::Outcome;
 
 /// An instance, cloud-wide: ids are unique per region.
@@ -41,6 +42,9 @@ pub struct State {
     pub reported_protected: HashSet<InstanceKey>,
     /// Instances whose bad tags were already logged.
     pub warned_tags: HashSet<InstanceKey>,
+    /// Regions whose last listing failed, and how (kind and code): a region that keeps
+    /// failing the same way is logged once, not on every sweep.
+    failing_regions: HashMap<String, (ErrorKind, String)>,
     /// Halted by the blast-radius limit (`on_blast_radius = "halt"`) until an operator
     /// resumes it.
     pub halted: Option<Halted>,
@@ -85,6 +89,19 @@ impl State {
         let end = prior.map_or(f.ts_ms, |p| p.min(f.ts_ms));
         self.runs_ended.insert(key.clone(), end);
         self.arm_verify(key, end.saturating_add(grace_s.saturating_mul(1000)));
+    }
+
+    /// Remembers that listing `region` failed. True when that is news worth logging as an
+    /// error: the region was listed fine before, or now fails in another way.
+    pub fn listing_failed(&mut self, region: &str, err: &ProviderError) -> bool {
+        let how = (err.kind, err.code.clone());
+        self.failing_regions.insert(region.to_owned(), how.clone()) != Some(how)
+    }
+
+    /// Remembers that listing `region` worked. True when it had been failing (its
+    /// recovery is worth logging).
+    pub fn listing_succeeded(&mut self, region: &str) -> bool {
+        self.failing_regions.remove(region).is_some()
     }
 
     /// Arms (or moves) an instance's timer to exactly `at_ms`: the cloud's view is final.
@@ -209,6 +226,35 @@ mod tests {
             region: "r".into(),
             instance_id: id.into(),
         }
+    }
+
+    /// A region's listings in order, and which of them are logged: the first failure, a
+    /// failure of another kind, and the recovery; not the same failure again.
+    #[test]
+    fn a_region_failing_the_same_way_is_logged_once() {
+        let no_credentials =
+            ProviderError::new(ErrorKind::Transport, "Transport", "no credentials");
+        let no_credentials_again =
+            ProviderError::new(ErrorKind::Transport, "Transport", "same, new text");
+        let refused =
+            ProviderError::new(ErrorKind::Unauthorized, "UnauthorizedOperation", "denied");
+        let mut s = State::default();
+        let mut logged = Vec::new();
+        for (region, outcome) in [
+            ("r", Some(&no_credentials)),
+            ("r", Some(&no_credentials_again)),
+            ("q", Some(&no_credentials)),
+            ("r", Some(&refused)),
+            ("r", None),
+            ("r", None),
+            ("r", Some(&refused)),
+        ] {
+            logged.push(match outcome {
+                Some(err) => s.listing_failed(region, err),
+                None => s.listing_succeeded(region),
+            });
+        }
+        assert_eq!(logged, [true, false, true, true, true, false, true]);
     }
 
     #[test]

@@ -66,7 +66,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,async_nats=warn".into()),
+                // aws_config warns on every call its credential chain cannot serve; the
+                // watchdog's own error says the same once (with the chain's reason).
+                .unwrap_or_else(|_| "info,async_nats=warn,aws_config=error".into()),
         )
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal: journald, files and log shippers get plain text.

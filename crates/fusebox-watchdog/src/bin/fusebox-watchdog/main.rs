@@ -17,7 +17,10 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                // As fuseboxd: the credential chain's warning on every call is noise
+                // beside the watchdog's own error.
+                .unwrap_or_else(|_| "warn,aws_config=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();
