@@ -207,10 +207,11 @@ impl<P: Provider> Inner<P> {
                 }
                 Ok((region, Err(e))) => {
                     // Every failure is counted (fusebox_watchdog_api_errors_total, which
-                    // an alert watches); the log says it once, not every minute.
-                    if self.state().listing_failed(&region, &e) {
+                    // an alert watches); the log says it hourly, not every minute.
+                    let now = self.clock.now_ms();
+                    if self.state().listing_failed(&region, &e, now) {
                         tracing::error!(%region, error = %e,
-                            "cannot list instances (logged again when the error changes or the region recovers)");
+                            "cannot list instances (logged again hourly while it lasts, or when the error changes)");
                     } else {
                         tracing::debug!(%region, error = %e, "still cannot list instances");
                     }

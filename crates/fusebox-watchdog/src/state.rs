@@ -42,13 +42,26 @@ pub struct State {
     pub reported_protected: HashSet<InstanceKey>,
     /// Instances whose bad tags were already logged.
     pub warned_tags: HashSet<InstanceKey>,
-    /// Regions whose last listing failed, and how (kind and code): a region that keeps
-    /// failing the same way is logged once, not on every sweep.
-    failing_regions: HashMap<String, (ErrorKind, String)>,
+    /// Regions whose last listing failed: how (kind and code), and when that was last
+    /// logged. A region that keeps failing the same way is logged hourly, not on every
+    /// sweep.
+    failing_regions: HashMap<String, FailingRegion>,
     /// Halted by the blast-radius limit (`on_blast_radius = "halt"`) until an operator
     /// resumes it.
     pub halted: Option<Halted>,
 }
+
+/// How a region's listing fails, and when that was last logged.
+#[derive(Debug)]
+struct FailingRegion {
+    kind: ErrorKind,
+    code: String,
+    logged_at_ms: u64,
+}
+
+/// A region that keeps failing the same way is logged again after this long: the log
+/// an operator reads when the API error alert fires still names the error.
+const RELOG_FAILING_REGION_MS: u64 = 3_600_000;
 
 /// Timers that came due together.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -91,11 +104,23 @@ impl State {
         self.arm_verify(key, end.saturating_add(grace_s.saturating_mul(1000)));
     }
 
-    /// Remembers that listing `region` failed. True when that is news worth logging as an
-    /// error: the region was listed fine before, or now fails in another way.
-    pub fn listing_failed(&mut self, region: &str, err: &ProviderError) -> bool {
-        let how = (err.kind, err.code.clone());
-        self.failing_regions.insert(region.to_owned(), how.clone()) != Some(how)
+    /// Remembers that listing `region` failed at `now_ms`. True when that is worth
+    /// logging as an error: the region was listed fine before, now fails in another way,
+    /// or has failed so for an hour since it was last logged.
+    pub fn listing_failed(&mut self, region: &str, err: &ProviderError, now_ms: u64) -> bool {
+        if let Some(failing) = self.failing_regions.get(region) {
+            let same = failing.kind == err.kind && failing.code == err.code;
+            if same && now_ms.saturating_sub(failing.logged_at_ms) < RELOG_FAILING_REGION_MS {
+                return false;
+            }
+        }
+        let failing = FailingRegion {
+            kind: err.kind,
+            code: err.code.clone(),
+            logged_at_ms: now_ms,
+        };
+        self.failing_regions.insert(region.to_owned(), failing);
+        true
     }
 
     /// Remembers that listing `region` worked. True when it had been failing (its
@@ -228,10 +253,12 @@ mod tests {
         }
     }
 
-    /// A region's listings in order, and which of them are logged: the first failure, a
-    /// failure of another kind, and the recovery; not the same failure again.
+    /// A region's listings in order (region, minutes since start, the failure or `None`
+    /// for a listing that worked), and which of them are logged: the first failure, a
+    /// failure of another kind, the recovery, and the same failure an hour after it was
+    /// last logged; not the same failure again within the hour.
     #[test]
-    fn a_region_failing_the_same_way_is_logged_once() {
+    fn a_region_failing_the_same_way_is_logged_hourly() {
         let no_credentials =
             ProviderError::new(ErrorKind::Transport, "Transport", "no credentials");
         let no_credentials_again =
@@ -240,21 +267,27 @@ mod tests {
             ProviderError::new(ErrorKind::Unauthorized, "UnauthorizedOperation", "denied");
         let mut s = State::default();
         let mut logged = Vec::new();
-        for (region, outcome) in [
-            ("r", Some(&no_credentials)),
-            ("r", Some(&no_credentials_again)),
-            ("q", Some(&no_credentials)),
-            ("r", Some(&refused)),
-            ("r", None),
-            ("r", None),
-            ("r", Some(&refused)),
+        for (region, minute, outcome) in [
+            ("r", 0, Some(&no_credentials)),
+            ("r", 1, Some(&no_credentials_again)),
+            ("q", 1, Some(&no_credentials)),
+            ("r", 2, Some(&refused)),
+            ("r", 3, None),
+            ("r", 4, None),
+            ("r", 5, Some(&refused)),
+            ("r", 64, Some(&refused)),
+            ("r", 65, Some(&refused)),
+            ("q", 61, Some(&no_credentials)),
         ] {
             logged.push(match outcome {
-                Some(err) => s.listing_failed(region, err),
+                Some(err) => s.listing_failed(region, err, minute * 60_000),
                 None => s.listing_succeeded(region),
             });
         }
-        assert_eq!(logged, [true, false, true, true, true, false, true]);
+        let expected = [
+            true, false, true, true, true, false, true, false, true, true,
+        ];
+        assert_eq!(logged, expected);
     }
 
     #[test]
