@@ -67,7 +67,8 @@ fn main() -> ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 // aws_config warns on every call its credential chain cannot serve; the
-                // watchdog's own error says the same once (with the chain's reason).
+                // watchdog's own error carries the chain's reason, logged when a region
+                // starts failing and hourly after.
                 .unwrap_or_else(|_| "info,async_nats=warn,aws_config=error".into()),
         )
         .with_writer(std::io::stderr)
