@@ -84,4 +84,30 @@ mod tests {
             );
         }
     }
+
+    /// `config/agents/<agent>.toml` shows exactly the profile fusebox-core builds in.
+    #[test]
+    fn the_agent_files_show_the_built_in_profiles() {
+        let profiles = fusebox_core::agents::profiles();
+        for (agent, profile) in &profiles {
+            let file = repo(&format!("config/agents/{agent}.toml"));
+            let text = std::fs::read_to_string(&file).unwrap();
+            let doc: Value = toml::from_str(&text).unwrap();
+            let shown = doc
+                .pointer(&format!("/agents/{agent}/policy"))
+                .unwrap_or_else(|| panic!("{} has no [agents.{agent}.policy]", file.display()));
+            assert_eq!(
+                shown,
+                profile,
+                "{} is not the built-in profile",
+                file.display()
+            );
+        }
+        let files = std::fs::read_dir(repo("config/agents")).unwrap().count();
+        assert_eq!(
+            files,
+            profiles.len(),
+            "a file in config/agents/ for each profile, no more"
+        );
+    }
 }

@@ -98,6 +98,9 @@ pub enum Reason {
     /// A call the tool told to wait (PENDING, or RETRYABLE with `retry_after_ms`) that
     /// waited as told, still answered the same, past its per-call time budget.
     WaitBudget,
+    /// A warning only: one tool gave the same answer to a long streak of calls that
+    /// differ only in their words (a flailing search, or a batch — never stopped for it).
+    SameAnswerStreak,
     InvalidModelOutput,
     ModelRefusal,
     Cancelled,
@@ -137,6 +140,7 @@ impl Reason {
             Reason::PreconditionUnchanged => "precondition_unchanged",
             Reason::RetryTooSoon => "retry_too_soon",
             Reason::WaitBudget => "wait_budget",
+            Reason::SameAnswerStreak => "same_answer_streak",
             Reason::InvalidModelOutput => "invalid_model_output",
             Reason::ModelRefusal => "model_refusal",
             Reason::Cancelled => "cancelled",
@@ -151,7 +155,7 @@ impl Reason {
     }
 
     /// Every reason, for the vocabularies that must list them all (metrics labels).
-    pub const ALL: [Reason; 32] = [
+    pub const ALL: [Reason; 33] = [
         Reason::StepBudget,
         Reason::TimeBudget,
         Reason::TokenBudget,
@@ -174,6 +178,7 @@ impl Reason {
         Reason::PreconditionUnchanged,
         Reason::RetryTooSoon,
         Reason::WaitBudget,
+        Reason::SameAnswerStreak,
         Reason::InvalidModelOutput,
         Reason::ModelRefusal,
         Reason::Cancelled,

@@ -9,9 +9,9 @@
 
 use crate::decision::{Action, Detector, Reason};
 use crate::event::{Effect, ResultKind};
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{same_question, Fingerprint, QUESTION_WORDS};
 use crate::message;
-use crate::run::{Outcome, RunState};
+use crate::run::{Outcome, RunState, Wording};
 
 /// A detector's verdict on one call.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +32,10 @@ pub(crate) struct Call<'a> {
     /// It waited as its last "wait" answer told it (PENDING, or RETRYABLE with
     /// `retry_after_ms`): bounded by the wait budget, not by the repeat counts.
     pub patient: bool,
+    /// It comes between two checks of a task the run waits on: part of the wait.
+    pub interlude: bool,
+    /// The words of its text arguments, for a read that has any.
+    pub wording: Option<Wording>,
     pub label: &'a dyn Fn() -> String,
 }
 
@@ -84,6 +88,8 @@ pub(crate) fn detect(run: &RunState, call: &Call<'_>) -> (Option<Verdict>, bool)
         ping_pong(run, call),
         poll_no_progress(run, call),
         arg_churn(run, call),
+        rewording(run, call),
+        answer_streak(run, call),
     ];
     let mut first_warning = None;
     for verdict in verdicts.into_iter().flatten() {
@@ -136,7 +142,7 @@ fn is_poll(result: Option<(Fingerprint, ResultKind)>) -> bool {
 
 fn exact_repeat(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     let policy = &run.policy;
-    if !policy.detectors.exact_repeat || call.patient {
+    if !policy.detectors.exact_repeat || call.patient || call.interlude {
         return None;
     }
     let window = &run.detection.window;
@@ -157,11 +163,16 @@ fn exact_repeat(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
         .tool(call.tool)
         .and_then(|t| t.same_call_limit)
         .unwrap_or(effect_limit);
-    let prior = window
-        .iter()
-        .filter(|e| e.call == call.fp && !is_poll(e.result))
-        .count() as u32;
+    let repeats = || {
+        window
+            .iter()
+            .filter(|e| e.call == call.fp && !is_poll(e.result) && !e.interlude)
+    };
+    let prior = repeats().count() as u32;
     let count = prior + 1;
+    // Refusals count towards the limit; the model is told how often the call ran.
+    let ran = repeats().filter(|e| e.outcome == Outcome::Executed).count() as u32;
+    let refused = repeats().filter(|e| e.outcome == Outcome::Refused).count() as u32;
     // The second identical write already repeats a change to the world; a second read
     // may be a re-read of a screen that changed, which only its answer tells.
     let evidence = match call.effect {
@@ -174,7 +185,7 @@ fn exact_repeat(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
         Reason::SameCallRepeat,
         Detector::ExactRepeat,
         count,
-        |blocked| message::same_call_repeat(&(call.label)(), prior, blocked),
+        |blocked| message::same_call_repeat(&(call.label)(), ran, refused, blocked),
     )
 }
 
@@ -219,15 +230,22 @@ pub const POST_COMPACTION_IN_A_ROW: u32 = 3;
 
 fn ping_pong(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     let policy = &run.policy;
-    if !policy.detectors.ping_pong {
+    // Checking a task that is still running, and what the agent does between two
+    // checks (a sleep), alternate by nature: that is waiting, judged by the wait rules.
+    if !policy.detectors.ping_pong || call.patient || call.interlude {
         return None;
     }
+    let waits = |e: &crate::run::Entry| e.interlude || is_poll(e.result);
     let mut history = run.detection.window.iter().rev();
-    let other = history.next().map(|e| e.call).filter(|fp| *fp != call.fp)?;
+    let other = history
+        .next()
+        .filter(|e| !waits(e))
+        .map(|e| e.call)
+        .filter(|fp| *fp != call.fp)?;
     let mut length = 2u32;
     for (i, entry) in history.enumerate() {
         let expected = if i % 2 == 0 { call.fp } else { other };
-        if entry.call != expected {
+        if entry.call != expected || waits(entry) {
             break;
         }
         length += 1;
@@ -292,7 +310,7 @@ fn poll_no_progress(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
 /// twice in a row visits each once.
 fn arg_churn(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
     let policy = &run.policy;
-    if !policy.detectors.arg_churn || call.patient {
+    if !policy.detectors.arg_churn || call.patient || call.interlude {
         return None;
     }
     let window = &run.detection.window;
@@ -344,4 +362,83 @@ fn arg_churn(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
         count,
         |blocked| message::arg_churn(call.tool, variants.len(), count, blocked),
     )
+}
+
+/// One question asked again and again in new words, every answer the same (a flailing
+/// search): the calls of the same tool and shape whose wording overlaps this call's —
+/// or that were themselves judged rewordings — and got one answer, since the last
+/// progress. The call that would be the `no_progress_limit`-th is refused before it
+/// runs: the no-progress stop would come one call later.
+fn rewording(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
+    let policy = &run.policy;
+    if !policy.detectors.arg_churn || call.patient || call.interlude {
+        return None;
+    }
+    let wording = call.wording.as_ref()?;
+    let detection = &run.detection;
+    let since_progress = |serial: u64| {
+        detection
+            .window
+            .iter()
+            .any(|e| e.serial == serial && e.outcome == Outcome::Executed)
+    };
+    let this_call = crate::run::short(call.fp);
+    let asked: Vec<&crate::run::Worded> = detection
+        .wordings
+        .iter()
+        .filter(|w| {
+            w.tool == call.tool_fp
+                && w.call != this_call
+                && w.wording.shape == wording.shape
+                && since_progress(w.serial)
+        })
+        .collect();
+    // The answer of the latest earlier wording of this question.
+    let answer = asked
+        .iter()
+        .rev()
+        .find(|w| same_question(&w.wording.words, &wording.words))?
+        .answer;
+    let prior = asked
+        .iter()
+        .filter(|w| {
+            w.answer == answer && (w.reworded || same_question(&w.wording.words, &wording.words))
+        })
+        .count() as u32;
+    let count = prior + 1;
+    let level = level(count, policy.no_progress_limit, policy.warning_threshold, 3);
+    verdict(
+        level,
+        Reason::ArgChurn,
+        Detector::ArgChurn,
+        count,
+        |blocked| message::rewording(&(call.label)(), prior, blocked),
+    )
+}
+
+/// A long streak of calls of one tool and shape that differ only in their words, all
+/// answered the same: a batch over a list, or a search that finds nothing however it
+/// is worded. Only a nudge — warned at every `critical_threshold`-th such answer, never
+/// refused: the model is told what the guard sees and decides.
+fn answer_streak(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
+    let wording = call.wording.as_ref()?;
+    if call.patient || call.interlude || wording.words.len() > QUESTION_WORDS {
+        return None;
+    }
+    let streak = run.detection.answer_streak?;
+    let every = run.policy.critical_threshold;
+    if streak.tool != call.tool_fp
+        || streak.shape != wording.shape
+        || streak.count < every
+        || streak.count % every != 0
+    {
+        return None;
+    }
+    Some(Verdict {
+        action: Action::Warn,
+        reason: Reason::SameAnswerStreak,
+        detector: None,
+        count: Some(streak.count),
+        message: message::same_answer_streak(call.tool, streak.count),
+    })
 }

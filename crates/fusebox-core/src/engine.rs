@@ -118,7 +118,7 @@ impl Engine {
             }
         };
         run.counters.events += 1;
-        run.last_ts_ms = run.last_ts_ms.max(event.ts_ms);
+        run.advance_clock(event.ts_ms);
         if event.seq.is_some() {
             run.last_seq = event.seq;
         }
@@ -145,6 +145,7 @@ impl Engine {
                 )
             }
             EventBody::InstanceLaunched(_) => decision(event, None, Action::Continue),
+            EventBody::Prompt(_) => observe::prompt(run, event),
         };
         (decided, None)
     }

@@ -19,7 +19,7 @@ use crate::engine::{Engine, Runs, Scratch};
 use crate::fixed_hash::FixedHasher;
 use crate::ledger::Ledger;
 use crate::policy::{Policy, PolicySet};
-use crate::run::{CompactionLog, Counters, Detection, PendingCall, RunState, RunStatus};
+use crate::run::{CompactionLog, Counters, Detection, PendingCall, RunState, RunStatus, Task};
 
 #[derive(Serialize)]
 struct EngineOut<'a> {
@@ -90,6 +90,7 @@ struct RunOut<'a> {
     fired_guards: &'a Vec<String>,
     compactions: &'a CompactionLog,
     resume_tokens: &'a Vec<String>,
+    task: &'a Task,
 }
 
 impl<'a> RunOut<'a> {
@@ -112,6 +113,7 @@ impl<'a> RunOut<'a> {
             fired_guards,
             compactions,
             resume_tokens,
+            task,
         } = run;
         RunOut {
             agent,
@@ -131,6 +133,7 @@ impl<'a> RunOut<'a> {
             fired_guards,
             compactions,
             resume_tokens,
+            task,
         }
     }
 }
@@ -154,6 +157,9 @@ struct RunIn {
     fired_guards: Vec<String>,
     compactions: CompactionLog,
     resume_tokens: Vec<String>,
+    /// Snapshots written before tasks were budgeted apart read as one task.
+    #[serde(default)]
+    task: Task,
 }
 
 impl RunIn {
@@ -176,6 +182,7 @@ impl RunIn {
             fired_guards: self.fired_guards,
             compactions: self.compactions,
             resume_tokens: self.resume_tokens,
+            task: self.task,
         }
     }
 }

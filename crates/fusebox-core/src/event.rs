@@ -52,6 +52,7 @@ pub enum EventBody {
     InstanceLaunched(InstanceLaunched),
     Tick(Tick),
     LedgerResolve(LedgerResolve),
+    Prompt(Prompt),
 }
 
 impl EventBody {
@@ -69,12 +70,13 @@ impl EventBody {
             EventBody::InstanceLaunched(_) => "instance_launched",
             EventBody::Tick(_) => "tick",
             EventBody::LedgerResolve(_) => "ledger_resolve",
+            EventBody::Prompt(_) => "prompt",
         }
     }
 }
 
 /// Every type name the contract knows, in the order of guard.md §2.
-pub const EVENT_TYPES: [&str; 12] = [
+pub const EVENT_TYPES: [&str; 13] = [
     "run_started",
     "tool_call",
     "tool_result",
@@ -87,6 +89,7 @@ pub const EVENT_TYPES: [&str; 12] = [
     "instance_launched",
     "tick",
     "ledger_resolve",
+    "prompt",
 ];
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
@@ -367,6 +370,12 @@ pub struct InstanceLaunched {
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Tick {}
+
+/// The user submitted a prompt: an interactive session (a coding agent's) begins a new
+/// task, with its own step, turn, error and active-time budgets; the session keeps its
+/// token and cost budgets. No text travels: the guard needs the moment, not the words.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Prompt {}
 
 /// An operator's word on an `op_key` (`fusebox ledger resolve`): it did happen, with
 /// this result, or it did not and may run again. An event like `cancel`, so the log

@@ -13,10 +13,13 @@
 //! canonical bytes are written into a reusable buffer and hashed once: feeding SHA-256
 //! a few bytes at a time costs more than the hashing itself.
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::event::{Args, Output, ResultKind};
+use crate::run::{Wording, WORDING_MAX};
 use crate::volatile::{write_masked, TextMask};
 
 pub type Fingerprint = u128;
@@ -28,17 +31,61 @@ fn finish(digest: impl AsRef<[u8]>) -> Fingerprint {
     u128::from_be_bytes(head)
 }
 
-/// The identity of a call: which tool, with which (canonical) arguments.
-pub fn call_fingerprint(tool: &str, args: &Args, ignore_args: &[String]) -> Fingerprint {
-    call_fingerprint_in(&mut Vec::new(), tool, args, ignore_args)
+/// Which top-level arguments are left out of a call's identity: those the tool's policy
+/// names as describing rather than acting (`ignore_args`: a model-written `description`
+/// of a shell command, a nonce) and those equal to the tool's own default (`defaults`:
+/// `offset: 1` on a read that starts at line 1 anyway).
+#[derive(Clone, Copy)]
+pub struct ArgFilter<'a> {
+    pub ignore: &'a [String],
+    pub defaults: &'a BTreeMap<String, Value>,
 }
 
-/// [`call_fingerprint`] with a caller-owned scratch buffer (left empty afterwards).
+pub static NO_DEFAULTS: BTreeMap<String, Value> = BTreeMap::new();
+
+impl<'a> ArgFilter<'a> {
+    /// Leaves out only the listed keys.
+    pub fn ignoring(ignore: &'a [String]) -> Self {
+        ArgFilter {
+            ignore,
+            defaults: &NO_DEFAULTS,
+        }
+    }
+
+    fn drops(&self, key: &str, value: &Value) -> bool {
+        self.ignore.iter().any(|k| k == key)
+            || self
+                .defaults
+                .get(key)
+                .is_some_and(|default| same_value(default, value))
+    }
+}
+
+/// JSON equality, numbers by value (`1` and `1.0` are the same default).
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x == y || x.as_f64() == y.as_f64(),
+        _ => a == b,
+    }
+}
+
+/// The identity of a call: which tool, with which (canonical) arguments.
+pub fn call_fingerprint(tool: &str, args: &Args, ignore_args: &[String]) -> Fingerprint {
+    call_fingerprint_in(
+        &mut Vec::new(),
+        tool,
+        args,
+        ArgFilter::ignoring(ignore_args),
+    )
+}
+
+/// [`call_fingerprint`] with a caller-owned scratch buffer (left empty afterwards), and
+/// the tool's defaults left out too.
 pub fn call_fingerprint_in(
     buf: &mut Vec<u8>,
     tool: &str,
     args: &Args,
-    ignore_args: &[String],
+    filter: ArgFilter<'_>,
 ) -> Fingerprint {
     buf.clear();
     buf.extend_from_slice(b"call\0");
@@ -46,9 +93,8 @@ pub fn call_fingerprint_in(
     match args {
         Args::Json(value) => {
             buf.push(b'j');
-            let drop_key = |key: &str, depth: usize, _: &Value| {
-                depth == 0 && ignore_args.iter().any(|k| k == key)
-            };
+            let drop_key =
+                |key: &str, depth: usize, item: &Value| depth == 0 && filter.drops(key, item);
             write_canonical(buf, value, &drop_key, None, false, 0);
         }
         Args::Hash(hash) => {
@@ -59,47 +105,54 @@ pub fn call_fingerprint_in(
     digest(buf)
 }
 
-/// The question a call asks: its canonical form with every free-text argument reduced
-/// to its identifiers ([`is_free_text`]: mostly plain words, "title of song"), so that
-/// the wordings of one question ask the same. `None` when the arguments hold no free text: two calls
-/// that differ there differ in an identifier (an id, a path, a host, a flag, a command),
-/// which makes them a sweep, never a rewording.
-pub fn question_fingerprint_in(
+/// The wording of a call whose arguments hold text (free text, or a plain word): its
+/// shape — the tool and the arguments with each text reduced to its identifiers
+/// (numbers, versions, names with digits, paths), so the wordings of one question share
+/// a shape and a sweep over ids does not — and its content words ([`Wording`]). `None`
+/// when the arguments hold no text: two such calls differ in an identifier (an id, a
+/// path, a host, a flag, a command), which makes them a sweep, never a rewording.
+pub fn wording_in(
     buf: &mut Vec<u8>,
     tool: &str,
     args: &Args,
-    ignore_args: &[String],
-) -> Option<Fingerprint> {
+    filter: ArgFilter<'_>,
+) -> Option<Wording> {
     let Args::Json(value) = args else {
         return None;
     };
-    let drop_key =
-        |key: &str, depth: usize, _: &Value| depth == 0 && ignore_args.iter().any(|k| k == key);
-    if !holds_free_text(value, &drop_key, 0) {
+    let drop_key = |key: &str, depth: usize, item: &Value| depth == 0 && filter.drops(key, item);
+    if !holds_text(value, &drop_key, 0) {
         return None;
     }
     buf.clear();
-    buf.extend_from_slice(b"question\0");
+    buf.extend_from_slice(b"shape\0");
     write_str(buf, tool);
     write_canonical(buf, value, &drop_key, None, true, 0);
-    Some(digest(buf))
+    let shape = (digest(buf) >> 64) as u64;
+    let mut words = Vec::new();
+    collect_words(value, &drop_key, 0, &mut words);
+    Some(Wording { shape, words })
 }
 
 /// A plain word: letters, with an apostrophe or an inner hyphen, and the punctuation of
 /// a sentence around it. A digit, a slash, a leading dash, an underscore or a dot inside
 /// makes a token an identifier (`svc-0`, `3.12`, `src/`, `-rn`, `parse_event`, `a.rs`).
 fn is_plain_word(token: &str) -> bool {
-    let word = token.trim_matches(|c: char| {
-        matches!(
-            c,
-            '"' | '\'' | '(' | ')' | '?' | '!' | '.' | ',' | ';' | ':'
-        )
-    });
+    let word = strip_punctuation(token);
     !word.is_empty()
         && !word.starts_with('-')
         && word
             .chars()
             .all(|c| c.is_alphabetic() || c == '\'' || c == '-')
+}
+
+fn strip_punctuation(token: &str) -> &str {
+    token.trim_matches(|c: char| {
+        matches!(
+            c,
+            '"' | '\'' | '(' | ')' | '?' | '!' | '.' | ',' | ';' | ':'
+        )
+    })
 }
 
 /// Free text: two or more plain words, making at least half of the string's words
@@ -119,9 +172,18 @@ pub fn is_free_text(s: &str) -> bool {
     plain >= 2 && plain * 2 >= tokens
 }
 
-/// What a free-text string asks, for the question fingerprint: its identifiers (numbers,
-/// versions, names with digits, paths), in order of their bytes; its plain words are the
-/// wording. "python 3.12 install error" and "install python 3.12 failed" ask the same.
+/// Text, for wordings: free text, or one plain word of two letters or more (a one-word
+/// search: `"songs"`).
+fn is_text(s: &str) -> bool {
+    let t = s.trim();
+    if t.contains(|c: char| c.is_ascii_whitespace()) {
+        return is_free_text(t);
+    }
+    is_plain_word(t) && strip_punctuation(t).chars().count() >= 2
+}
+
+/// What a text asks, for the shape: its identifiers, in order of their bytes; its plain
+/// words are the wording.
 fn write_question(buf: &mut Vec<u8>, s: &str) {
     let mut identifiers: Vec<&str> = s.split_whitespace().filter(|t| !is_plain_word(t)).collect();
     identifiers.sort_unstable();
@@ -132,22 +194,160 @@ fn write_question(buf: &mut Vec<u8>, s: &str) {
     }
 }
 
-fn holds_free_text(
-    value: &Value,
-    drop_key: &dyn Fn(&str, usize, &Value) -> bool,
-    depth: usize,
-) -> bool {
+fn holds_text(value: &Value, drop_key: &dyn Fn(&str, usize, &Value) -> bool, depth: usize) -> bool {
     match value {
-        Value::String(s) => is_free_text(s),
-        Value::Array(items) => items
-            .iter()
-            .any(|v| holds_free_text(v, drop_key, depth + 1)),
-        Value::Object(map) => map
-            .iter()
-            .any(|(k, v)| !drop_key(k, depth, v) && holds_free_text(v, drop_key, depth + 1)),
+        Value::String(s) => is_text(s),
+        Value::Array(items) => items.iter().any(|v| holds_text(v, drop_key, depth + 1)),
+        Value::Object(map) => map.iter().any(|(k, v)| {
+            !drop_key(k, depth, v) && !is_command_key(k) && holds_text(v, drop_key, depth + 1)
+        }),
         _ => false,
     }
 }
+
+/// Arguments whose text is a command or a pattern, never a question, even when every
+/// word of it is a plain word (`git status`, `npm test`, a grep for `TODO`).
+fn is_command_key(key: &str) -> bool {
+    const KEYS: [&str; 10] = [
+        "command",
+        "commands",
+        "cmd",
+        "script",
+        "code",
+        "shell",
+        "sql",
+        "pattern",
+        "regex",
+        "expression",
+    ];
+    KEYS.iter().any(|k| k.eq_ignore_ascii_case(key))
+}
+
+/// The content words of every text in `value`, in key order.
+fn collect_words(
+    value: &Value,
+    drop_key: &dyn Fn(&str, usize, &Value) -> bool,
+    depth: usize,
+    out: &mut Vec<u32>,
+) {
+    match value {
+        Value::String(s) if is_text(s) => {
+            for token in s.split_whitespace() {
+                if out.len() == WORDING_MAX {
+                    return;
+                }
+                if is_plain_word(token) {
+                    if let Some(word) = content_word(strip_punctuation(token)) {
+                        out.push(word);
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                collect_words(item, drop_key, depth + 1, out);
+            }
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            for (key, item) in entries {
+                if !drop_key(key, depth, item) && !is_command_key(key) {
+                    collect_words(item, drop_key, depth + 1, out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Words that carry no question of their own (English function words).
+const COMMON_WORDS: [&str; 72] = [
+    "a", "about", "all", "an", "and", "any", "are", "as", "at", "be", "by", "can", "could", "do",
+    "does", "did", "for", "from", "get", "give", "had", "has", "have", "how", "i", "if", "in",
+    "into", "is", "it", "its", "let", "me", "my", "no", "not", "of", "on", "or", "our", "please",
+    "show", "so", "some", "that", "the", "their", "there", "these", "this", "to", "up", "us",
+    "was", "we", "were", "what", "when", "where", "which", "who", "why", "will", "with", "would",
+    "you", "your", "find", "search", "look", "list", "tell",
+];
+
+/// A word as the wording keeps it: lower case, common words left out, the endings of
+/// plurals and tenses cut (`alerts` and `alert`, `failed` and `fail`), as a 32-bit hash.
+fn content_word(word: &str) -> Option<u32> {
+    let lower = word.to_lowercase();
+    let mut w = lower.trim_end_matches("'s").trim_matches('\'');
+    if w.len() < 2 || COMMON_WORDS.contains(&w) {
+        return None;
+    }
+    for (suffix, keep) in [("ing", 4), ("ed", 3), ("es", 4), ("s", 3)] {
+        if w.len() >= suffix.len() + keep && w.ends_with(suffix) && !w.ends_with("ss") {
+            w = &w[..w.len() - suffix.len()];
+            break;
+        }
+    }
+    Some(crate::fixed_hash::fnv1a(w.as_bytes()) as u32)
+}
+
+/// Whether two wordings of one shape ask one question. Short ones (a search, a lookup:
+/// up to [`SHORT_QUESTION`] words) do when they share a topic word — a third of the
+/// shorter one's words — since a flailing search keeps its topic and trades the rest for
+/// synonyms (`quarterly revenue report`, `Q3 revenue summary`, `income report
+/// quarterly`); longer ones when they share half of all their words, and texts longer
+/// than a question (a comment, a thought) only when four fifths. Except a template with
+/// another value in it: the same words in the same order around one to three words that
+/// are new on each side, no more than the words around them (`alerts for Chicago`,
+/// `alerts for Denver`; `John Smith`, `Jane Smith`) — a sweep over a list.
+pub fn same_question(a: &[u32], b: &[u32]) -> bool {
+    if a.is_empty() || b.is_empty() {
+        return a == b;
+    }
+    let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let max_suffix = a.len().min(b.len()) - prefix;
+    let suffix = a
+        .iter()
+        .rev()
+        .zip(b.iter().rev())
+        .take(max_suffix)
+        .take_while(|(x, y)| x == y)
+        .count();
+    let (slot_a, slot_b) = (&a[prefix..a.len() - suffix], &b[prefix..b.len() - suffix]);
+    let substituted = prefix + suffix >= slot_a.len().max(slot_b.len())
+        && (1..=3).contains(&slot_a.len())
+        && (1..=3).contains(&slot_b.len())
+        && slot_a.iter().all(|w| !b.contains(w))
+        && slot_b.iter().all(|w| !a.contains(w));
+    if substituted {
+        return false;
+    }
+    let distinct = |words: &[u32]| {
+        let mut set = words.to_vec();
+        set.sort_unstable();
+        set.dedup();
+        set
+    };
+    let (set_a, set_b) = (distinct(a), distinct(b));
+    let shared = set_a
+        .iter()
+        .filter(|w| set_b.binary_search(w).is_ok())
+        .count();
+    let all = set_a.len() + set_b.len() - shared;
+    let longest = set_a.len().max(set_b.len());
+    let shortest = set_a.len().min(set_b.len());
+    if longest > QUESTION_WORDS {
+        shared * 5 >= all * 4
+    } else if longest > SHORT_QUESTION {
+        shared * 2 >= all
+    } else {
+        shared >= 1 && shared * 3 >= shortest
+    }
+}
+
+/// Content words of a short question (a search query, a name).
+pub const SHORT_QUESTION: usize = 6;
+
+/// Content words of a question; a longer text is content (a comment, a thought), and
+/// two of them are one only when nearly the same.
+pub const QUESTION_WORDS: usize = 12;
 
 /// The identity of an answer: its kind, its code, and its output minus volatile keys,
 /// with the volatile tokens inside its strings masked (`text`). `is_volatile` sees each
@@ -249,7 +449,7 @@ fn write_canonical(
                 buf.extend_from_slice(&n.as_f64().unwrap_or(f64::NAN).to_bits().to_le_bytes());
             }
         }
-        Value::String(s) if mask_free_text && is_free_text(s) => write_question(buf, s),
+        Value::String(s) if mask_free_text && is_text(s) => write_question(buf, s),
         Value::String(s) => {
             buf.push(b's');
             match text {
@@ -275,7 +475,8 @@ fn write_canonical(
             let mut write_entry = |key: &str, item: &Value| {
                 if !drop_key(key, depth, item) {
                     write_str(buf, key);
-                    write_canonical(buf, item, drop_key, text, mask_free_text, depth + 1);
+                    let words = mask_free_text && !is_command_key(key);
+                    write_canonical(buf, item, drop_key, text, words, depth + 1);
                 }
             };
             if sorted {

@@ -16,6 +16,7 @@
 //! `ledger.rs`); every other event through `observe.rs`. A run that stops is latched by
 //! `close.rs` with a report.
 
+pub mod agents;
 mod close;
 pub mod decision;
 mod detect;

@@ -48,18 +48,44 @@ fn times(n: u32) -> String {
     }
 }
 
-pub fn same_call_repeat(label: &str, prior: u32, blocked: bool) -> String {
+/// `ran` counts executions, `refused` the identical calls refused since: the model
+/// reads this, and "already ran 4 times" after 3 executions would be false.
+pub fn same_call_repeat(label: &str, ran: u32, refused: u32, blocked: bool) -> String {
+    let refused = match refused {
+        0 => String::new(),
+        n => format!(" (and was refused {} since)", times(n)),
+    };
     if blocked {
         format!(
-            "{label} already ran {} with the same result and no progress; use that result or change the query.",
-            times(prior)
+            "{label} already ran {}{refused} with the same result and no progress; use that result or change the query.",
+            times(ran)
         )
     } else {
         format!(
-            "{label} already ran {} with the same result and no progress; one more identical call will be blocked, so use the result you have or change the arguments.",
-            times(prior)
+            "{label} already ran {}{refused} with the same result and no progress; one more identical call will be blocked, so use the result you have or change the arguments.",
+            times(ran)
         )
     }
+}
+
+pub fn rewording(label: &str, prior: u32, blocked: bool) -> String {
+    let lead = format!(
+        "{label} asks again, in other words, what was asked {} already with the same answer each time",
+        times(prior)
+    );
+    if blocked {
+        format!("{lead}; rewording does not change the answer. Use that answer, try a different tool or source, or report that it is not there.")
+    } else {
+        format!(
+            "{lead}; rewording does not change the answer, and more rewordings will be blocked."
+        )
+    }
+}
+
+pub fn same_answer_streak(tool: &str, count: u32) -> String {
+    format!(
+        "the last {count} calls of {tool} asked different things and all got the same answer. If you are going through a list, go on; if you are looking for one thing, it is not found this way: change approach or report it."
+    )
 }
 
 pub fn ping_pong(label: &str, length: u32, blocked: bool) -> String {

@@ -5,15 +5,17 @@ use crate::close::{self, decision, latched, stored_result, Closing};
 use crate::decision::{Action, Decision, Detector, Reason, ResumeCondition, TerminalState};
 use crate::event::*;
 use crate::fingerprint::{
-    call_fingerprint_in, result_fingerprint_in, tool_fingerprint, Fingerprint,
+    call_fingerprint_in, result_fingerprint_in, same_question, tool_fingerprint, ArgFilter,
+    Fingerprint,
 };
-use crate::gate::{effect_of, no_progress_stop};
+use crate::gate::{effect_of, no_progress_stop, wait_on};
 use crate::ledger::Ledger;
 use crate::message;
 use crate::policy::{is_default_volatile, Policy};
 use crate::run::{
-    short, short_pair, CompactionTail, CompactionWatch, Outcome, PendingCall, PollClock,
-    PreconditionGate, RetryGate, RunState, RunStatus, PAIR_MEMORY,
+    short, short_pair, AnswerStreak, CompactionTail, CompactionWatch, Outcome, PendingCall,
+    PollClock, PreconditionGate, RetryGate, RunState, RunStatus, Task, Worded, PAIR_MEMORY,
+    WORDING_MEMORY,
 };
 use crate::volatile::{
     is_epoch_number, is_time_key, is_usage_counter_key, masks_epochs, same_key, MaskSet, TextMask,
@@ -98,32 +100,51 @@ pub(crate) fn tool_result(
 ) -> (Decision, Option<String>) {
     let mut pending = run.pending.remove(&result.call_id);
     let op_key = pending.as_mut().and_then(|p| p.op_key.take());
+    let kind = kind_of(&run.policy, result);
     let decided = answer(
         run,
         ledger,
         scratch,
         event,
-        result,
+        (result, kind),
         pending.as_ref(),
         op_key.as_deref(),
     );
     // A PENDING answer is not the operation's last word: its final result comes under the
     // same call id and completes the op_key (the key stays in flight, its lease renewed,
     // until then). Only calls with an op_key wait for it: a poll is a new call each time.
-    if let (ResultKind::Pending, Some(mut call), Some(key)) = (result.kind, pending, &op_key) {
+    if let (ResultKind::Pending, Some(mut call), Some(key)) = (kind, pending, &op_key) {
         call.op_key = Some(key.clone());
         run.pending.insert(result.call_id.clone(), call);
     }
     (decided, op_key)
 }
 
-/// `tool_result` once the call it answers (its `op_key` taken out) is known.
+/// The kind a result counts as: the producer's, except a SUCCESS of a tool whose policy
+/// says this answer means "still running" (`running_when`: a check on a background
+/// task), which is a PENDING answer.
+fn kind_of(policy: &Policy, result: &ToolResult) -> ResultKind {
+    let running = || {
+        let conditions = &policy.tool(&result.tool)?.running_when;
+        match &result.output {
+            Some(Output::Json(output)) => Some(crate::policy::says_running(conditions, output)),
+            _ => None,
+        }
+    };
+    match result.kind {
+        ResultKind::Success if running() == Some(true) => ResultKind::Pending,
+        kind => kind,
+    }
+}
+
+/// `tool_result` once the call it answers (its `op_key` taken out) and the kind the
+/// answer counts as are known.
 fn answer(
     run: &mut RunState,
     ledger: &mut Ledger,
     scratch: &mut Vec<u8>,
     event: &Event,
-    result: &ToolResult,
+    (result, kind): (&ToolResult, ResultKind),
     pending: Option<&PendingCall>,
     op_key: Option<&str>,
 ) -> Decision {
@@ -131,7 +152,7 @@ fn answer(
     // The ledger first: a side effect that happened is recorded even when the run was
     // stopped while it ran, so a resumed or new run never repeats it.
     if let Some(op_key) = op_key {
-        match result.kind {
+        match kind {
             ResultKind::Success => {
                 let stored = stored_result(result.output.as_ref(), event, &result.call_id);
                 ledger.complete(&event.tenant, op_key, &event.run, &result.call_id, stored);
@@ -149,7 +170,6 @@ fn answer(
     }
 
     let policy = run.policy.clone();
-    let kind = result.kind;
     let effect = pending
         .as_ref()
         .map(|p| p.effect)
@@ -161,7 +181,7 @@ fn answer(
             scratch,
             &result.tool,
             &Args::Hash(result.call_id.clone()),
-            &[],
+            ArgFilter::ignoring(&[]),
         )
     });
     let mask = text_mask(&policy, &result.tool);
@@ -178,6 +198,7 @@ fn answer(
 
     if kind.is_error() {
         run.counters.tool_errors += 1;
+        run.task.tool_errors += 1;
     }
     if result.code.as_deref() == Some("unknown_tool") {
         let detection = &mut run.detection;
@@ -191,7 +212,7 @@ fn answer(
     // A result of a call the guard never gated has an identity made up for it: a new
     // pair every time, which must not pass for a sweep.
     let gated = pending.is_some();
-    let question = pending.and_then(|p| p.question);
+    let wording = pending.and_then(|p| p.wording.as_ref());
     let version_moved = result
         .progress
         .map(|version| run.progress_version.is_none_or(|last| version > last));
@@ -199,17 +220,30 @@ fn answer(
         && match version_moved {
             Some(moved) => moved,
             None => {
-                let novel = novel(run, kind, effect, call_fp, result_fp, question, gated);
+                let novel = novel(run, kind, effect, call_fp, result_fp, wording, gated);
                 let of_the_run = novel && progress_of_the_run(run, call_fp, pending);
                 one_off = novel && !of_the_run;
                 of_the_run
             }
         };
-    // The same "wait" answer to a call that waited as told: the wait budget's, neither
-    // progress nor a repeat.
-    let waited_as_told = pending.is_some_and(|p| p.patient)
-        && matches!(kind, ResultKind::Pending | ResultKind::Retryable);
-    remember(run, kind, effect, call_fp, result_fp, question);
+    // The same "wait" answer to a call that waited as told, and what the agent did
+    // between two checks of a task it waits on: the wait budget's, neither progress nor
+    // a repeat.
+    let waited_as_told = pending.is_some_and(|p| {
+        (p.patient && matches!(kind, ResultKind::Pending | ResultKind::Retryable))
+            || (p.interlude && !kind.is_error())
+    });
+    let reworded = !progress && !one_off && wording.is_some() && kind == ResultKind::Success;
+    remember(run, kind, effect, call_fp, result_fp);
+    if let (Some(p), Some(wording), ResultKind::Success) = (pending, wording, kind) {
+        remember_wording(
+            run,
+            (p.serial, tool_fp, call_fp),
+            wording,
+            result_fp,
+            reworded,
+        );
+    }
     if let Some(entry) = pending.and_then(|p| {
         run.detection
             .window
@@ -241,6 +275,14 @@ fn answer(
         }
         run.detection.no_progress_outcomes += 1;
     }
+    // After progress, which ends a wait: a check that says "still running" starts one.
+    match kind {
+        ResultKind::Pending => wait_on(run, call_fp),
+        _ if run.detection.waiting.is_some_and(|w| w.poll == call_fp) => {
+            run.detection.waiting = None
+        }
+        _ => {}
+    }
     if pending.is_some_and(|p| p.watched) {
         watch_tail(run, call_fp, result_fp, kind, version_moved == Some(true));
     }
@@ -262,10 +304,10 @@ fn answer(
     if kind == ResultKind::Fatal {
         return close::close(run, event, call_id, fatal(result.code.as_deref()));
     }
-    if run.time_budget_spent(event.ts_ms) {
+    if run.time_budget_spent() {
         return close::close(run, event, call_id, Closing::guard(Reason::TimeBudget));
     }
-    if run.counters.tool_errors > policy.max_tool_errors {
+    if run.task.tool_errors > policy.max_tool_errors {
         return close::close(run, event, call_id, Closing::guard(Reason::ToolErrorLimit));
     }
     if let Some(count) = compaction_loop {
@@ -324,6 +366,7 @@ fn answer(
                 result: result_fp,
                 since_ms,
                 patient_from_ms: event.ts_ms.saturating_add(wait_ms),
+                wait_ms,
             };
             put_per_call(clocks, clock, |c| c.call);
             let budget_left_s =
@@ -351,15 +394,16 @@ fn answer(
 }
 
 /// Novelty, for results that carry no progress version: a read that returned something
-/// not seen before in this run, or a call never made before (of a question never asked
-/// before) that answered; a write that changed something it had not changed before.
+/// not seen before in this run, or a call never made before that answered — unless it
+/// rewords a question already answered the same; a write that changed something it
+/// had not changed before.
 fn novel(
     run: &RunState,
     kind: ResultKind,
     effect: Effect,
     call_fp: Fingerprint,
     result_fp: Fingerprint,
-    question: Option<Fingerprint>,
+    wording: Option<&crate::run::Wording>,
     gated: bool,
 ) -> bool {
     let detection = &run.detection;
@@ -376,9 +420,17 @@ fn novel(
                 return false;
             }
             // A call never made before, answered as another was: a sweep's step (30
-            // health checks answering ok) — unless it rewords a question already answered
-            // so (a flailing search), which is no new knowledge.
-            !question.is_some_and(|q| detection.seen_questions.contains(short_pair(q, result_fp)))
+            // health checks answering ok, 30 comments moderated) — unless it rewords a
+            // question already answered so (a flailing search), which is no new
+            // knowledge.
+            !wording.is_some_and(|wording| {
+                let answer = short(result_fp);
+                detection.wordings.iter().any(|w| {
+                    w.answer == answer
+                        && w.wording.shape == wording.shape
+                        && same_question(&w.wording.words, &wording.words)
+                })
+            })
         }
         (ResultKind::Success, Effect::Write) => {
             !run.detection.succeeded_writes.contains(short(call_fp))
@@ -408,7 +460,6 @@ fn remember(
     effect: Effect,
     call_fp: Fingerprint,
     result_fp: Fingerprint,
-    question: Option<Fingerprint>,
 ) {
     let detection = &mut run.detection;
     if matches!(kind, ResultKind::Success | ResultKind::Pending) {
@@ -417,16 +468,50 @@ fn remember(
             detection
                 .seen_pairs
                 .insert_within(short_pair(call_fp, result_fp), PAIR_MEMORY);
-            if let Some(question) = question {
-                detection
-                    .seen_questions
-                    .insert_within(short_pair(question, result_fp), PAIR_MEMORY);
-            }
         }
     }
     if kind == ResultKind::Success && effect == Effect::Write {
         run.detection.succeeded_writes.insert(short(call_fp));
     }
+}
+
+/// Keeps an answered read's wording (for rewordings), and the streak of its tool's
+/// same answers to calls that differ only in their words.
+fn remember_wording(
+    run: &mut RunState,
+    (serial, tool, call): (u64, u64, Fingerprint),
+    wording: &crate::run::Wording,
+    result_fp: Fingerprint,
+    reworded: bool,
+) {
+    let answer = short(result_fp);
+    let detection = &mut run.detection;
+    let streak = match detection.answer_streak {
+        Some(s) if s.tool == tool && s.shape == wording.shape && s.answer == answer => {
+            AnswerStreak {
+                count: s.count + 1,
+                ..s
+            }
+        }
+        _ => AnswerStreak {
+            tool,
+            shape: wording.shape,
+            answer,
+            count: 1,
+        },
+    };
+    detection.answer_streak = Some(streak);
+    if detection.wordings.len() == WORDING_MEMORY {
+        detection.wordings.pop_front();
+    }
+    detection.wordings.push_back(Worded {
+        serial,
+        tool,
+        call: short(call),
+        wording: wording.clone(),
+        answer,
+        reworded,
+    });
 }
 
 /// Follows the same (call, answer) in a row after a compaction: a success extends or
@@ -535,6 +620,7 @@ fn retry_after(
     let gate = RetryGate {
         call: call_fp,
         not_before_ms: event.ts_ms.saturating_add(wait_ms),
+        wait_ms,
         attempts,
         since_ms,
         told: result.retry_after_ms.is_some_and(|ms| ms > 0),
@@ -548,7 +634,7 @@ fn retry_after(
 
 /// The time budget, for events that carry nothing else to judge.
 fn time_check(run: &mut RunState, event: &Event) -> Decision {
-    if run.time_budget_spent(event.ts_ms) {
+    if run.time_budget_spent() {
         return close::close(run, event, None, Closing::guard(Reason::TimeBudget));
     }
     decision(event, None, Action::Continue)
@@ -557,12 +643,18 @@ fn time_check(run: &mut RunState, event: &Event) -> Decision {
 pub(crate) fn model_turn(run: &mut RunState, event: &Event, turn: &ModelTurn) -> Decision {
     let counters = &mut run.counters;
     counters.model_turns += 1;
+    run.task.model_turns += 1;
     counters.tokens = counters
         .tokens
         .saturating_add(turn.usage.map_or(0, |u| u.total()));
     counters.cost_usd += turn.cost_usd.unwrap_or(0.0);
+    // Counted in a row: a valid output (or one not judged) between two invalid ones
+    // means the model corrected itself when told.
     if turn.valid == Some(false) {
         counters.invalid_outputs += 1;
+        counters.invalid_in_row += 1;
+    } else {
+        counters.invalid_in_row = 0;
     }
     if let Some(decided) = latched(run, event, None) {
         return decided;
@@ -581,9 +673,19 @@ pub(crate) fn model_turn(run: &mut RunState, event: &Event, turn: &ModelTurn) ->
             Reason::ModelRefusal,
             None,
         ))
-    } else if counters.invalid_outputs > policy.max_invalid_outputs {
-        Some(Closing::guard(Reason::InvalidModelOutput))
-    } else if counters.model_turns > policy.max_model_turns {
+    } else if counters.invalid_in_row > policy.max_invalid_outputs
+        || counters.invalid_outputs > policy.max_invalid_outputs_total
+    {
+        let mut closing = Closing::guard(Reason::InvalidModelOutput);
+        closing.detail = Some(format!(
+            "{} invalid model outputs in a row (max_invalid_outputs {}), {} in the run (max_invalid_outputs_total {})",
+            counters.invalid_in_row,
+            policy.max_invalid_outputs,
+            counters.invalid_outputs,
+            policy.max_invalid_outputs_total
+        ));
+        Some(closing)
+    } else if run.task.model_turns > policy.max_model_turns {
         Some(Closing::guard(Reason::TurnBudget))
     } else if counters.tokens >= policy.max_tokens {
         Some(Closing::guard(Reason::TokenBudget))
@@ -654,14 +756,16 @@ pub(crate) fn compaction(run: &mut RunState, event: &Event, compaction: &Compact
 /// stop it may bring says what was compacted how often.
 fn compaction_cycle(run: &mut RunState) -> Option<Closing> {
     run.compactions.cycles += 1;
+    run.task.compaction_cycles += 1;
     run.detection.compaction_streak += 1;
     let policy = &run.policy;
     let streak = run.detection.compaction_streak;
-    if run.compactions.cycles > policy.max_compactions {
+    if run.task.compaction_cycles > policy.max_compactions {
         let mut closing = Closing::guard(Reason::CompactionBudget);
         closing.detail = Some(format!(
-            "{} compaction cycles in the run, max_compactions {}: {}",
-            run.compactions.cycles,
+            "{} compaction cycles {}, max_compactions {}: {}",
+            run.task.compaction_cycles,
+            run.task.scope(),
             policy.max_compactions,
             run.compactions.summary()
         ));
@@ -860,4 +964,23 @@ pub(crate) fn resume(run: &mut RunState, event: &Event, resume: &Resume) -> Deci
         run.policy.max_steps
     ));
     decided
+}
+
+/// The user submitted a prompt: the session's next task begins, with its own step, turn,
+/// error, compaction and active-time budgets (tokens and cost stay the session's). What
+/// the last task left in flight without an answer is forgotten — unless it holds an
+/// operation's key, whose outcome still matters — and the detectors start again: the
+/// user's word is new input. A stopped run stays stopped.
+pub(crate) fn prompt(run: &mut RunState, event: &Event) -> Decision {
+    if let Some(decided) = latched(run, event, None) {
+        return decided;
+    }
+    run.task = Task {
+        prompts: run.task.prompts + 1,
+        ..Task::default()
+    };
+    run.pending.retain(|_, call| call.op_key.is_some());
+    run.detection.clear_on_progress(None);
+    run.detection.compaction_tail = None;
+    decision(event, None, Action::Continue)
 }

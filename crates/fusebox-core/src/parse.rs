@@ -441,6 +441,7 @@ impl WireEvent<'_> {
                 max_lifetime_s: self.max_lifetime_s,
             }),
             "tick" => EventBody::Tick(Tick {}),
+            "prompt" => EventBody::Prompt(Prompt {}),
             "ledger_resolve" => {
                 let op_key = require(self.op_key, "op_key", event_type)?;
                 check_op_key(&op_key)?;

@@ -56,7 +56,19 @@ pub struct Policy {
     pub max_cost_usd: f64,
     pub max_model_turns: u64,
     pub max_tool_errors: u64,
+    /// Invalid model outputs (`valid: false`) tolerated *in a row*: a valid output
+    /// between two invalid ones resets the count (a model that breaks its format once,
+    /// is told, and corrects itself is working).
     pub max_invalid_outputs: u64,
+    /// Invalid model outputs tolerated in the whole run, however spread out: only a
+    /// backstop. (Defaults here too, as for every key added after the first logs.)
+    #[serde(default = "default_max_invalid_outputs_total")]
+    pub max_invalid_outputs_total: u64,
+    /// A gap between two events of a run longer than this, with none of its calls in
+    /// flight, is the run waiting for its user (a session left open over lunch): it
+    /// spends none of `max_duration_s`, which counts the run's *active* time.
+    #[serde(default = "default_idle_after_s")]
+    pub idle_after_s: u64,
     /// Compactions (and context-window overflows) in the run, progress or not. (Issue-20
     /// settings have defaults here too: a log written before them holds policy records
     /// without them.)
@@ -126,6 +138,14 @@ pub struct PostCompaction {
     /// call that would make it so is refused at the gate.
     #[serde(default = "default_repeat_limit")]
     pub repeat_limit: u32,
+}
+
+fn default_max_invalid_outputs_total() -> u64 {
+    Policy::default().max_invalid_outputs_total
+}
+
+fn default_idle_after_s() -> u64 {
+    Policy::default().idle_after_s
 }
 
 fn default_max_compactions() -> u64 {
@@ -216,6 +236,15 @@ pub struct ToolPolicy {
     /// what makes two calls different.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ignore_args: Vec<String>,
+    /// The tool's own default values: a top-level argument equal to its default is the
+    /// same call as one without it (`offset: 1` on a read that starts at line 1 anyway).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub defaults: BTreeMap<String, Value>,
+    /// When a SUCCESS answer of this tool says a task is still running (a check on a
+    /// background shell or sub-agent): such an answer is a PENDING one, so waiting for it
+    /// is judged by the wait rules, not by the repeat counts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub running_when: Vec<OutputCondition>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub volatile_result_keys: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -227,6 +256,57 @@ pub struct ToolPolicy {
     /// default; `false` for a tool whose counts are its content.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub volatile_usage: Option<bool>,
+}
+
+/// One condition on a tool's output, for `running_when` (every condition of the list
+/// must hold). `field` is a dotted path into an object output (absent: the output
+/// itself, when it is text); each list that is given must match: `equals` one of its
+/// values (a boolean as `"true"` / `"false"`), `contains` one of its texts, `ends_with`
+/// one of its texts, `lacks` none of its texts.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputCondition {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub equals: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub contains: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ends_with: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lacks: Vec<String>,
+}
+
+impl OutputCondition {
+    fn holds(&self, output: &Value) -> bool {
+        let mut at = output;
+        if let Some(field) = &self.field {
+            for part in field.split('.') {
+                match at.get(part) {
+                    Some(next) => at = next,
+                    None => return false,
+                }
+            }
+        }
+        let text = match at {
+            Value::String(text) => text.clone(),
+            Value::Bool(b) => b.to_string(),
+            Value::Number(n) => n.to_string(),
+            _ => return false,
+        };
+        (self.equals.is_empty() || self.equals.contains(&text))
+            && (self.contains.is_empty() || self.contains.iter().any(|t| text.contains(t.as_str())))
+            && (self.ends_with.is_empty()
+                || self.ends_with.iter().any(|t| text.ends_with(t.as_str())))
+            && !self.lacks.iter().any(|t| text.contains(t.as_str()))
+    }
+}
+
+/// Whether a tool's output says the task it checks is still running: every condition
+/// holds (an empty list never does).
+pub fn says_running(conditions: &[OutputCondition], output: &Value) -> bool {
+    !conditions.is_empty() && conditions.iter().all(|c| c.holds(output))
 }
 
 /// For tools that are polled (job status, build state): their own thresholds for the
@@ -282,7 +362,12 @@ impl Preset {
             max_cost_usd: 25.0,
             max_model_turns: 500,
             max_tool_errors: 50,
+            // In a row: a model that breaks its output format and corrects itself at the
+            // next turn is working (resolved SWE-bench runs do it 6-31 times in a run).
             max_invalid_outputs: 5,
+            max_invalid_outputs_total: 50,
+            // Longer than a model takes to think, shorter than a lunch break.
+            idle_after_s: 600,
             // A worker with progress compacts every few tens of minutes; 20 in an hour
             // is a worker that does little else (config/fusebox.toml says more).
             max_compactions: 20,
@@ -348,6 +433,8 @@ impl Preset {
                 max_model_turns: 40,
                 max_tool_errors: 10,
                 max_invalid_outputs: 2,
+                max_invalid_outputs_total: 10,
+                idle_after_s: 300,
                 max_compactions: 5,
                 same_call_limit: 2,
                 read_same_call_limit: 3,
@@ -380,6 +467,8 @@ impl Preset {
                 max_model_turns: 2000,
                 max_tool_errors: 200,
                 max_invalid_outputs: 10,
+                max_invalid_outputs_total: 200,
+                idle_after_s: 1800,
                 max_compactions: 100,
                 same_call_limit: 5,
                 read_same_call_limit: 8,
@@ -610,6 +699,20 @@ impl Policy {
             );
             self.wait_budget_s = 1;
         }
+        if self.max_invalid_outputs_total < self.max_invalid_outputs {
+            warnings.push(format!(
+                "max_invalid_outputs_total raised from {} to {}: the run-wide backstop cannot be below the count in a row",
+                self.max_invalid_outputs_total, self.max_invalid_outputs
+            ));
+            self.max_invalid_outputs_total = self.max_invalid_outputs;
+        }
+        if self.idle_after_s == 0 {
+            warnings.push(
+                "idle_after_s raised from 0 to 1: a threshold of 0 would make every gap idle"
+                    .to_owned(),
+            );
+            self.idle_after_s = 1;
+        }
         if self.max_compactions == 0 {
             warnings.push(
                 "max_compactions raised from 0 to 1: a budget of 0 would stop every run that compacts"
@@ -706,10 +809,23 @@ impl Default for PolicySet {
 }
 
 impl PolicySet {
+    /// The base policy, and for each agent fusebox knows (`crate::agents`) the base with
+    /// that agent's tool knowledge layered on it.
     pub fn new(base: Policy) -> Self {
+        let agents = crate::agents::profiles()
+            .into_iter()
+            .map(|(agent, profile)| {
+                // The profiles are the crate's own, and `agents.rs`'s tests layer each
+                // over every preset.
+                let (policy, _) = base
+                    .layered(&profile, &agent)
+                    .expect("a built-in agent profile layers over any policy");
+                (agent, Arc::new(policy))
+            })
+            .collect();
         PolicySet {
             base: Arc::new(base),
-            agents: BTreeMap::new(),
+            agents,
         }
     }
 
@@ -731,7 +847,7 @@ impl PolicySet {
         let mut set = PolicySet::new(base);
         for (agent, patch) in agent_policies {
             let layer = format!("[agents.{agent}.policy]");
-            let (policy, raised) = set.base.layered(patch, &layer)?;
+            let (policy, raised) = set.for_agent(Some(agent)).layered(patch, &layer)?;
             warnings.extend(raised.into_iter().map(|w| format!("{layer}: {w}")));
             set.agents.insert(agent.clone(), Arc::new(policy));
         }

@@ -42,6 +42,11 @@ pub struct RunState {
     pub last_ts_ms: u64,
     pub last_seq: Option<u64>,
     pub counters: Counters,
+    /// The task the run is on: the whole run, or in an interactive session the work
+    /// since the user's last prompt. Steps, turns, tool errors, compactions and active
+    /// time are budgeted per task. (Defaults here too: older snapshots lack it.)
+    #[serde(default)]
+    pub task: Task,
     pub progress_version: Option<u64>,
     pub last_safe_checkpoint: Option<String>,
     pub unmet_precondition: Option<String>,
@@ -82,6 +87,35 @@ pub struct Counters {
     pub cost_usd: f64,
     pub tool_errors: u64,
     pub invalid_outputs: u64,
+    /// Invalid model outputs since the last valid one: what `max_invalid_outputs` counts.
+    #[serde(default)]
+    pub invalid_in_row: u64,
+}
+
+/// What one task of a run has spent (guard contract §4.1): a run is one task until its
+/// first `prompt`; each prompt starts the next one from zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Task {
+    /// Prompts the run has had: 0 while it is one task.
+    pub prompts: u64,
+    /// Active time up to the run's last event: every gap between two events, except a
+    /// gap longer than `idle_after_s` with none of the run's calls in flight.
+    pub active_ms: u64,
+    pub steps: u64,
+    pub model_turns: u64,
+    pub tool_errors: u64,
+    pub compaction_cycles: u64,
+}
+
+impl Task {
+    /// What the task's budgets count over, in a report's words.
+    pub fn scope(&self) -> &'static str {
+        if self.prompts == 0 {
+            "in the run"
+        } else {
+            "since the user's last prompt"
+        }
+    }
 }
 
 /// The loop detectors' memory. Reset by progress (mostly) and by an accepted resume.
@@ -102,9 +136,14 @@ pub struct Detection {
     /// (call, answer) pairs of reads: a call never made before that answers is new
     /// knowledge even when the answer equals another call's (a sweep).
     pub seen_pairs: Ring,
-    /// (question, answer) pairs of reads whose arguments hold free text: a new wording
-    /// of a question already answered the same is a rewording, not new knowledge.
-    pub seen_questions: Ring,
+    /// Answered calls' wordings (the newest [`WORDING_MEMORY`]): a call that rewords a
+    /// question already answered the same is no new knowledge.
+    #[serde(default)]
+    pub wordings: VecDeque<Worded>,
+    #[serde(default)]
+    pub answer_streak: Option<AnswerStreak>,
+    #[serde(default)]
+    pub waiting: Option<Waiting>,
     pub succeeded_writes: Ring,
     pub retry_gates: Vec<RetryGate>,
     pub precondition_gates: Vec<PreconditionGate>,
@@ -199,6 +238,10 @@ pub struct Entry {
     pub outcome: Outcome,
     /// The answer's fingerprint and kind, once known.
     pub result: Option<(Fingerprint, ResultKind)>,
+    /// Made while the run waits on a task between two of its checks (a `sleep`, a look
+    /// at a log): part of the wait, left out of the repeat counts.
+    #[serde(default)]
+    pub interlude: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -216,19 +259,77 @@ pub struct PendingCall {
     pub op_key: Option<String>,
     /// Gated after the last compaction: its result is watched.
     pub watched: bool,
-    /// The call's question: its fingerprint with free text masked, when its arguments
-    /// hold any (`fingerprint::question_fingerprint_in`).
-    pub question: Option<Fingerprint>,
     /// It came after waiting as its last "wait" answer told it: its answer, if the same
     /// again, is neither progress nor a repeat.
     pub patient: bool,
+    /// Made between two checks of a task the run waits on (see [`Entry::interlude`]).
+    #[serde(default)]
+    pub interlude: bool,
+    /// The wording of its free text, when its arguments hold any.
+    #[serde(default)]
+    pub wording: Option<Wording>,
 }
+
+/// The words of a call's text arguments: content words in order (lower case, common
+/// words left out, plural and tense endings cut), each as a 32-bit hash, at most
+/// [`WORDING_MAX`]. Two wordings of one question share most of their words; two items
+/// of a sweep (comments, names, cities in one template) do not.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Wording {
+    /// The call's shape: its tool and its arguments with the text left out (ids,
+    /// numbers, paths and flags stay): only calls of one shape can reword each other.
+    pub shape: u64,
+    pub words: Vec<u32>,
+}
+
+/// Longest wording kept (words); longer texts are compared on their first words.
+pub const WORDING_MAX: usize = 24;
+/// Answered wordings a run remembers for rewordings (the newest).
+pub const WORDING_MEMORY: usize = 32;
+
+/// An answered call's wording.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Worded {
+    pub serial: u64,
+    pub tool: u64,
+    /// The call ([`short`]): the same call again is a repeat, not a rewording.
+    pub call: u64,
+    pub wording: Wording,
+    pub answer: u64,
+    /// It was judged a rewording of an earlier call answered the same.
+    pub reworded: bool,
+}
+
+/// One tool answering the same to a streak of distinct calls that differ only in their
+/// words (30 comments moderated, 25 names looked up, 30 one-word searches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerStreak {
+    pub tool: u64,
+    pub shape: u64,
+    pub answer: u64,
+    pub count: u32,
+}
+
+/// The run waits on a task: `poll`'s last answer said it is still running. Up to
+/// [`INTERLUDE_MAX`] calls between two of its checks are part of the wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub poll: Fingerprint,
+    pub between: u32,
+}
+
+/// Calls between two checks of a waited-on task that are still the wait.
+pub const INTERLUDE_MAX: u32 = 3;
 
 /// A RETRYABLE answer: the same call may not run again before `not_before_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryGate {
     pub call: Fingerprint,
     pub not_before_ms: u64,
+    /// The wait it was told (or the guard's backoff), for the tolerance of a retry a
+    /// little early.
+    #[serde(default)]
+    pub wait_ms: u64,
     pub attempts: u32,
     /// The first RETRYABLE answer of this streak: what the wait budget counts from.
     pub since_ms: u64,
@@ -245,6 +346,16 @@ pub struct PollClock {
     pub result: Fingerprint,
     pub since_ms: u64,
     pub patient_from_ms: u64,
+    /// The wait it was told, for the tolerance of a poll a little early.
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+/// Whether an attempt at `ts_ms` honoured a wait of `wait_ms` that ends at `due_ms`:
+/// schedulers and clocks jitter, so a tenth of the wait early still counts (a poll 29 s
+/// after a 30 s `retry_after_ms` waited as told).
+pub fn honoured(ts_ms: u64, due_ms: u64, wait_ms: u64) -> bool {
+    ts_ms.saturating_add(wait_ms / 10) >= due_ms
 }
 
 /// A PRECONDITION answer: the same call may not run again before progress.
@@ -322,6 +433,7 @@ impl RunState {
             last_ts_ms: ts_ms,
             last_seq: None,
             counters: Counters::default(),
+            task: Task::default(),
             progress_version: None,
             last_safe_checkpoint: None,
             unmet_precondition: None,
@@ -345,15 +457,44 @@ impl RunState {
         }
     }
 
-    /// Event time at which the time budget runs out: the daemon writes a `tick` then if
-    /// the run has gone quiet, so a hung tool still gets its run stopped.
-    pub fn deadline_ms(&self) -> u64 {
-        self.first_ts_ms
-            .saturating_add(self.policy.max_duration_s.saturating_mul(1000))
+    /// Takes the run's clock to `ts_ms` (an event of the run): the gap since its last
+    /// event is active time, unless it is longer than `idle_after_s` with none of its
+    /// calls in flight — the run was waiting for its user, not working.
+    pub(crate) fn advance_clock(&mut self, ts_ms: u64) {
+        if ts_ms > self.last_ts_ms {
+            let gap = ts_ms - self.last_ts_ms;
+            if self.counts_as_active(gap) {
+                self.task.active_ms = self.task.active_ms.saturating_add(gap);
+            }
+            self.last_ts_ms = ts_ms;
+        }
     }
 
-    pub fn time_budget_spent(&self, ts_ms: u64) -> bool {
-        ts_ms >= self.deadline_ms()
+    fn counts_as_active(&self, gap_ms: u64) -> bool {
+        !self.pending.is_empty() || gap_ms <= self.policy.idle_after_s.saturating_mul(1000)
+    }
+
+    fn time_budget_ms(&self) -> u64 {
+        self.policy.max_duration_s.saturating_mul(1000)
+    }
+
+    /// Event time at which the time budget runs out if nothing else arrives: the daemon
+    /// writes a `tick` then, so a hung tool still gets its run stopped. A run with
+    /// nothing in flight and more budget left than `idle_after_s` waits for its user:
+    /// no deadline (`u64::MAX`).
+    pub fn deadline_ms(&self) -> u64 {
+        let left = self.time_budget_ms().saturating_sub(self.task.active_ms);
+        if self.counts_as_active(left) {
+            self.last_ts_ms.saturating_add(left)
+        } else {
+            u64::MAX
+        }
+    }
+
+    /// The task's active time has reached `max_duration_s` (the clock is at the run's
+    /// last event).
+    pub fn time_budget_spent(&self) -> bool {
+        self.task.active_ms >= self.time_budget_ms()
     }
 
     pub(crate) fn note_fired(&mut self, guard: &str, action: &str, position: u64) {
@@ -404,6 +545,7 @@ impl Detection {
         // The run recovered from its compaction: later repeats are plain repeats. (The
         // tail of identical calls is the result's to end: see `observe::watch_tail`.)
         self.compaction_watch = None;
+        self.waiting = None;
     }
 
     /// An accepted resume: every detector starts again; budgets are not detection.
@@ -411,13 +553,13 @@ impl Detection {
         let serial = self.next_serial;
         let seen = std::mem::take(&mut self.seen_results);
         let pairs = std::mem::take(&mut self.seen_pairs);
-        let questions = std::mem::take(&mut self.seen_questions);
+        let wordings = std::mem::take(&mut self.wordings);
         let writes = std::mem::take(&mut self.succeeded_writes);
         *self = Detection {
             next_serial: serial,
             seen_results: seen,
             seen_pairs: pairs,
-            seen_questions: questions,
+            wordings,
             succeeded_writes: writes,
             ..Detection::default()
         };

@@ -14,6 +14,7 @@
 //! pending {…} | retry {…} after=500 code=rate_limited | precond code=x | fatal code=y
 //! turn {"stop_reason":"end_turn","usage":{…}}
 //! progress 5 | compaction [{"reason":"auto"}] | cancel | resume {"approval_id":"a1"} | finish [status] | tick
+//! prompt                               the user submitted a prompt (a new task)
 //! wait 5000                            advance the event clock, no event
 //! raw {"type":"…", …}                  any event; envelope fields filled in if absent
 //!                                      ("seq":null: none, as operator commands have)
@@ -49,14 +50,15 @@ struct Clock {
 
 fn split_options(rest: &str) -> (Option<Value>, BTreeMap<String, String>, Vec<String>) {
     let rest = rest.trim();
-    let (json_part, tail) = if rest.starts_with('{') || rest.starts_with('[') {
-        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
-        let value = stream.next().expect("a JSON value").expect("valid JSON");
-        let used = stream.byte_offset();
-        (Some(value), &rest[used..])
-    } else {
-        (None, rest)
-    };
+    let (json_part, tail) =
+        if rest.starts_with('{') || rest.starts_with('[') || rest.starts_with('"') {
+            let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+            let value = stream.next().expect("a JSON value").expect("valid JSON");
+            let used = stream.byte_offset();
+            (Some(value), &rest[used..])
+        } else {
+            (None, rest)
+        };
     let mut options = BTreeMap::new();
     let mut flags = Vec::new();
     for word in tail.split_whitespace() {
@@ -288,6 +290,7 @@ fn parse_case(text: &str) -> (Preset, Vec<Step>) {
                 "run_finished"
             }
             "tick" => "tick",
+            "prompt" => "prompt",
             "raw" => {
                 if let Some(Value::Object(map)) = value {
                     fields.extend(map);

@@ -11,8 +11,8 @@
 
 use fusebox_core::event::{
     Args, Cancel, Compaction, Effect, InstanceLaunched, LedgerResolve, ModelTurn, Output,
-    ProgressUpdate, Resolution, ResultKind, Resume, RunFinished, RunStarted, Tick, ToolCall,
-    ToolResult, Usage,
+    ProgressUpdate, Prompt, Resolution, ResultKind, Resume, RunFinished, RunStarted, Tick,
+    ToolCall, ToolResult, Usage,
 };
 use fusebox_core::{Event, EventBody};
 use serde::{Deserialize, Serialize};
@@ -111,6 +111,8 @@ enum BodyRef<'a> {
         Option<&'a str>,
         Option<&'a str>,
     ),
+    #[serde(rename = "q")]
+    Prompt,
 }
 
 #[derive(Serialize)]
@@ -163,6 +165,8 @@ enum BodyOwned {
         Option<String>,
         Option<String>,
     ),
+    #[serde(rename = "q")]
+    Prompt,
 }
 
 #[derive(Deserialize)]
@@ -289,6 +293,7 @@ impl<'a> From<&'a EventBody> for BodyRef<'a> {
                 BodyRef::InstanceLaunched(&b.provider, &b.region, &b.instance_id, b.max_lifetime_s)
             }
             EventBody::Tick(Tick {}) => BodyRef::Tick,
+            EventBody::Prompt(Prompt {}) => BodyRef::Prompt,
             EventBody::LedgerResolve(b) => BodyRef::LedgerResolve(
                 &b.op_key,
                 b.resolution,
@@ -357,6 +362,7 @@ impl From<BodyOwned> for EventBody {
                 })
             }
             BodyOwned::Tick => EventBody::Tick(Tick {}),
+            BodyOwned::Prompt => EventBody::Prompt(Prompt {}),
             BodyOwned::LedgerResolve(op_key, resolution, output, by, reason) => {
                 EventBody::LedgerResolve(LedgerResolve {
                     op_key,

@@ -22,6 +22,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "instance_launched",
     "tick",
     "ledger_resolve",
+    "prompt",
 ];
 
 /// Gate and observe actions of guard.md §3.
@@ -63,6 +64,7 @@ pub const REASONS: &[&str] = &[
     "precondition_unchanged",
     "retry_too_soon",
     "wait_budget",
+    "same_answer_streak",
     "invalid_model_output",
     "model_refusal",
     "cancelled",

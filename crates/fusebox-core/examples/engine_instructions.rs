@@ -1,0 +1,81 @@
+//! The engine's cost per event, in instructions: the `benches/engine.rs` trace (1,000
+//! interleaved runs of pagination, repeats and side effects) plus a coding agent's and a
+//! support agent's shapes (free-text queries, shell commands with a description),
+//! applied once. Run under callgrind, counting only `Engine::apply`:
+//!
+//! ```text
+//! cargo build --release -p fusebox-core --example engine_instructions
+//! valgrind --tool=callgrind --collect-atstart=no \
+//!   --toggle-collect='*Engine*apply*' target/release/examples/engine_instructions
+//! ```
+//!
+//! and divide the total by the event count it prints.
+
+use fusebox_core::{parse_event, Engine, Event};
+
+fn trace(events: usize) -> Vec<Event> {
+    let runs = 1000;
+    let mut out = Vec::with_capacity(events);
+    let mut seq = vec![0u64; runs];
+    let mut i = 0usize;
+    while out.len() < events {
+        let run = (i * 7919) % runs;
+        seq[run] += 1;
+        let n = seq[run];
+        let call = n.div_ceil(2);
+        let body = match (run % 5, n % 2 == 1) {
+            (0, true) => format!(
+                r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":"nats","page":{call}}}"#
+            ),
+            (0, false) => format!(
+                r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["a{call}","b"],"took_ms":3}}"#
+            ),
+            (1, true) => format!(
+                r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":" weather tokyo"}}"#
+            ),
+            (1, false) => format!(
+                r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["jma"]}}"#
+            ),
+            (2, true) => format!(
+                r#""type":"tool_call","call_id":"c{call}","tool":"send_email","op_key":"k{run}-{}","args":{{"to":"x","n":{call}}}"#,
+                call % 4
+            ),
+            (2, false) => format!(
+                r#""type":"tool_result","call_id":"c{call}","tool":"send_email","kind":"SUCCESS","output":{{"sent":true}}"#
+            ),
+            (3, true) => format!(
+                r#""type":"tool_call","call_id":"c{call}","tool":"kb_search","args":{{"question":"how do I change the billing address on invoice {}","limit":5}}"#,
+                call % 7
+            ),
+            (3, false) => format!(
+                r#""type":"tool_result","call_id":"c{call}","tool":"kb_search","kind":"SUCCESS","output":{{"articles":[]}}"#
+            ),
+            (_, true) => format!(
+                r#""type":"tool_call","call_id":"c{call}","tool":"Bash","args":{{"command":"cargo test -p crate_{}","description":"Run the tests of crate {} again"}}"#,
+                call % 9,
+                call % 9
+            ),
+            (_, false) => format!(
+                r#""type":"tool_result","call_id":"c{call}","tool":"Bash","kind":"SUCCESS","output":{{"stdout":"test result: ok. {} passed","stderr":""}}"#,
+                call % 3
+            ),
+        };
+        let line = format!(
+            r#"{{"v":1,"id":"e{i}","tenant":"t","run":"r{run}","seq":{n},"ts_ms":{},{body}}}"#,
+            1_000_000 + i * 50
+        );
+        out.push(parse_event(line.as_bytes()).expect("valid"));
+        i += 1;
+    }
+    out
+}
+
+fn main() {
+    let events = trace(200_000);
+    let mut engine = Engine::default();
+    let mut executed = 0usize;
+    for event in &events {
+        executed += usize::from(engine.apply(event).action.lets_tool_run());
+    }
+    println!("{} events applied, {executed} calls let run", events.len());
+}

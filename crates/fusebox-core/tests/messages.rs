@@ -1,0 +1,52 @@
+//! What the model reads counts what happened: executions as runs, refusals apart
+//! (issue 44 §8: "already ran 4 times" after 3 executions misled the model).
+
+use fusebox_core::{parse_event, Action, Decision, Engine};
+use serde_json::{json, Value};
+
+fn apply(engine: &mut Engine, seq: &mut u64, body: Value) -> Decision {
+    *seq += 1;
+    let mut event =
+        json!({"v":1,"id":format!("e{seq}"),"tenant":"t","run":"r","seq":*seq,"ts_ms":1000 + *seq});
+    event
+        .as_object_mut()
+        .unwrap()
+        .extend(body.as_object().unwrap().clone());
+    engine.apply(&parse_event(event.to_string().as_bytes()).expect("valid"))
+}
+
+#[test]
+fn a_repeat_is_told_how_often_it_ran_and_how_often_it_was_refused() {
+    let mut engine = Engine::default();
+    let seq = &mut 0;
+    apply(
+        &mut engine,
+        seq,
+        json!({"type":"run_started","policy":{"consecutive_block_limit":5}}),
+    );
+    let call = |n: u64| json!({"type":"tool_call","call_id":format!("c{n}"),"tool":"search","args":{"q":"x"}});
+    for n in 1..=3 {
+        apply(&mut engine, seq, call(n));
+        apply(
+            &mut engine,
+            seq,
+            json!({"type":"tool_result","call_id":format!("c{n}"),"tool":"search","kind":"SUCCESS","output":{"hits":[]}}),
+        );
+    }
+    let first = apply(&mut engine, seq, call(4));
+    assert_eq!(first.action, Action::Block);
+    let message = first.message.unwrap();
+    assert!(
+        message.contains("already ran 3 times with the same result"),
+        "{message}"
+    );
+    assert!(!message.contains("refused"), "{message}");
+
+    let second = apply(&mut engine, seq, call(5));
+    assert_eq!(second.action, Action::Block);
+    let message = second.message.unwrap();
+    assert!(
+        message.contains("already ran 3 times (and was refused once since)"),
+        "{message}"
+    );
+}
