@@ -383,24 +383,19 @@ fn rewording(run: &RunState, call: &Call<'_>) -> Option<Verdict> {
             .any(|e| e.serial == serial && e.outcome == Outcome::Executed)
     };
     let this_call = crate::run::short(call.fp);
-    let asked: Vec<&crate::run::Worded> = detection
-        .wordings
-        .iter()
-        .filter(|w| {
+    let asked = || {
+        detection.wordings.iter().filter(move |w| {
             w.tool == call.tool_fp
                 && w.call != this_call
                 && w.wording.shape == wording.shape
                 && since_progress(w.serial)
         })
-        .collect();
+    };
     // The answer of the latest earlier wording of this question.
-    let answer = asked
-        .iter()
-        .rev()
-        .find(|w| same_question(&w.wording.words, &wording.words))?
+    let answer = asked()
+        .rfind(|w| same_question(&w.wording.words, &wording.words))?
         .answer;
-    let prior = asked
-        .iter()
+    let prior = asked()
         .filter(|w| {
             w.answer == answer && (w.reworded || same_question(&w.wording.words, &wording.words))
         })

@@ -95,7 +95,7 @@ pub fn call_fingerprint_in(
             buf.push(b'j');
             let drop_key =
                 |key: &str, depth: usize, item: &Value| depth == 0 && filter.drops(key, item);
-            write_canonical(buf, value, &drop_key, None, false, 0);
+            write_canonical(buf, value, &drop_key, None, None, 0);
         }
         Args::Hash(hash) => {
             buf.push(b'h');
@@ -121,16 +121,20 @@ pub fn wording_in(
         return None;
     };
     let drop_key = |key: &str, depth: usize, item: &Value| depth == 0 && filter.drops(key, item);
-    if !holds_text(value, &drop_key, 0) {
+    buf.clear();
+    write_str(buf, tool);
+    // One pass writes the shape and collects the words.
+    let mut texts = Texts::default();
+    write_canonical(buf, value, &drop_key, None, Some(&mut texts), 0);
+    if !texts.found {
+        buf.clear();
         return None;
     }
+    // Compared only with the shapes of the same run's calls of the same tool: a 64-bit
+    // FNV-1a is enough, and a tenth of a SHA-256 on the gate's path.
+    let shape = crate::fixed_hash::fnv1a(buf);
     buf.clear();
-    buf.extend_from_slice(b"shape\0");
-    write_str(buf, tool);
-    write_canonical(buf, value, &drop_key, None, true, 0);
-    let shape = (digest(buf) >> 64) as u64;
-    let mut words = Vec::new();
-    collect_words(value, &drop_key, 0, &mut words);
+    let words = texts.words;
     Some(Wording { shape, words })
 }
 
@@ -194,89 +198,142 @@ fn write_question(buf: &mut Vec<u8>, s: &str) {
     }
 }
 
-fn holds_text(value: &Value, drop_key: &dyn Fn(&str, usize, &Value) -> bool, depth: usize) -> bool {
-    match value {
-        Value::String(s) => is_text(s),
-        Value::Array(items) => items.iter().any(|v| holds_text(v, drop_key, depth + 1)),
-        Value::Object(map) => map.iter().any(|(k, v)| {
-            !drop_key(k, depth, v) && !is_command_key(k) && holds_text(v, drop_key, depth + 1)
-        }),
-        _ => false,
-    }
-}
-
 /// Arguments whose text is a command or a pattern, never a question, even when every
 /// word of it is a plain word (`git status`, `npm test`, a grep for `TODO`).
 fn is_command_key(key: &str) -> bool {
-    const KEYS: [&str; 10] = [
-        "command",
-        "commands",
-        "cmd",
-        "script",
-        "code",
-        "shell",
-        "sql",
-        "pattern",
-        "regex",
-        "expression",
-    ];
-    KEYS.iter().any(|k| k.eq_ignore_ascii_case(key))
+    matches!(
+        key,
+        "command"
+            | "commands"
+            | "cmd"
+            | "script"
+            | "code"
+            | "shell"
+            | "sql"
+            | "pattern"
+            | "regex"
+            | "expression"
+    )
 }
 
-/// The content words of every text in `value`, in key order.
-fn collect_words(
-    value: &Value,
-    drop_key: &dyn Fn(&str, usize, &Value) -> bool,
-    depth: usize,
-    out: &mut Vec<u32>,
-) {
-    match value {
-        Value::String(s) if is_text(s) => {
-            for token in s.split_whitespace() {
-                if out.len() == WORDING_MAX {
-                    return;
-                }
-                if is_plain_word(token) {
-                    if let Some(word) = content_word(strip_punctuation(token)) {
-                        out.push(word);
-                    }
-                }
+/// The texts met while a call's shape is written: whether there was any, and their
+/// content words in key order (at most [`WORDING_MAX`]).
+#[derive(Default)]
+struct Texts {
+    found: bool,
+    words: Vec<u32>,
+}
+
+impl Texts {
+    fn take(&mut self, text: &str) {
+        self.found = true;
+        for token in text.split_whitespace() {
+            if self.words.len() == WORDING_MAX {
+                return;
             }
-        }
-        Value::Array(items) => {
-            for item in items {
-                collect_words(item, drop_key, depth + 1, out);
-            }
-        }
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            for (key, item) in entries {
-                if !drop_key(key, depth, item) && !is_command_key(key) {
-                    collect_words(item, drop_key, depth + 1, out);
+            if is_plain_word(token) {
+                if let Some(word) = content_word(strip_punctuation(token)) {
+                    self.words.push(word);
                 }
             }
         }
-        _ => {}
     }
 }
 
-/// Words that carry no question of their own (English function words).
-const COMMON_WORDS: [&str; 72] = [
-    "a", "about", "all", "an", "and", "any", "are", "as", "at", "be", "by", "can", "could", "do",
-    "does", "did", "for", "from", "get", "give", "had", "has", "have", "how", "i", "if", "in",
-    "into", "is", "it", "its", "let", "me", "my", "no", "not", "of", "on", "or", "our", "please",
-    "show", "so", "some", "that", "the", "their", "there", "these", "this", "to", "up", "us",
-    "was", "we", "were", "what", "when", "where", "which", "who", "why", "will", "with", "would",
-    "you", "your", "find", "search", "look", "list", "tell",
-];
+/// Words that carry no question of their own (English function words, and the verbs
+/// of asking).
+fn is_common_word(word: &str) -> bool {
+    matches!(
+        word,
+        "a" | "about"
+            | "all"
+            | "an"
+            | "and"
+            | "any"
+            | "are"
+            | "as"
+            | "at"
+            | "be"
+            | "by"
+            | "can"
+            | "could"
+            | "do"
+            | "does"
+            | "did"
+            | "for"
+            | "from"
+            | "get"
+            | "give"
+            | "had"
+            | "has"
+            | "have"
+            | "how"
+            | "i"
+            | "if"
+            | "in"
+            | "into"
+            | "is"
+            | "it"
+            | "its"
+            | "let"
+            | "me"
+            | "my"
+            | "no"
+            | "not"
+            | "of"
+            | "on"
+            | "or"
+            | "our"
+            | "please"
+            | "show"
+            | "so"
+            | "some"
+            | "that"
+            | "the"
+            | "their"
+            | "there"
+            | "these"
+            | "this"
+            | "to"
+            | "up"
+            | "us"
+            | "was"
+            | "we"
+            | "were"
+            | "what"
+            | "when"
+            | "where"
+            | "which"
+            | "who"
+            | "why"
+            | "will"
+            | "with"
+            | "would"
+            | "you"
+            | "your"
+            | "find"
+            | "search"
+            | "look"
+            | "list"
+            | "tell"
+    )
+}
 
 /// A word as the wording keeps it: lower case, common words left out, the endings of
 /// plurals and tenses cut (`alerts` and `alert`, `failed` and `fail`), as a 32-bit hash.
 fn content_word(word: &str) -> Option<u32> {
-    let lower = word.to_lowercase();
+    let mut ascii = [0u8; 32];
+    let lower: std::borrow::Cow<'_, str> = if word.len() <= ascii.len() && word.is_ascii() {
+        // Most words are short and ASCII: lower-cased on the stack, no allocation.
+        let bytes = &mut ascii[..word.len()];
+        bytes.copy_from_slice(word.as_bytes());
+        bytes.make_ascii_lowercase();
+        std::borrow::Cow::Borrowed(std::str::from_utf8(bytes).expect("ASCII"))
+    } else {
+        std::borrow::Cow::Owned(word.to_lowercase())
+    };
     let mut w = lower.trim_end_matches("'s").trim_matches('\'');
-    if w.len() < 2 || COMMON_WORDS.contains(&w) {
+    if w.len() < 2 || is_common_word(w) {
         return None;
     }
     for (suffix, keep) in [("ing", 4), ("ed", 3), ("es", 4), ("s", 3)] {
@@ -384,7 +441,7 @@ pub fn result_fingerprint_in(
                 value,
                 &|key, _depth, item| is_volatile(key, item),
                 Some(text),
-                false,
+                None,
                 0,
             );
         }
@@ -424,12 +481,15 @@ fn write_masked_str(buf: &mut Vec<u8>, s: &str, text: &TextMask<'_>) {
     buf[at..at + 8].copy_from_slice(&len.to_le_bytes());
 }
 
+/// `texts`: where the arguments' texts go, when a call's shape is written — each is
+/// written as its identifiers only, and its words are collected (not under a command
+/// or pattern key, whose text is no question).
 fn write_canonical(
     buf: &mut Vec<u8>,
     value: &Value,
     drop_key: &dyn Fn(&str, usize, &Value) -> bool,
     text: Option<&TextMask<'_>>,
-    mask_free_text: bool,
+    mut texts: Option<&mut Texts>,
     depth: usize,
 ) {
     match value {
@@ -449,7 +509,12 @@ fn write_canonical(
                 buf.extend_from_slice(&n.as_f64().unwrap_or(f64::NAN).to_bits().to_le_bytes());
             }
         }
-        Value::String(s) if mask_free_text && is_text(s) => write_question(buf, s),
+        Value::String(s) if texts.is_some() && is_text(s) => {
+            if let Some(texts) = texts {
+                texts.take(s);
+            }
+            write_question(buf, s)
+        }
         Value::String(s) => {
             buf.push(b's');
             match text {
@@ -460,7 +525,7 @@ fn write_canonical(
         Value::Array(items) => {
             buf.push(b'[');
             for item in items {
-                write_canonical(buf, item, drop_key, text, mask_free_text, depth + 1);
+                write_canonical(buf, item, drop_key, text, texts.as_deref_mut(), depth + 1);
             }
             buf.push(b']');
         }
@@ -475,8 +540,8 @@ fn write_canonical(
             let mut write_entry = |key: &str, item: &Value| {
                 if !drop_key(key, depth, item) {
                     write_str(buf, key);
-                    let words = mask_free_text && !is_command_key(key);
-                    write_canonical(buf, item, drop_key, text, words, depth + 1);
+                    let texts = texts.as_deref_mut().filter(|_| !is_command_key(key));
+                    write_canonical(buf, item, drop_key, text, texts, depth + 1);
                 }
             };
             if sorted {
