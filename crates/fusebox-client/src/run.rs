@@ -55,6 +55,9 @@ pub struct RunOptions {
     pub tools: Option<Vec<String>>,
     /// Per-run policy overrides (guard contract §3), merged over the agent's policy.
     pub policy: Option<Value>,
+    /// The run that started this one (a sub-agent's parent, guard contract §6): the
+    /// parent's budgets count this run's spending, and its stop reaches this run.
+    pub parent: Option<String>,
     pub delivery: Delivery,
 }
 
@@ -130,6 +133,7 @@ impl FuseboxClient {
                 agent: options.agent,
                 tools: options.tools,
                 policy: options.policy,
+                parent: options.parent,
             });
             // Inline whatever the delivery: a refusal must reach the caller.
             handle.send(started, true).await?;

@@ -40,6 +40,16 @@ pub(crate) fn position(run: &RunState, event: &Event) -> u64 {
 fn resume_condition(terminal: TerminalState, reason: Reason) -> ResumeCondition {
     match (terminal, reason) {
         (TerminalState::Completed, _) => ResumeCondition::None,
+        // A sub-agent stopped for its tree: its parent starts another if it must.
+        (
+            _,
+            Reason::AncestorStopped
+            | Reason::TreeBudget
+            | Reason::SpawnLimit
+            | Reason::ConcurrencyLimit
+            | Reason::DepthLimit
+            | Reason::SubtaskRepeat,
+        ) => ResumeCondition::NewRun,
         (TerminalState::NeedsHuman | TerminalState::Cancelled, _) => ResumeCondition::HumanApproval,
         (
             _,

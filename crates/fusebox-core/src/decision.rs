@@ -101,6 +101,18 @@ pub enum Reason {
     /// A warning only: one tool gave the same answer to a long streak of calls that
     /// differ only in their words (a flailing search, or a batch — never stopped for it).
     SameAnswerStreak,
+    /// Run trees (guard contract §6): an ancestor of the run was stopped or cancelled.
+    AncestorStopped,
+    /// A budget of an ancestor, which counts its whole subtree, is spent.
+    TreeBudget,
+    /// A sub-agent past the caps of a run above it: runs started, open at once, depth.
+    SpawnLimit,
+    ConcurrencyLimit,
+    DepthLimit,
+    /// A sub-task that sibling runs already ran and ended the same way.
+    SubtaskRepeat,
+    /// A warning only: a sub-agent of this run was stopped.
+    ChildStopped,
     InvalidModelOutput,
     ModelRefusal,
     Cancelled,
@@ -141,6 +153,13 @@ impl Reason {
             Reason::RetryTooSoon => "retry_too_soon",
             Reason::WaitBudget => "wait_budget",
             Reason::SameAnswerStreak => "same_answer_streak",
+            Reason::AncestorStopped => "ancestor_stopped",
+            Reason::TreeBudget => "tree_budget",
+            Reason::SpawnLimit => "spawn_limit",
+            Reason::ConcurrencyLimit => "concurrency_limit",
+            Reason::DepthLimit => "depth_limit",
+            Reason::SubtaskRepeat => "subtask_repeat",
+            Reason::ChildStopped => "child_stopped",
             Reason::InvalidModelOutput => "invalid_model_output",
             Reason::ModelRefusal => "model_refusal",
             Reason::Cancelled => "cancelled",
@@ -155,7 +174,7 @@ impl Reason {
     }
 
     /// Every reason, for the vocabularies that must list them all (metrics labels).
-    pub const ALL: [Reason; 33] = [
+    pub const ALL: [Reason; 40] = [
         Reason::StepBudget,
         Reason::TimeBudget,
         Reason::TokenBudget,
@@ -179,6 +198,13 @@ impl Reason {
         Reason::RetryTooSoon,
         Reason::WaitBudget,
         Reason::SameAnswerStreak,
+        Reason::AncestorStopped,
+        Reason::TreeBudget,
+        Reason::SpawnLimit,
+        Reason::ConcurrencyLimit,
+        Reason::DepthLimit,
+        Reason::SubtaskRepeat,
+        Reason::ChildStopped,
         Reason::InvalidModelOutput,
         Reason::ModelRefusal,
         Reason::Cancelled,

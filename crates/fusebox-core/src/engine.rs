@@ -19,12 +19,15 @@ use crate::ledger::{Ledger, LedgerEntry};
 use crate::observe;
 use crate::policy::PolicySet;
 use crate::run::RunState;
+use crate::tree::{self, Lineage};
 
 /// Each run behind an `Arc`, changed through `Arc::make_mut`: a clone of the engine (the
 /// log's snapshot view) shares every run and costs a pointer each, and only a run that
 /// changes while the clone lives is copied. serde writes an `Arc<T>` as `T`, so the
 /// serialised form is the same as with plain runs.
-pub(crate) type Runs = HashMap<String, HashMap<String, Arc<RunState>, FixedHasher>, FixedHasher>;
+pub(crate) type Runs = HashMap<String, TenantRuns, FixedHasher>;
+/// One tenant's runs, by run id.
+pub(crate) type TenantRuns = HashMap<String, Arc<RunState>, FixedHasher>;
 
 /// Serialised through `engine_form.rs` (runs refer to a table of policies).
 #[derive(Debug, Clone, PartialEq)]
@@ -103,6 +106,7 @@ impl Engine {
             runs.insert(event.tenant.clone(), HashMap::default());
         }
         let tenant_runs = runs.get_mut(event.tenant.as_str()).expect("inserted above");
+        let lineage = lineage(tenant_runs, event);
         let run = match tenant_runs.get_mut(event.run.as_str()) {
             Some(run) => Arc::make_mut(run),
             None => {
@@ -122,32 +126,55 @@ impl Engine {
         if event.seq.is_some() {
             run.last_seq = event.seq;
         }
-        let decided = match &event.body {
-            EventBody::ToolCall(call) => {
-                let decided = gate::gate(run, ledger, &mut scratch.0, event, call);
-                return (decided, call.op_key.clone());
-            }
+        let before = tree::own(run);
+        let was_open = run.is_open();
+        let had_parent = run.node.parent.is_some();
+        let (decided, touched) = match &event.body {
+            EventBody::ToolCall(call) => (
+                gate::gate(run, ledger, &mut scratch.0, event, call, &lineage),
+                call.op_key.clone(),
+            ),
             EventBody::ToolResult(result) => {
-                return observe::tool_result(run, ledger, &mut scratch.0, event, result);
+                observe::tool_result(run, ledger, &mut scratch.0, event, result)
             }
-            EventBody::RunStarted(started) => run_started(run, policies, event, started),
-            EventBody::Progress(update) => observe::progress(run, event, update),
-            EventBody::ModelTurn(turn) => observe::model_turn(run, event, turn),
-            EventBody::Compaction(c) => observe::compaction(run, event, c),
-            EventBody::Cancel(cancel) => observe::cancel(run, event, cancel),
-            EventBody::Resume(resume) => observe::resume(run, event, resume),
-            EventBody::RunFinished(finished) => observe::run_finished(run, event, finished),
-            EventBody::Tick(_) => observe::tick(run, ledger, event),
-            EventBody::LedgerResolve(resolve) => {
-                return (
-                    ledger_resolve(ledger, event, resolve),
-                    Some(resolve.op_key.clone()),
-                )
+            EventBody::RunStarted(started) => {
+                (run_started(run, policies, event, started, &lineage), None)
             }
-            EventBody::InstanceLaunched(_) => decision(event, None, Action::Continue),
-            EventBody::Prompt(_) => observe::prompt(run, event),
+            EventBody::Progress(update) => (observe::progress(run, event, update), None),
+            EventBody::ModelTurn(turn) => (observe::model_turn(run, event, turn, &lineage), None),
+            EventBody::Compaction(c) => (observe::compaction(run, event, c), None),
+            EventBody::Cancel(cancel) => (observe::cancel(run, event, cancel), None),
+            EventBody::Resume(resume) => (observe::resume(run, event, resume), None),
+            EventBody::RunFinished(finished) => (observe::run_finished(run, event, finished), None),
+            EventBody::Tick(_) => (observe::tick(run, ledger, event, &lineage), None),
+            EventBody::LedgerResolve(resolve) => (
+                ledger_resolve(ledger, event, resolve),
+                Some(resolve.op_key.clone()),
+            ),
+            EventBody::InstanceLaunched(_) => (decision(event, None, Action::Continue), None),
+            EventBody::Prompt(_) => (observe::prompt(run, event), None),
         };
-        (decided, None)
+        // What the run spent or became, for the runs above it.
+        if let Some(parent) = run.node.parent.clone() {
+            let depth = run.node.depth;
+            let change = tree::Change::between(&before, was_open, run);
+            if !had_parent {
+                tree::join(tenant_runs, &event.run, &lineage, depth);
+            }
+            tree::carry_up(tenant_runs, &event.run, &parent, change);
+        } else if let Some(parent) = refused_spawn(&event.body, &decided) {
+            tree::spawn_refused(tenant_runs, parent, &event.run, &decided);
+        }
+        (decided, touched)
+    }
+
+    /// The open runs below a run, nearest first: a stop of the run reaches each of them
+    /// (the daemon writes a `tick` for each, which its latch answers with the stop).
+    pub fn open_descendants(&self, tenant: &str, run: &str) -> Vec<String> {
+        self.runs
+            .get(tenant)
+            .map(|runs| tree::open_descendants(runs, run))
+            .unwrap_or_default()
     }
 
     pub fn run(&self, tenant: &str, run: &str) -> Option<&RunState> {
@@ -226,13 +253,61 @@ fn ledger_resolve(ledger: &mut Ledger, event: &Event, resolve: &LedgerResolve) -
     decided
 }
 
+/// The ancestors of the event's run, for the events the tree bears on (a call, a model
+/// turn, a tick, a start that names a parent). Empty for a root.
+fn lineage(runs: &TenantRuns, event: &Event) -> Lineage {
+    let known = runs.get(event.run.as_str());
+    let parent = match (&event.body, known) {
+        (_, Some(run)) if run.node.parent.is_some() => run.node.parent.as_deref(),
+        // A run joins a tree when it starts, not later: its spending so far would be
+        // missing from every budget above it.
+        (EventBody::RunStarted(started), known)
+            if known.is_none_or(|run| run.counters.events == 0) =>
+        {
+            started.parent.as_deref()
+        }
+        _ => None,
+    };
+    let bears = matches!(
+        event.body,
+        EventBody::ToolCall(_)
+            | EventBody::ModelTurn(_)
+            | EventBody::Tick(_)
+            | EventBody::RunStarted(_)
+    );
+    match parent {
+        Some(parent) if bears => {
+            let lineage = Lineage::of(runs, Some(parent));
+            // A parent below this run would make a cycle: no tree, then.
+            if lineage.ancestors.iter().any(|a| a.id == event.run) {
+                return Lineage::default();
+            }
+            lineage
+        }
+        _ => Lineage::default(),
+    }
+}
+
+/// The parent a refused sub-agent named, when the decision refused its start.
+fn refused_spawn<'a>(body: &'a EventBody, decided: &Decision) -> Option<&'a str> {
+    match body {
+        EventBody::RunStarted(started) if decided.action == Action::Stop => {
+            started.parent.as_deref()
+        }
+        _ => None,
+    }
+}
+
 /// `run_started` may come first or late (without `seq`, order is the producer's); either
-/// way it sets the agent, the tool list and the run's own policy overrides.
+/// way it sets the agent, the tool list and the run's own policy overrides. A start that
+/// names a parent joins the parent's tree, unless a run above is stopped or a cap of one
+/// refuses one more sub-agent: then the run is closed at once, saying why.
 fn run_started(
     run: &mut RunState,
     policies: &PolicySet,
     event: &Event,
     started: &RunStarted,
+    lineage: &Lineage,
 ) -> Decision {
     if started.agent.is_some() {
         run.agent = started.agent.clone();
@@ -253,6 +328,16 @@ fn run_started(
         tools.dedup();
         run.allowed_tools = Some(tools);
     }
-    crate::close::latched(run, event, None)
-        .unwrap_or_else(|| decision(event, None, Action::Continue))
+    if let Some(decided) = crate::close::latched(run, event, None) {
+        return decided;
+    }
+    if let (Some(parent), None) = (lineage.ancestors.first(), &run.node.parent) {
+        let depth = parent.depth + 1;
+        if let Some(closing) = lineage.stopped().or_else(|| lineage.refuse_spawn(depth)) {
+            return crate::close::close(run, event, None, closing);
+        }
+        run.node.parent = Some(parent.id.clone());
+        run.node.depth = depth;
+    }
+    decision(event, None, Action::Continue)
 }

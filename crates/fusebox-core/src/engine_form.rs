@@ -19,7 +19,9 @@ use crate::engine::{Engine, Runs, Scratch};
 use crate::fixed_hash::FixedHasher;
 use crate::ledger::Ledger;
 use crate::policy::{Policy, PolicySet};
-use crate::run::{CompactionLog, Counters, Detection, PendingCall, RunState, RunStatus, Task};
+use crate::run::{
+    CompactionLog, Counters, Detection, Node, PendingCall, RunState, RunStatus, Task,
+};
 
 #[derive(Serialize)]
 struct EngineOut<'a> {
@@ -91,6 +93,7 @@ struct RunOut<'a> {
     compactions: &'a CompactionLog,
     resume_tokens: &'a Vec<String>,
     task: &'a Task,
+    node: &'a Node,
 }
 
 impl<'a> RunOut<'a> {
@@ -114,6 +117,7 @@ impl<'a> RunOut<'a> {
             compactions,
             resume_tokens,
             task,
+            node,
         } = run;
         RunOut {
             agent,
@@ -134,6 +138,7 @@ impl<'a> RunOut<'a> {
             compactions,
             resume_tokens,
             task,
+            node,
         }
     }
 }
@@ -160,6 +165,9 @@ struct RunIn {
     /// Snapshots written before tasks were budgeted apart read as one task.
     #[serde(default)]
     task: Task,
+    /// Snapshots written before trees read as roots.
+    #[serde(default)]
+    node: Node,
 }
 
 impl RunIn {
@@ -183,6 +191,7 @@ impl RunIn {
             compactions: self.compactions,
             resume_tokens: self.resume_tokens,
             task: self.task,
+            node: self.node,
         }
     }
 }

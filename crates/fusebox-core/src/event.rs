@@ -101,6 +101,10 @@ pub struct RunStarted {
     /// Per-run policy overrides, merged field by field over the agent's policy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<Value>,
+    /// The run of the same tenant that started this one: this run is its sub-agent
+    /// (guard contract §6).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 /// How a call's arguments are known: in full, or only by the producer's hash.

@@ -14,7 +14,8 @@ use crate::fingerprint::{
 use crate::ledger::{Ledger, LedgerEntry};
 use crate::message;
 use crate::policy::{Policy, StaleInFlight};
-use crate::run::{honoured, Entry, Outcome, PendingCall, RunState, Waiting, INTERLUDE_MAX};
+use crate::run::{honoured, Below, Entry, Outcome, PendingCall, RunState, Waiting, INTERLUDE_MAX};
+use crate::tree::{self, Lineage};
 
 /// The effect of a call: the producer's word, else the tool's policy, else `write` for a
 /// call with an `op_key` (it names a side effect), else `read`.
@@ -49,20 +50,21 @@ pub(crate) fn gate(
     scratch: &mut Vec<u8>,
     event: &Event,
     call: &ToolCall,
+    lineage: &Lineage,
 ) -> Decision {
     let call_id = Some(call.call_id.as_str());
     if let Some(decided) = latch(run, event, call_id) {
         return decided;
     }
-    if let Some(reason) = budget_fuse(run) {
+    if let Some(closing) = lineage.stopped().or_else(|| budget_fuse(run, lineage)) {
         run.counters.calls_refused += 1;
-        return close::close(run, event, call_id, Closing::guard(reason));
+        return close::close(run, event, call_id, closing);
     }
     let label = || message::call_label(&call.tool, &call.args);
     let view = view_of(run, scratch, event, call, &label);
     let mut warning = None;
     let settled = error_contract(run, &view, event.ts_ms, &mut warning)
-        .or_else(|| loop_detection(run, &view, &mut warning))
+        .or_else(|| loop_detection(run, &view, lineage, &mut warning))
         .or_else(|| side_effect_gate(run, ledger, event, call, &mut warning));
     match settled {
         Some(Settled::Close(closing)) => {
@@ -85,7 +87,8 @@ pub(crate) fn gate(
     }
 }
 
-/// 4.0 Latch: a closed run answers every call with its stop.
+/// 4.0 Latch: a closed run answers every call with its stop (and a run whose ancestor
+/// was stopped is closed by the caller, `Lineage::stopped`).
 fn latch(run: &mut RunState, event: &Event, call_id: Option<&str>) -> Option<Decision> {
     let decided = close::latched(run, event, call_id)?;
     run.counters.calls_refused += 1;
@@ -93,13 +96,27 @@ fn latch(run: &mut RunState, event: &Event, call_id: Option<&str>) -> Option<Dec
 }
 
 /// 4.1 Budget fuse, for what a call can be refused before it runs: the task's active
-/// time and its executed calls. (Tokens, cost and turns are judged when a model turn
-/// reports them, `observe::model_turn`.)
-fn budget_fuse(run: &RunState) -> Option<Reason> {
+/// time, and the run's budgets counted over its subtree (its own spending and its
+/// sub-agents'), then each ancestor's over its own subtree — so a call that would pass
+/// a tree's step budget is refused whatever runs beside it, and once a model turn
+/// anywhere in a tree crosses its token or cost budget every later call is.
+fn budget_fuse(run: &RunState, lineage: &Lineage) -> Option<Closing> {
     if run.time_budget_spent() {
-        return Some(Reason::TimeBudget);
+        return Some(Closing::guard(Reason::TimeBudget));
     }
-    (run.task.steps >= run.policy.max_steps).then_some(Reason::StepBudget)
+    let spent = tree::spent(run);
+    let policy = &run.policy;
+    let own = if spent.steps >= policy.max_steps {
+        Some(Reason::StepBudget)
+    } else if spent.tokens >= policy.max_tokens {
+        Some(Reason::TokenBudget)
+    } else if spent.cost_usd >= policy.max_cost_usd {
+        Some(Reason::CostBudget)
+    } else {
+        None
+    };
+    own.map(Closing::guard)
+        .or_else(|| lineage.budget_spent(Below::default()))
 }
 
 /// The call as the layers see it.
@@ -237,8 +254,18 @@ fn error_contract(
 fn loop_detection(
     run: &mut RunState,
     view: &View<'_>,
+    lineage: &Lineage,
     warning: &mut Option<Verdict>,
 ) -> Option<Settled> {
+    // A sub-agent's first call names its sub-task: one its parent's earlier sub-agents
+    // ran to the same end again and again is a loop of the parent's.
+    if !lineage.is_empty() && run.node.subtask.is_none() {
+        let subtask = tree::subtask(run.agent.as_deref(), view.call.fp);
+        run.node.subtask = Some(subtask);
+        if let Some(closing) = lineage.subtask_repeated(subtask, run.policy.read_same_call_limit) {
+            return Some(Settled::Close(closing));
+        }
+    }
     if let Some(count) = detect::post_compaction(run, &view.call) {
         return Some(Settled::Close(Closing::detector(
             Reason::CompactionLoopPersisted,
@@ -384,6 +411,17 @@ fn execute(
             event.ts_ms,
         );
     }
+    // The model learns that a sub-agent of its run was stopped (or never started).
+    let warning = warning.or_else(|| {
+        let stopped = std::mem::take(&mut run.node.stopped_children);
+        (!stopped.is_empty()).then(|| Verdict {
+            action: Action::Warn,
+            reason: Reason::ChildStopped,
+            detector: None,
+            count: Some(stopped.len() as u32),
+            message: message::child_stopped(&stopped),
+        })
+    });
     let Some(v) = warning else {
         return decision(event, Some(&call.call_id), Action::Execute);
     };

@@ -34,6 +34,7 @@ pub mod policy;
 pub mod run;
 pub mod sequencer;
 pub mod sharded;
+mod tree;
 pub mod volatile;
 
 pub use decision::{

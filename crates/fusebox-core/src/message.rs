@@ -300,6 +300,13 @@ pub fn stop(report: &StopReport) -> String {
     )
 }
 
+pub fn child_stopped(children: &[String]) -> String {
+    format!(
+        "a sub-agent of this run was stopped by the guard: {}. Its work is not done; do it another way or report it, rather than starting the same sub-agent again.",
+        children.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,10 +13,11 @@ use crate::ledger::Ledger;
 use crate::message;
 use crate::policy::{is_default_volatile, Policy};
 use crate::run::{
-    short, short_pair, AnswerStreak, CompactionTail, CompactionWatch, Outcome, PendingCall,
+    short, short_pair, AnswerStreak, Below, CompactionTail, CompactionWatch, Outcome, PendingCall,
     PollClock, PreconditionGate, RetryGate, RunState, RunStatus, Task, Worded, PAIR_MEMORY,
     WORDING_MEMORY,
 };
+use crate::tree::{self, Lineage};
 use crate::volatile::{
     is_epoch_number, is_time_key, is_usage_counter_key, masks_epochs, same_key, MaskSet, TextMask,
 };
@@ -640,7 +641,12 @@ fn time_check(run: &mut RunState, event: &Event) -> Decision {
     decision(event, None, Action::Continue)
 }
 
-pub(crate) fn model_turn(run: &mut RunState, event: &Event, turn: &ModelTurn) -> Decision {
+pub(crate) fn model_turn(
+    run: &mut RunState,
+    event: &Event,
+    turn: &ModelTurn,
+    lineage: &Lineage,
+) -> Decision {
     let counters = &mut run.counters;
     counters.model_turns += 1;
     run.task.model_turns += 1;
@@ -687,14 +693,21 @@ pub(crate) fn model_turn(run: &mut RunState, event: &Event, turn: &ModelTurn) ->
         Some(closing)
     } else if run.task.model_turns > policy.max_model_turns {
         Some(Closing::guard(Reason::TurnBudget))
-    } else if counters.tokens >= policy.max_tokens {
+    } else if tree::spent(run).tokens >= policy.max_tokens {
         Some(Closing::guard(Reason::TokenBudget))
-    } else if counters.cost_usd >= policy.max_cost_usd {
+    } else if tree::spent(run).cost_usd >= policy.max_cost_usd {
         Some(Closing::guard(Reason::CostBudget))
     } else if overflow {
         compaction_cycle(run)
     } else {
-        None
+        // The turn counts in every budget above: the one it crosses stops this run,
+        // and the rest of that tree at its next call.
+        lineage.budget_spent(Below {
+            steps: 0,
+            model_turns: 1,
+            tokens: turn.usage.map_or(0, |u| u.total()),
+            cost_usd: turn.cost_usd.unwrap_or(0.0),
+        })
     };
     match closing {
         Some(closing) => close::close(run, event, None, closing),
@@ -787,9 +800,18 @@ fn compaction_cycle(run: &mut RunState) -> Option<Closing> {
 /// Time passing for a run that may send nothing more: its time budget, and the leases of
 /// its own calls in flight (a worker that died mid-call never answers; the stop tells an
 /// operator at once instead of at the next attempt, which may never come).
-pub(crate) fn tick(run: &mut RunState, ledger: &Ledger, event: &Event) -> Decision {
+pub(crate) fn tick(
+    run: &mut RunState,
+    ledger: &Ledger,
+    event: &Event,
+    lineage: &Lineage,
+) -> Decision {
     if run.report().is_some() {
         return decision(event, None, Action::Continue);
+    }
+    // The daemon's word that a run above this one closed: its stop reaches this one.
+    if let Some(closing) = lineage.stopped() {
+        return close::close(run, event, None, closing);
     }
     if let Some((op_key, call_id, since_ms)) =
         stale_call(run, ledger, &event.tenant, &event.run, event.ts_ms)
@@ -980,6 +1002,8 @@ pub(crate) fn prompt(run: &mut RunState, event: &Event) -> Decision {
         ..Task::default()
     };
     run.pending.retain(|_, call| call.op_key.is_some());
+    // The subtree's spending is budgeted per task too.
+    run.node.below = Below::default();
     run.detection.clear_on_progress(None);
     run.detection.compaction_tail = None;
     decision(event, None, Action::Continue)

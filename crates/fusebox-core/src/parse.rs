@@ -187,6 +187,7 @@ struct WireEvent<'a> {
     agent: Option<String>,
     tools: Option<Vec<String>>,
     policy: Option<Value>,
+    parent: Option<String>,
     call_id: Option<String>,
     tool: Option<String>,
     #[serde(default, deserialize_with = "present")]
@@ -321,14 +322,23 @@ impl WireEvent<'_> {
         let ts_ms = require(self.ts_ms, "ts_ms", event_type)?;
 
         let body = match event_type {
-            "run_started" => EventBody::RunStarted(RunStarted {
-                agent: self.agent,
-                tools: self.tools,
-                policy: match self.policy {
-                    Some(Value::Null) | None => None,
-                    Some(patch) => Some(check_run_policy(patch)?),
-                },
-            }),
+            "run_started" => {
+                if let Some(parent) = &self.parent {
+                    check_token("parent", parent, MAX_RUN_LEN)?;
+                    if *parent == run {
+                        return Err(invalid(format!("run {run:?} names itself as its `parent`")));
+                    }
+                }
+                EventBody::RunStarted(RunStarted {
+                    agent: self.agent,
+                    tools: self.tools,
+                    policy: match self.policy {
+                        Some(Value::Null) | None => None,
+                        Some(patch) => Some(check_run_policy(patch)?),
+                    },
+                    parent: self.parent,
+                })
+            }
             "tool_call" => {
                 let call_id = require(self.call_id, "call_id", event_type)?;
                 check_text("call_id", &call_id)?;
@@ -548,6 +558,7 @@ const FIELD_SHAPES: &[(&str, Shape)] = &[
     ("type", Shape::Text),
     ("agent", Shape::Text),
     ("tools", Shape::TextList),
+    ("parent", Shape::Text),
     ("call_id", Shape::Text),
     ("tool", Shape::Text),
     ("args_hash", Shape::Text),

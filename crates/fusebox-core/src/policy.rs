@@ -69,6 +69,15 @@ pub struct Policy {
     /// spends none of `max_duration_s`, which counts the run's *active* time.
     #[serde(default = "default_idle_after_s")]
     pub idle_after_s: u64,
+    /// Levels of sub-agents below this run (a child is 1, its child 2).
+    #[serde(default = "default_max_depth")]
+    pub max_depth: u32,
+    /// Runs started below this run, ever (its whole subtree).
+    #[serde(default = "default_max_children")]
+    pub max_children: u64,
+    /// Runs below this run open at once.
+    #[serde(default = "default_max_open_children")]
+    pub max_open_children: u32,
     /// Compactions (and context-window overflows) in the run, progress or not. (Issue-20
     /// settings have defaults here too: a log written before them holds policy records
     /// without them.)
@@ -142,6 +151,18 @@ pub struct PostCompaction {
 
 fn default_max_invalid_outputs_total() -> u64 {
     Policy::default().max_invalid_outputs_total
+}
+
+fn default_max_depth() -> u32 {
+    Policy::default().max_depth
+}
+
+fn default_max_children() -> u64 {
+    Policy::default().max_children
+}
+
+fn default_max_open_children() -> u32 {
+    Policy::default().max_open_children
 }
 
 fn default_idle_after_s() -> u64 {
@@ -368,6 +389,11 @@ impl Preset {
             max_invalid_outputs_total: 50,
             // Longer than a model takes to think, shorter than a lunch break.
             idle_after_s: 600,
+            // Claude Code keeps sub-agents to depth 3 and 20 at once; 100 in one tree
+            // stops the 905-sub-agent prompt at a ninth of its cost.
+            max_depth: 3,
+            max_children: 100,
+            max_open_children: 20,
             // A worker with progress compacts every few tens of minutes; 20 in an hour
             // is a worker that does little else (config/fusebox.toml says more).
             max_compactions: 20,
@@ -435,6 +461,9 @@ impl Preset {
                 max_invalid_outputs: 2,
                 max_invalid_outputs_total: 10,
                 idle_after_s: 300,
+                max_depth: 2,
+                max_children: 10,
+                max_open_children: 5,
                 max_compactions: 5,
                 same_call_limit: 2,
                 read_same_call_limit: 3,
@@ -469,6 +498,9 @@ impl Preset {
                 max_invalid_outputs: 10,
                 max_invalid_outputs_total: 200,
                 idle_after_s: 1800,
+                max_depth: 5,
+                max_children: 500,
+                max_open_children: 50,
                 max_compactions: 100,
                 same_call_limit: 5,
                 read_same_call_limit: 8,

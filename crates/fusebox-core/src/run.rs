@@ -60,7 +60,49 @@ pub struct RunState {
     /// Approval ids and credential scopes already used to resume this run: each counts
     /// as a changed precondition once.
     pub resume_tokens: Vec<String>,
+    /// Where the run sits in its tree of runs, and what its subtree spent.
+    #[serde(default)]
+    pub node: Node,
 }
+
+/// A run's place in its tree (guard contract §6): its parent, its depth, and what the
+/// runs below it spent and are doing — so a budget at any node counts its subtree.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Node {
+    /// The run that started this one; `None` for a root.
+    pub parent: Option<String>,
+    /// 0 for a root, its parent's depth + 1 for a child.
+    pub depth: u32,
+    /// Runs started below this one, ever.
+    pub spawned: u64,
+    /// Runs below this one that are open now.
+    pub open_below: u32,
+    /// The deepest run below, counted from this one (0: none).
+    pub height: u32,
+    /// Open children, by id: where a stop of this run goes next.
+    pub children: Vec<String>,
+    /// What the runs below spent since this run's task began (its own spending is in
+    /// `counters` and `task`).
+    pub below: Below,
+    /// This run's sub-task, known at its first call: its agent and that call.
+    pub subtask: Option<u64>,
+    /// How the sub-tasks of this run's children ended: (sub-task, outcome, times).
+    pub child_outcomes: Vec<(u64, u64, u32)>,
+    /// Children stopped by the guard that the model has not been told of yet.
+    pub stopped_children: Vec<String>,
+}
+
+/// A subtree's spending, below its node.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Below {
+    pub steps: u64,
+    pub model_turns: u64,
+    pub tokens: u64,
+    pub cost_usd: f64,
+}
+
+/// Sub-task outcomes and stopped children remembered per run (newest kept).
+pub const CHILD_MEMORY: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum RunStatus {
@@ -443,6 +485,7 @@ impl RunState {
             fired_guards: Vec::new(),
             compactions: CompactionLog::default(),
             resume_tokens: Vec::new(),
+            node: Node::default(),
         }
     }
 

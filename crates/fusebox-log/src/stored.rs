@@ -77,6 +77,15 @@ struct EventOwned {
 enum BodyRef<'a> {
     #[serde(rename = "s")]
     RunStarted(Option<&'a str>, Option<&'a [String]>, Option<&'a Value>),
+    /// A run started as a sub-agent: `RunStarted` and its parent (a variant of its own, so
+    /// logs written before trees read unchanged).
+    #[serde(rename = "S")]
+    ChildStarted(
+        Option<&'a str>,
+        Option<&'a [String]>,
+        Option<&'a Value>,
+        &'a str,
+    ),
     #[serde(rename = "c")]
     ToolCall(
         &'a str,
@@ -131,6 +140,8 @@ struct ResultRef<'a> {
 enum BodyOwned {
     #[serde(rename = "s")]
     RunStarted(Option<String>, Option<Vec<String>>, Option<Value>),
+    #[serde(rename = "S")]
+    ChildStarted(Option<String>, Option<Vec<String>>, Option<Value>, String),
     #[serde(rename = "c")]
     ToolCall(
         String,
@@ -252,6 +263,12 @@ impl From<Kind> for ResultKind {
 impl<'a> From<&'a EventBody> for BodyRef<'a> {
     fn from(body: &'a EventBody) -> Self {
         match body {
+            EventBody::RunStarted(b) if b.parent.is_some() => BodyRef::ChildStarted(
+                b.agent.as_deref(),
+                b.tools.as_deref(),
+                b.policy.as_ref(),
+                b.parent.as_deref().unwrap_or_default(),
+            ),
             EventBody::RunStarted(b) => {
                 BodyRef::RunStarted(b.agent.as_deref(), b.tools.as_deref(), b.policy.as_ref())
             }
@@ -312,7 +329,16 @@ impl From<BodyOwned> for EventBody {
                 agent,
                 tools,
                 policy,
+                parent: None,
             }),
+            BodyOwned::ChildStarted(agent, tools, policy, parent) => {
+                EventBody::RunStarted(RunStarted {
+                    agent,
+                    tools,
+                    policy,
+                    parent: Some(parent),
+                })
+            }
             BodyOwned::ToolCall(call_id, tool, args, op_key, effect) => {
                 EventBody::ToolCall(ToolCall {
                     call_id,
@@ -410,6 +436,9 @@ mod tests {
             r#""type":"run_finished""#,
             r#""type":"instance_launched","provider":"aws","region":"eu","instance_id":"i-1","max_lifetime_s":60"#,
             r#""type":"tick""#,
+            r#""type":"prompt""#,
+            r#""type":"run_started","parent":"root-1""#,
+            r#""type":"run_started","agent":"a","tools":["b"],"policy":{"max_steps":3},"parent":"p""#,
         ];
         for body in bodies {
             let wire = format!("{{{head},{body}}}");
