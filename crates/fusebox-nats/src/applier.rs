@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::Subject;
 use bytes::Bytes;
-use fusebox_core::{Action, Decision, Event};
+use fusebox_core::event::Tick;
+use fusebox_core::{Action, Decision, Event, EventBody, TerminalState};
 use tokio::sync::mpsc::{Receiver, UnboundedSender};
 
 use crate::dispatch::{Outbox, Output};
@@ -74,6 +75,8 @@ pub(crate) struct Applier<S> {
     recent: HashMap<RunKey, VecDeque<Decision>>,
     /// Runs whose stop is on the kill switch.
     stopped: HashSet<RunKey>,
+    /// Runs stopped or cancelled in the batch in hand: their open descendants are told.
+    closed_trees: Vec<RunKey>,
     /// When the batch in hand was started, for the service's stall check.
     busy: Arc<Busy>,
 }
@@ -135,6 +138,7 @@ impl<S: GuardStore> Applier<S> {
             wakes,
             recent: HashMap::new(),
             stopped,
+            closed_trees: Vec::new(),
             busy,
         }
     }
@@ -190,6 +194,7 @@ impl<S: GuardStore> Applier<S> {
         if timer {
             self.on_timer(&mut touched)?;
         }
+        self.stop_descendants(&mut touched)?;
         self.settle_stops(&touched);
         for (query, reply) in queries {
             let body = query::answer(&self.store, &self.recent, &query);
@@ -307,6 +312,9 @@ impl<S: GuardStore> Applier<S> {
                     report.reason.as_str(),
                 );
                 if decision.action == Action::Stop {
+                    if report.terminal_state != TerminalState::Completed {
+                        self.closed_trees.push(run_key.clone());
+                    }
                     self.outbox.publishes.push(Output::Stop {
                         tenant: decision.tenant.clone(),
                         run: decision.run.clone(),
@@ -320,6 +328,45 @@ impl<S: GuardStore> Applier<S> {
             self.outbox.answers.extend(origin.answer(&body));
         }
         touched.insert(run_key);
+    }
+
+    /// A stop reaches the whole subtree (guard contract §6): for each run stopped or
+    /// cancelled in this batch, a `tick` for each of its open descendants, which the
+    /// engine answers with that descendant's own stop (`ancestor_stopped`, naming the
+    /// ancestor) — logged, so a replay stops them too, and published on each one's kill
+    /// switch. Their calls were refused already (the latch looks up the tree); the tick
+    /// tells the workers that make no call.
+    fn stop_descendants(&mut self, touched: &mut HashSet<RunKey>) -> Result<(), StoreError> {
+        while !self.closed_trees.is_empty() {
+            let mut ticks = Vec::new();
+            for (tenant, ancestor) in std::mem::take(&mut self.closed_trees) {
+                let engine = self.store.engine();
+                for child in engine.open_descendants(&tenant, &ancestor) {
+                    let ts_ms = engine.run(&tenant, &child).map_or(0, |run| run.last_ts_ms);
+                    ticks.push((
+                        Event {
+                            v: 1,
+                            // Deterministic: the same ancestor's stop told again is a
+                            // duplicate.
+                            id: format!("tick-tree-{ancestor}"),
+                            tenant: tenant.clone(),
+                            run: child,
+                            seq: None,
+                            ts_ms,
+                            body: EventBody::Tick(Tick {}),
+                        },
+                        Origin::Internal,
+                    ));
+                }
+            }
+            if ticks.is_empty() {
+                break;
+            }
+            // The descendants' own stops come back through `decided`, which would list
+            // them here again: they have no open descendants left, so the loop ends.
+            self.submit(ticks, touched)?;
+        }
+        Ok(())
     }
 
     /// A run that was stopped and is open again after this batch (an accepted resume)
@@ -520,5 +567,85 @@ mod tests {
         assert_eq!((tenant.as_str(), run.as_str()), ("acme", "r1"));
         assert_eq!(body, &encode(&stop));
         assert!(sent.try_recv().is_err(), "nothing else before input");
+    }
+
+    /// A cancel of a root reaches its open descendants in the same batch: each gets its
+    /// own stop on its own kill switch, naming the ancestor; a finished child and a
+    /// stranger do not.
+    #[test]
+    fn a_stopped_root_stops_every_open_descendant_on_its_kill_switch() {
+        let (out, mut sent) = unbounded_channel();
+        let options = ApplierOptions {
+            max_batch: 8,
+            gap_timeout: Duration::from_secs(5),
+            recent_decisions: 8,
+        };
+        let mut applier = Applier::new(
+            MemoryStore::default(),
+            None,
+            out,
+            Arc::new(NoopObserver),
+            options,
+            Arc::new(Busy::default()),
+        );
+        let event = |json: &str| Input::Event {
+            event: parse_event(json.as_bytes()).unwrap(),
+            origin: Origin::Internal,
+        };
+        let mut inputs = vec![
+            event(r#"{"v":1,"id":"s","tenant":"t","run":"root","ts_ms":1,"type":"run_started"}"#),
+            event(
+                r#"{"v":1,"id":"s","tenant":"t","run":"kid","ts_ms":2,"type":"run_started","parent":"root"}"#,
+            ),
+            event(
+                r#"{"v":1,"id":"s","tenant":"t","run":"grandkid","ts_ms":3,"type":"run_started","parent":"kid"}"#,
+            ),
+            event(
+                r#"{"v":1,"id":"s","tenant":"t","run":"done","ts_ms":3,"type":"run_started","parent":"root"}"#,
+            ),
+            event(r#"{"v":1,"id":"f","tenant":"t","run":"done","ts_ms":4,"type":"run_finished"}"#),
+            event(
+                r#"{"v":1,"id":"s","tenant":"t","run":"stranger","ts_ms":3,"type":"run_started"}"#,
+            ),
+        ];
+        applier.handle(&mut inputs).unwrap();
+        std::mem::take(&mut applier.outbox).send(&applier.out);
+        while sent.try_recv().is_ok() {}
+
+        let mut inputs = vec![event(
+            r#"{"v":1,"id":"c","tenant":"t","run":"root","ts_ms":5,"type":"cancel","by":"oncall"}"#,
+        )];
+        applier.handle(&mut inputs).unwrap();
+        std::mem::take(&mut applier.outbox).send(&applier.out);
+        let sent = sent.try_recv().expect("the batch is sent");
+        let stopped: Vec<(&str, String)> = sent
+            .publishes
+            .iter()
+            .filter_map(|output| match output {
+                Output::Stop { run, body, .. } => {
+                    let decision: serde_json::Value = serde_json::from_slice(body).unwrap();
+                    Some((
+                        run.as_str(),
+                        decision["reason"].as_str().unwrap().to_owned(),
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            stopped,
+            [
+                ("root", "cancelled".to_owned()),
+                ("kid", "ancestor_stopped".to_owned()),
+                ("grandkid", "ancestor_stopped".to_owned()),
+            ]
+        );
+        let engine = applier.store.engine();
+        assert!(engine.run("t", "stranger").unwrap().is_open());
+        let grandkid = engine.run("t", "grandkid").unwrap().report().unwrap();
+        assert!(
+            grandkid.detail.as_deref().unwrap().contains("run "),
+            "{grandkid:?}"
+        );
     }
 }
