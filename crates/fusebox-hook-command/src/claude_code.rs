@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use fusebox_hook::claude_code::{self, Outcome, Payload};
+use fusebox_hook::claude_code::{self, HookEvent, Outcome, Payload};
 use serde_json::json;
 
 use super::reply::{Answer, Reply};
@@ -10,7 +10,8 @@ use super::{log_failure, now_ms, read_stdin, transcript_len, Hook};
 
 /// The exit status is 0 with the answer on stdout, except for a payload that cannot be
 /// read or guarded: exit 2, which Claude Code treats as a blocking error (the tool call
-/// does not run) and shows our stderr to the model.
+/// does not run) and shows our stderr to the model. A prompt is never blocked for the
+/// hook's own trouble: only a stopped run blocks one.
 pub fn hook(hook: &Hook) -> ExitCode {
     let reply = Reply::install(
         Answer::blocking("no answer in time; the call is refused"),
@@ -42,6 +43,9 @@ pub fn hook(hook: &Hook) -> ExitCode {
     let mut event = match event {
         Ok(Some(event)) => event,
         Ok(None) => return reply.send(Answer::json(json!({}))),
+        Err(why) if payload.event() == HookEvent::UserPromptSubmit => {
+            return reply.send(Answer::json(json!({})).with_stderr(format!("fusebox: {why}")))
+        }
         Err(why) => return reply.send(Answer::blocking(&why)),
     };
     let resumed = payload.resumes().then_some(payload.session_id.as_str());

@@ -1,10 +1,11 @@
 //! `fusebox hook codex`: one Codex hook event per process. Codex fails open (exit 1, a
 //! timeout, non-JSON output let the tool run), so every path ends in an answer that
-//! refuses the call, and a stop is kept here because no answer can end a Codex turn.
+//! refuses the call, and a stop is kept here because no answer can end a Codex turn: a
+//! stopped session's later calls are denied, and its user's prompts blocked, with it.
 
 use std::process::ExitCode;
 
-use fusebox_hook::codex::{self, HookEvent, Outcome, Payload};
+use fusebox_hook::codex::{self, Outcome, Payload};
 use serde_json::json;
 
 use super::kept_stops::KeptStops;
@@ -31,9 +32,9 @@ pub fn hook(hook: &Hook) -> ExitCode {
     reply.fallback(failed("no answer in time".to_owned(), hook.allowed()));
     let stops = KeptStops::new(hook.state_dir.clone());
     let run = hook.runs().current(hook.tenant(), &payload.session_id);
-    if payload.event() == HookEvent::PreToolUse {
-        if let Some(report) = stops.get(hook.tenant(), &run) {
-            return reply.send(Answer::json(codex::kept_stop_answer(&report)));
+    if let Some(report) = stops.get(hook.tenant(), &run) {
+        if let Some(answer) = codex::kept_stop_answer(&payload, &report) {
+            return reply.send(Answer::json(answer));
         }
     }
     let transcript_len = transcript_len(payload.transcript_path.as_deref());

@@ -7,19 +7,22 @@
 //! derived from the payload (the tool use id, the event name): a hook that Claude Code
 //! runs again for the same moment sends the same id, and the daemon answers it from its
 //! dedup with the original decision instead of counting the call twice.
+//!
+//! A prompt the user submits (UserPromptSubmit) is a `prompt` event: the session's next
+//! task. Its words never leave the hook — the guard needs the moment, not the text.
 
 use fusebox_core::event::hex_sha256;
 use fusebox_core::event::{
-    Args, Compaction, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
+    Args, Compaction, Prompt, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
 };
 use fusebox_core::{Action, Decision, Event, EventBody};
 
 use crate::common::{
-    checked, completed_reason, message_of, observe_context, unasked_reason, unguarded_note,
-    Operations,
+    checked, completed_reason, message_of, observe_context, prompt_refused, unasked_reason,
+    unguarded_note, Operations,
 };
 pub use crate::common::{run_id, Outcome};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
 /// The hook events fusebox acts on. Anything else is answered with no opinion.
@@ -30,6 +33,10 @@ pub enum HookEvent {
     PostToolUse,
     PostToolUseFailure,
     PreCompact,
+    /// A prompt submitted: the user's, or one Claude Code submits itself (see
+    /// [`Payload::users_prompt`]). UserPromptExpansion, which follows a slash command's,
+    /// is the same prompt and not listened to.
+    UserPromptSubmit,
     /// Fired at the end of every answer; an interactive session goes on with the next
     /// prompt under the same session id, so this does not close the run.
     Stop,
@@ -45,6 +52,7 @@ impl HookEvent {
             "PostToolUse" => HookEvent::PostToolUse,
             "PostToolUseFailure" => HookEvent::PostToolUseFailure,
             "PreCompact" => HookEvent::PreCompact,
+            "UserPromptSubmit" => HookEvent::UserPromptSubmit,
             "Stop" => HookEvent::Stop,
             "SessionEnd" => HookEvent::SessionEnd,
             _ => HookEvent::Other,
@@ -75,9 +83,37 @@ pub struct Payload {
     pub trigger: Option<String>,
     #[serde(default)]
     pub reason: Option<String>,
+    /// SessionStart: how the session began (`resume` …). UserPromptSubmit: who wrote the
+    /// prompt, where Claude Code says so (a field it is rolling out).
     #[serde(default)]
     pub source: Option<String>,
+    #[serde(default)]
+    pub prompt_id: Option<String>,
+    /// Set on every hook of a sub-agent, on none of the main agent's.
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    /// UserPromptSubmit: whether the prompt is a background task's completion notice,
+    /// which Claude Code submits as a prompt of its own. Only that is read of the text:
+    /// the words are not kept.
+    #[serde(default, rename = "prompt", deserialize_with = "task_notification")]
+    pub task_notification: bool,
 }
+
+/// How a background task's completion notice begins (2.1.327 submits it as a prompt,
+/// sometimes under the prompt id of the user's prompt that started the task).
+const TASK_NOTIFICATION: &str = "<task-notification>";
+
+fn task_notification<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    let text = Option::<String>::deserialize(deserializer)?;
+    Ok(text.is_some_and(|text| text.starts_with(TASK_NOTIFICATION)))
+}
+
+/// Who wrote a prompt (`source`) when it is the user: typed in the session, or given to
+/// `claude -p` and the Agent SDK. The others (`system`: notices, messages of peers,
+/// auto-continuation; `loop_wakeup`, `schedule_wakeup`: a wakeup the model itself may
+/// have scheduled; `poll_event`) go on the task of the user's last prompt: a new task
+/// per wakeup would give a runaway fresh budgets whenever it asked for one.
+const USER_SOURCES: [&str; 2] = ["user", "sdk"];
 
 impl Payload {
     pub fn parse(bytes: &[u8]) -> Result<Payload, String> {
@@ -91,6 +127,17 @@ impl Payload {
     /// A session continued (`--resume`, `--continue`) in a new process.
     pub fn resumes(&self) -> bool {
         self.event() == HookEvent::SessionStart && self.source.as_deref() == Some("resume")
+    }
+
+    /// A UserPromptSubmit of the user's: the main agent's, not a task's completion notice,
+    /// and from the user where the payload says who wrote it.
+    pub fn users_prompt(&self) -> bool {
+        self.agent_id.is_none()
+            && !self.task_notification
+            && self
+                .source
+                .as_deref()
+                .is_none_or(|source| USER_SOURCES.contains(&source))
     }
 
     fn tool_use(&self) -> Result<(&str, &str), String> {
@@ -137,6 +184,7 @@ pub fn event_for(
                 agent: Some(agent.to_owned()),
                 tools: None,
                 policy: None,
+                parent: None,
             }),
         ),
         HookEvent::PreToolUse => {
@@ -204,6 +252,14 @@ pub fn event_for(
                 }),
             )
         }
+        // A prompt id names the user's prompt; a notice that shares it is not sent.
+        HookEvent::UserPromptSubmit if payload.users_prompt() => {
+            let id = payload
+                .prompt_id
+                .as_deref()
+                .ok_or_else(|| format!("{} payload without prompt_id", payload.hook_event_name))?;
+            envelope(format!("cc-prompt-{id}"), EventBody::Prompt(Prompt {}))
+        }
         HookEvent::SessionEnd => envelope(
             "cc-session-end".to_owned(),
             EventBody::RunFinished(RunFinished {
@@ -213,7 +269,7 @@ pub fn event_for(
                 )),
             }),
         ),
-        HookEvent::Stop | HookEvent::Other => return Ok(None),
+        HookEvent::UserPromptSubmit | HookEvent::Stop | HookEvent::Other => return Ok(None),
     };
     // A payload the daemon would refuse is this hook's error, said here, not a refusal
     // from the guard.
@@ -234,6 +290,16 @@ pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
                 why,
             },
         ) => deny(&unasked_reason(why)),
+        // Only a stopped run answers a prompt `stop`: the prompt is blocked and the user
+        // reads why, instead of the model being refused call after call. Nothing else
+        // blocks a prompt — not a guard that cannot be asked (the calls after it are
+        // refused as ever).
+        (HookEvent::UserPromptSubmit, Outcome::Decided(decision))
+            if decision.action == Action::Stop =>
+        {
+            json!({"decision": "block", "reason": prompt_refused(&message_of(decision))})
+        }
+        (HookEvent::UserPromptSubmit, _) => json!({}),
         (_, Outcome::Decided(decision)) if decision.action == Action::Stop => json!({
             "continue": false,
             "stopReason": message_of(decision),
@@ -295,6 +361,7 @@ fn name(event: HookEvent) -> &'static str {
         HookEvent::PostToolUse => "PostToolUse",
         HookEvent::PostToolUseFailure => "PostToolUseFailure",
         HookEvent::PreCompact => "PreCompact",
+        HookEvent::UserPromptSubmit => "UserPromptSubmit",
         HookEvent::Stop => "Stop",
         HookEvent::SessionEnd => "SessionEnd",
         HookEvent::Other => "Other",

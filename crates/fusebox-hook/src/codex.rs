@@ -10,18 +10,22 @@
 //! - **Codex fails open.** Exit 1, a timeout or non-JSON output lets the tool run; the
 //!   caller must always print one of these answers (or exit 2, which Codex takes as a
 //!   deny with stderr as the reason).
+//!
+//! A prompt the user submits (UserPromptSubmit) is a `prompt` event, without its words;
+//! a stopped session's prompt is blocked. Codex fires the hook in every sub-agent too,
+//! with the spawn message as the prompt: that one is not the user's.
 
 use fusebox_core::event::hex_sha256;
 use fusebox_core::event::{
-    Args, Compaction, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
+    Args, Compaction, Prompt, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
 };
 use fusebox_core::{Action, Decision, Event, EventBody};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::common::{
-    checked, completed_reason, lines_in_one_order, message_of, observe_context, unasked_reason,
-    unguarded_note, Operations,
+    checked, completed_reason, lines_in_one_order, message_of, observe_context, prompt_refused,
+    unasked_reason, unguarded_note, Operations,
 };
 
 /// Codex's shell tool, as its hooks name it.
@@ -34,6 +38,8 @@ pub enum HookEvent {
     /// Also fired again after a compaction (`source: "compact"`): the same event id, so
     /// the daemon answers it from its dedup.
     SessionStart,
+    /// A prompt submitted: the user's, or a sub-agent's spawn message.
+    UserPromptSubmit,
     PreToolUse,
     PostToolUse,
     /// A compaction. Its PostCompact twin is not counted again (one compaction, one
@@ -48,6 +54,7 @@ impl HookEvent {
     fn parse(name: &str) -> HookEvent {
         match name {
             "SessionStart" => HookEvent::SessionStart,
+            "UserPromptSubmit" => HookEvent::UserPromptSubmit,
             "PreToolUse" => HookEvent::PreToolUse,
             "PostToolUse" => HookEvent::PostToolUse,
             "PreCompact" => HookEvent::PreCompact,
@@ -80,6 +87,9 @@ pub struct Payload {
     pub reason: Option<String>,
     #[serde(default)]
     pub source: Option<String>,
+    /// Set on every hook of a sub-agent, on none of the main agent's.
+    #[serde(default)]
+    pub agent_id: Option<String>,
 }
 
 impl Payload {
@@ -94,6 +104,11 @@ impl Payload {
     /// A session continued (`codex resume`) in a new process.
     pub fn resumes(&self) -> bool {
         self.event() == HookEvent::SessionStart && self.source.as_deref() == Some("resume")
+    }
+
+    /// A UserPromptSubmit of the user's, not a sub-agent's.
+    pub fn users_prompt(&self) -> bool {
+        self.event() == HookEvent::UserPromptSubmit && self.agent_id.is_none()
     }
 
     fn tool_use(&self) -> Result<(&str, &str), String> {
@@ -139,8 +154,17 @@ pub fn event_for(
                 agent: Some(agent.to_owned()),
                 tools: None,
                 policy: None,
+                parent: None,
             }),
         ),
+        // Each prompt of the user's starts a turn of its own.
+        HookEvent::UserPromptSubmit if payload.users_prompt() => {
+            let turn = payload
+                .turn_id
+                .as_deref()
+                .ok_or_else(|| format!("{} payload without turn_id", payload.hook_event_name))?;
+            envelope(format!("cx-prompt-{turn}"), EventBody::Prompt(Prompt {}))
+        }
         HookEvent::PreToolUse => {
             let (id, tool) = payload.tool_use()?;
             envelope(
@@ -210,7 +234,7 @@ pub fn event_for(
                 )),
             }),
         ),
-        HookEvent::Other => return Ok(None),
+        HookEvent::UserPromptSubmit | HookEvent::Other => return Ok(None),
     };
     checked(event, &payload.hook_event_name).map(Some)
 }
@@ -224,13 +248,28 @@ pub fn stop_kept(outcome: &Outcome) -> Option<String> {
     }
 }
 
-/// The answer to a PreToolUse of a session whose run was stopped earlier: the kept stop
-/// report, said without asking the daemon again.
-pub fn kept_stop_answer(report: &str) -> Value {
+/// The answer to a hook of a session whose run was stopped earlier, said with the kept
+/// stop report without asking the daemon again: a call is denied, the user's prompt
+/// blocked; `None` for the hooks a stop does not answer.
+pub fn kept_stop_answer(payload: &Payload, report: &str) -> Option<Value> {
+    match payload.event() {
+        HookEvent::PreToolUse => Some(call_stopped(report)),
+        HookEvent::UserPromptSubmit if payload.users_prompt() => Some(prompt_blocked(report)),
+        _ => None,
+    }
+}
+
+fn call_stopped(report: &str) -> Value {
     deny(&format!(
         "{report}\nThis session's run is stopped: every further tool call is refused. \
          End the turn and tell the user."
     ))
+}
+
+/// The turn ends before the model is asked (`codex exec` 0.171 prints only
+/// `hook: UserPromptSubmit Blocked`; the reason is for the interactive CLI).
+fn prompt_blocked(report: &str) -> Value {
+    json!({"decision": "block", "reason": prompt_refused(report)})
 }
 
 /// The hook's answer on stdout for `event`.
@@ -247,6 +286,13 @@ pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
                 why,
             },
         ) => deny(&unasked_reason(why)),
+        // Only a stopped run answers a prompt `stop`; nothing else blocks a prompt, not a
+        // guard that cannot be asked (the calls after it are refused as ever).
+        (HookEvent::UserPromptSubmit, Outcome::Decided(decision))
+            if decision.action == Action::Stop =>
+        {
+            prompt_blocked(&message_of(decision))
+        }
         // The model goes on after a result whatever the hook says; the stop report is
         // what it reads, and the next call is denied with it.
         (HookEvent::PostToolUse, Outcome::Decided(decision)) => match observe_context(decision) {
@@ -264,7 +310,7 @@ fn pre_tool_use(decision: &Decision) -> Value {
         Action::Execute => json!({}),
         Action::Warn => context("PreToolUse", &message),
         Action::UseCompletedResult => deny(&completed_reason(decision)),
-        Action::Stop => kept_stop_answer(&message),
+        Action::Stop => call_stopped(&message),
         // Block, and any action that does not let the tool run.
         _ => deny(&message),
     }
@@ -350,7 +396,7 @@ mod tests {
 
     #[test]
     fn post_compact_and_stop_are_not_events() {
-        for name in ["PostCompact", "Stop", "UserPromptSubmit"] {
+        for name in ["PostCompact", "Stop"] {
             let payload = parse(&format!(
                 r#"{{"session_id":"s","hook_event_name":"{name}"}}"#
             ));

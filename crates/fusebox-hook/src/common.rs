@@ -153,6 +153,16 @@ pub fn observe_context(decision: &Decision) -> Option<String> {
     decision.message.as_ref().map(|m| format!("fusebox: {m}"))
 }
 
+/// Why the user's prompt is blocked: the daemon answers a prompt `stop` only for a run
+/// that was stopped before it (the latch), with that stop's report. The user reads it,
+/// not the model, so it says what became of the prompt and how to go on.
+pub fn prompt_refused(report: &str) -> String {
+    format!(
+        "{report}\nThis session was stopped before your prompt, which did not reach the \
+         model. Start a new session to go on."
+    )
+}
+
 /// The reason a call is refused when the guard could not be asked.
 pub fn unasked_reason(why: &str) -> String {
     format!(

@@ -16,22 +16,30 @@
 //!   session at `max_compactions`; it is answered with no opinion.
 //! - **Gemini CLI fails open** (exit 1, timeout, bad JSON): the caller must always print
 //!   one of these answers.
+//! - **BeforeAgent is the prompt hook** (there is no UserPromptSubmit): once per prompt
+//!   of the user's (the CLI fires it once per prompt id; sub-agents fire none), a
+//!   `prompt` event without the prompt's words. A stopped session's prompt ends the agent
+//!   before the model is asked.
 
 use fusebox_core::event::hex_sha256;
-use fusebox_core::event::{Args, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult};
+use fusebox_core::event::{
+    Args, Prompt, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
+};
 use fusebox_core::{Action, Decision, Event, EventBody};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::common::{
-    checked, completed_reason, lines_in_one_order, message_of, observe_context, unasked_reason,
-    unguarded_note, Operations,
+    checked, completed_reason, lines_in_one_order, message_of, observe_context, prompt_refused,
+    unasked_reason, unguarded_note, Operations,
 };
 pub use crate::common::{run_id, Outcome};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HookEvent {
     SessionStart,
+    /// A prompt submitted, before the agent plans.
+    BeforeAgent,
     BeforeTool,
     AfterTool,
     SessionEnd,
@@ -42,6 +50,7 @@ impl HookEvent {
     fn parse(name: &str) -> HookEvent {
         match name {
             "SessionStart" => HookEvent::SessionStart,
+            "BeforeAgent" => HookEvent::BeforeAgent,
             "BeforeTool" => HookEvent::BeforeTool,
             "AfterTool" => HookEvent::AfterTool,
             "SessionEnd" => HookEvent::SessionEnd,
@@ -96,13 +105,16 @@ impl Payload {
         Ok(hex_sha256(text.as_bytes())[..32].to_owned())
     }
 
+    /// The event's timestamp: every hook of one event gets the same.
+    fn timestamp(&self) -> Result<&str, String> {
+        self.timestamp
+            .as_deref()
+            .ok_or_else(|| format!("{} payload without timestamp", self.hook_event_name))
+    }
+
     /// This very hook event: the call and the event's timestamp.
     fn moment(&self) -> Result<String, String> {
-        let timestamp = self
-            .timestamp
-            .as_deref()
-            .ok_or_else(|| format!("{} payload without timestamp", self.hook_event_name))?;
-        Ok(format!("{}@{timestamp}", self.call_key()?))
+        Ok(format!("{}@{}", self.call_key()?, self.timestamp()?))
     }
 }
 
@@ -220,7 +232,13 @@ pub fn event_for(
                 agent: Some(agent.to_owned()),
                 tools: None,
                 policy: None,
+                parent: None,
             }),
+        ),
+        // The prompt carries no id: its timestamp names it.
+        HookEvent::BeforeAgent => envelope(
+            format!("gm-prompt-{}", payload.timestamp()?),
+            EventBody::Prompt(Prompt {}),
         ),
         HookEvent::BeforeTool => {
             let (id, tool) = (call()?, payload.tool()?);
@@ -349,6 +367,11 @@ pub fn answer(event: HookEvent, outcome: &Outcome, warning: Option<&str>) -> Val
                 why,
             },
         ) => deny(&unasked_reason(why)),
+        // Only a stopped run answers a prompt `stop` (the user reads "Agent execution
+        // stopped: …"); nothing else blocks a prompt, not a guard that cannot be asked.
+        (HookEvent::BeforeAgent, Outcome::Decided(decision)) if decision.action == Action::Stop => {
+            stop(&prompt_refused(&message_of(decision)))
+        }
         (_, Outcome::Decided(decision)) if decision.action == Action::Stop => {
             stop(&message_of(decision))
         }

@@ -11,3 +11,5 @@ pub use common::{with_result_hashed, Operations};
 pub mod gemini_cli;
 #[cfg(test)]
 mod operations_tests;
+#[cfg(test)]
+mod prompt_tests;

@@ -6,10 +6,12 @@
 //! Closed on failure: Claude Code's `onFailure: "block"` (printed by
 //! `--print-settings --http`) blocks the call on a refused request, a non-2xx answer, a
 //! timeout or an endpoint that is down; a silent daemon is answered with a deny within
-//! `--timeout`. On a loopback address any local process may ask (as with the command
-//! hook); on any other address every request needs a bearer token that names its
-//! tenant. What must outlive the endpoint — a resumed session's run — is kept in the
-//! same state files as the command's; a stopped session stays stopped in the daemon.
+//! `--timeout`. A prompt is the exception: its hook is printed without `onFailure`, and
+//! it is blocked only by a stopped run, never for want of an answer. On a loopback
+//! address any local process may ask (as with the command hook); on any other address
+//! every request needs a bearer token that names its tenant. What must outlive the
+//! endpoint — a resumed session's run — is kept in the same state files as the
+//! command's; a stopped session stays stopped in the daemon.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use fusebox_client::{ClientError, ClientOptions, FuseboxClient, Gate, GateOnError};
-use fusebox_hook::claude_code::{self, Outcome, Payload};
+use fusebox_hook::claude_code::{self, HookEvent, Outcome, Payload};
 use fusebox_hook::Operations;
 
 use fusebox_hook_command::session_runs::SessionRuns;
@@ -213,6 +215,10 @@ async fn claude_code_hook(
     let mut event = match event {
         Ok(Some(event)) => event,
         Ok(None) => return json_response(&serde_json::json!({})),
+        Err(why) if payload.event() == HookEvent::UserPromptSubmit => {
+            eprintln!("fusebox: {why}");
+            return json_response(&serde_json::json!({}));
+        }
         Err(why) => return (StatusCode::BAD_REQUEST, format!("fusebox: {why}")).into_response(),
     };
     let asked = async {
