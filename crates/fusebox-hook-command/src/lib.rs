@@ -45,34 +45,38 @@ pub const HOOK_BINARY: &str = "fusebox-hook";
 /// <agent>`).
 #[derive(Subcommand)]
 pub enum Agent {
-    /// Claude Code's hook protocol (SessionStart, PreToolUse, PostToolUse,
-    /// PostToolUseFailure, PreCompact, SessionEnd).
+    /// Claude Code's hook protocol (SessionStart, UserPromptSubmit, PreToolUse,
+    /// PostToolUse, PostToolUseFailure, PreCompact, SessionEnd).
     ///
     /// Setup: `fusebox hook claude-code --print-settings` prints the block for
     /// ~/.claude/settings.json (or a project's .claude/settings.json); merge its "hooks"
     /// into yours. Each tool call is then asked of fuseboxd first: a block or stop denies
     /// it with the guard's message as the reason, a warn reaches the model as context, a
-    /// stop also ends the session. One session is one run (tenant from --tenant).
+    /// stop also ends the session, and a stopped session's next prompt is blocked. One
+    /// session is one run (tenant from --tenant), each prompt a task of it.
     /// See docs/agents/claude-code.md.
     #[command(verbatim_doc_comment)]
     ClaudeCode(ClaudeCodeArgs),
-    /// OpenAI Codex CLI's hook protocol (SessionStart, PreToolUse, PostToolUse,
-    /// PreCompact, SessionEnd).
+    /// OpenAI Codex CLI's hook protocol (SessionStart, UserPromptSubmit, PreToolUse,
+    /// PostToolUse, PreCompact, SessionEnd).
     ///
     /// Setup: `fusebox hook codex --print-config` prints the block for
     /// ~/.codex/config.toml; trust the hooks once (Codex skips untrusted hooks silently).
     /// A block or stop denies the call with the guard's message as the reason, a warn
     /// reaches the model as context. No hook answer can end a Codex turn, so after a stop
-    /// every later call of the session is denied with the stop report.
+    /// every later call of the session is denied, and its prompts blocked, with the stop
+    /// report.
     /// See docs/agents/codex.md.
     #[command(verbatim_doc_comment)]
     Codex(CodexArgs),
-    /// Gemini CLI's hook protocol (SessionStart, BeforeTool, AfterTool, SessionEnd).
+    /// Gemini CLI's hook protocol (SessionStart, BeforeAgent, BeforeTool, AfterTool,
+    /// SessionEnd).
     ///
     /// Setup: `fusebox hook gemini-cli --print-settings` prints the block for
     /// ~/.gemini/settings.json (user level: project hooks are skipped in untrusted
-    /// folders). A block denies the call, a stop ends the agent, a warn reaches the model
-    /// with the call's result. See docs/agents/gemini-cli.md.
+    /// folders). A block denies the call, a stop ends the agent (and a stopped session's
+    /// next prompt), a warn reaches the model with the call's result.
+    /// See docs/agents/gemini-cli.md.
     #[command(verbatim_doc_comment)]
     GeminiCli(GeminiCliArgs),
 }

@@ -2,7 +2,8 @@
 //! settings (Claude Code's and Gemini CLI's settings.json, Codex's config.toml). Each
 //! sets the agent's hook timeout well beyond the command's own deadline, so the guard's
 //! answer — or the command's deny when the guard is silent — always arrives before the
-//! agent gives up on the hook and runs the tool anyway.
+//! agent gives up on the hook and runs the tool anyway. Each listens to the agent's prompt
+//! hook too: a prompt starts the session's next task.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,8 +13,9 @@ use serde_json::{json, Value};
 use crate::HOOK_BINARY;
 
 /// Claude Code's hook events fusebox listens to, and whether they take a tool matcher.
-const EVENTS: [(&str, bool); 6] = [
+const EVENTS: [(&str, bool); 7] = [
     ("SessionStart", false),
+    ("UserPromptSubmit", false),
     ("PreToolUse", true),
     ("PostToolUse", true),
     ("PostToolUseFailure", true),
@@ -100,7 +102,8 @@ fn hooks_block(events: &[(&str, bool)], matcher: &str, hook: impl Fn(&str) -> Va
 /// `onFailure: "block"` (the default, `continue`, runs the tool when the request fails,
 /// is refused or times out), and the bearer token from `token_env` if given. SessionStart
 /// stays the `command` hook: Claude Code (2.1.327) does not send it to an HTTP hook, and
-/// it runs once per session.
+/// it runs once per session. UserPromptSubmit keeps the default: an endpoint that is
+/// down must not block the user's prompt (the calls after it are blocked as ever).
 pub fn claude_code_http(
     url: &str,
     token_env: Option<&str>,
@@ -125,8 +128,10 @@ pub fn claude_code_http(
         if event == "SessionStart" {
             return json!({"type": "command", "command": command, "timeout": timeout_s});
         }
-        let mut hook = json!({"type": "http", "url": url, "timeout": timeout_s,
-            "onFailure": "block"});
+        let mut hook = json!({"type": "http", "url": url, "timeout": timeout_s});
+        if event != "UserPromptSubmit" {
+            hook["onFailure"] = json!("block");
+        }
         if let Some(var) = token_env {
             hook["headers"] = json!({"Authorization": format!("Bearer ${var}")});
             hook["allowedEnvVars"] = json!([var]);
@@ -137,8 +142,9 @@ pub fn claude_code_http(
 
 /// Codex's hook events fusebox listens to. Not Stop (the end of every turn), not
 /// PostCompact (PreCompact already counts the compaction).
-const CODEX_EVENTS: [&str; 5] = [
+const CODEX_EVENTS: [&str; 6] = [
     "SessionStart",
+    "UserPromptSubmit",
     "PreToolUse",
     "PostToolUse",
     "PreCompact",
@@ -178,8 +184,10 @@ pub fn codex(command: &str, deadline: Duration) -> String {
 
 /// Gemini CLI's hook events fusebox listens to, and whether they take a tool matcher.
 /// Not PreCompress: Gemini CLI fires it before every model request, compaction or not.
-const GEMINI_EVENTS: [(&str, bool); 4] = [
+/// BeforeAgent is its prompt hook.
+const GEMINI_EVENTS: [(&str, bool); 5] = [
     ("SessionStart", false),
+    ("BeforeAgent", false),
     ("BeforeTool", true),
     ("AfterTool", true),
     ("SessionEnd", false),
@@ -266,7 +274,9 @@ mod tests {
         for (event, _) in EVENTS.iter().filter(|(e, _)| *e != "SessionStart") {
             let hook = &block["hooks"][event][0]["hooks"][0];
             assert_eq!(hook["type"], "http");
-            assert_eq!(hook["onFailure"], "block", "{event}");
+            // A prompt goes on when the endpoint fails; everything else is blocked.
+            let on_failure = (*event != "UserPromptSubmit").then_some("block");
+            assert_eq!(hook["onFailure"].as_str(), on_failure, "{event}");
             assert_eq!(
                 hook["headers"]["Authorization"],
                 "Bearer $FUSEBOX_HOOK_TOKEN"
