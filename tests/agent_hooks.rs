@@ -40,6 +40,7 @@ impl Agent {
                 "compaction",
                 "legitimate",
                 "merged_streams",
+                "prompts",
                 "rerun",
                 "runaway",
             ],
@@ -47,6 +48,7 @@ impl Agent {
                 "bad_input",
                 "legitimate",
                 "merged_streams",
+                "prompts",
                 "rerun",
                 "runaway",
             ],
@@ -104,6 +106,11 @@ fn check_codex(expect: &str, out: &Output, at: &str) -> Option<String> {
             assert_eq!(s["hookEventName"], event, "{at}: {answer}");
             assert!(s.get("permissionDecision").is_none(), "{at}: {answer}");
             text(&s["additionalContext"], at)
+        }
+        "block" => {
+            assert_eq!(answer["decision"], "block", "{at}: {answer}");
+            assert!(answer.get("hookSpecificOutput").is_none(), "{at}: {answer}");
+            text(&answer["reason"], at)
         }
         "deny" | "kept" => {
             let s = specific(&answer);
@@ -262,7 +269,7 @@ fn every_case_file_is_run() {
 
 /// With no guard to answer, a tool call is denied within the hook's own deadline (never
 /// a hang, never let through unasked) or, by choice, runs unguarded; the other events
-/// need no answer.
+/// need no answer (a prompt goes on: the calls after it are denied).
 #[test]
 fn guard_down_denies_within_the_deadline_and_allow_lets_calls_run() {
     // A listener that accepts and never speaks: the worst kind of silent guard.
@@ -270,9 +277,14 @@ fn guard_down_denies_within_the_deadline_and_allow_lets_calls_run() {
     let url = format!("nats://{}", silent.local_addr().unwrap());
     let down = ["--nats-url", url.as_str(), "--timeout", "500ms"];
     let allow = [&down[..], &["--on-error", "allow"]].concat();
-    for (agent, call, result) in [
-        (Agent::Codex, "PreToolUse", "PostToolUse"),
-        (Agent::GeminiCli, "BeforeTool", "AfterTool"),
+    for (agent, call, result, prompt) in [
+        (
+            Agent::Codex,
+            "PreToolUse",
+            "PostToolUse",
+            "UserPromptSubmit",
+        ),
+        (Agent::GeminiCli, "BeforeTool", "AfterTool", "BeforeAgent"),
     ] {
         let state = tempfile::tempdir().expect("temp dir");
         // Each invocation another call (tool use id, timestamp).
@@ -308,7 +320,7 @@ fn guard_down_denies_within_the_deadline_and_allow_lets_calls_run() {
         };
         assert!(said.unwrap().contains("unguarded"), "{agent:?}");
 
-        for event in ["SessionStart", "SessionEnd"] {
+        for event in ["SessionStart", prompt, "SessionEnd"] {
             let out = hook(agent, &down, &body(event, "t4"), state.path());
             check("nothing", &out, event);
         }

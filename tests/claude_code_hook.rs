@@ -18,6 +18,16 @@ use serde_json::{json, Value};
 
 const TENANT: &str = "hooks";
 
+/// Every file of tests/fixtures/claude-code-hooks/cases, run each way.
+const CASES: [&str; 6] = [
+    "runaway",
+    "legitimate",
+    "rerun",
+    "compaction",
+    "bad_input",
+    "prompts",
+];
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/claude-code-hooks")
 }
@@ -97,6 +107,15 @@ fn check_answer(expect: &str, event: &str, out: &Output, phrase: Option<&str>, a
             assert_ne!(event, "PreToolUse", "{at}: a PreToolUse stop also denies");
             assert_eq!(answer["continue"], false, "{at}: {answer}");
             answer["stopReason"].as_str()
+        }
+        "block" => {
+            assert_eq!(
+                event, "UserPromptSubmit",
+                "{at}: only a prompt is blocked so"
+            );
+            assert_eq!(answer["decision"], "block", "{at}: {answer}");
+            assert!(answer.get("continue").is_none(), "{at}: {answer}");
+            answer["reason"].as_str()
         }
         other => panic!("{at}: unknown expectation {other:?}"),
     };
@@ -193,7 +212,7 @@ fn run_case_through(stack: &HookStack, transport: &Transport, name: &str) {
 #[tokio::test]
 async fn hook_cases_against_a_real_daemon() {
     let stack = stack().await;
-    for case in ["runaway", "legitimate", "rerun", "compaction", "bad_input"] {
+    for case in CASES {
         run_case(&stack, case);
     }
 }
@@ -203,7 +222,7 @@ async fn hook_cases_over_http_against_a_real_daemon() {
     let stack = stack().await;
     let state = tempfile::tempdir().expect("temp dir");
     let (_serve, port) = serve(&stack, state.path(), &[]);
-    for case in ["runaway", "legitimate", "rerun", "compaction", "bad_input"] {
+    for case in CASES {
         run_case_through(&stack, &Transport::Http(port), case);
     }
 }
@@ -381,11 +400,9 @@ fn every_case_file_is_run() {
         })
         .collect();
     on_disk.sort();
-    assert_eq!(
-        on_disk,
-        ["bad_input", "compaction", "legitimate", "rerun", "runaway"],
-        "add a new case file to hook_cases_against_a_real_daemon"
-    );
+    let mut run = CASES.to_vec();
+    run.sort_unstable();
+    assert_eq!(on_disk, run, "add a new case file to CASES");
 }
 
 /// With no guard to answer, a tool call is denied within the hook's own deadline (never
@@ -426,8 +443,10 @@ fn guard_down_denies_within_the_deadline_and_allow_lets_calls_run() {
     let out = hook(&allow, &pre, state.path());
     check_answer("warn", "PreToolUse", &out, Some("unguarded"), "allow");
 
-    // Events that are not tool calls need no answer from a guard that is down.
+    // Events that are not tool calls need no answer from a guard that is down: a prompt
+    // goes on (the calls after it are denied).
     for event in [
+        "UserPromptSubmit",
         "PostToolUse",
         "PostToolUseFailure",
         "PreCompact",
