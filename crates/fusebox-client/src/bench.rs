@@ -8,6 +8,7 @@
 
 mod acked_consumer;
 mod durable_echo;
+mod tree;
 
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -83,6 +84,17 @@ impl Figure {
         }
     }
 
+    /// Several measurements of one thing as one: their counts and times added (the
+    /// percentiles are the worst of theirs).
+    fn sum(figures: &[Figure]) -> Figure {
+        Figure {
+            count: figures.iter().map(|f| f.count).sum(),
+            elapsed: figures.iter().map(|f| f.elapsed).sum(),
+            p50: figures.iter().map(|f| f.p50).max().unwrap_or_default(),
+            p99: figures.iter().map(|f| f.p99).max().unwrap_or_default(),
+        }
+    }
+
     fn from_samples(mut samples: Vec<Duration>, elapsed: Duration) -> Figure {
         samples.sort_unstable();
         let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
@@ -110,6 +122,10 @@ pub struct BenchReport {
     /// Requests in flight to a responder that makes them durable on that directory's
     /// disk (one `fdatasync` for all it has) before answering, when a directory was given.
     pub parallel_durable_echo: Option<Figure>,
+    /// Gate calls in flight spread over 64 children of one root, and over 64 unrelated
+    /// runs: what the tree's bookkeeping costs.
+    pub tree_gate: Figure,
+    pub flat_gate: Figure,
 }
 
 impl BenchReport {
@@ -135,6 +151,8 @@ impl std::fmt::Display for BenchReport {
             ("raw NATS request/reply, serial", &self.serial_echo),
             ("gate, in flight (durable)", &self.parallel_gate),
             ("raw NATS request/reply, in flight", &self.parallel_echo),
+            ("gate, 64 children of one root", &self.tree_gate),
+            ("gate, 64 unrelated runs", &self.flat_gate),
         ]
         .into_iter()
         .chain(
@@ -198,6 +216,11 @@ impl std::fmt::Display for BenchReport {
             },
             self.ingest.per_second() / self.ingest_raw.per_second(),
             self.ingest.per_second() / self.ingest_consumed.per_second()
+        )?;
+        writeln!(
+            f,
+            "tree: 64 children of one root {:.3}x 64 unrelated runs",
+            self.tree_gate.per_second() / self.flat_gate.per_second()
         )
     }
 }
@@ -220,7 +243,7 @@ fn tool_call(tenant: &str, prefix: &str, i: usize) -> (String, Vec<u8>) {
     (run, body.into_bytes())
 }
 
-fn check(gate: Gate) -> Result<(), ClientError> {
+pub(crate) fn check(gate: Gate) -> Result<(), ClientError> {
     match gate {
         Gate::Decided(_) => Ok(()),
         Gate::Refused(error) => Err(ClientError::Refused(error)),
@@ -245,7 +268,11 @@ async fn echo_request(
 }
 
 /// `total` requests, `in_flight` at a time; each `request(i)` is timed.
-async fn measure<F, Fut>(total: usize, in_flight: usize, request: F) -> Result<Figure, ClientError>
+pub(crate) async fn measure<F, Fut>(
+    total: usize,
+    in_flight: usize,
+    request: F,
+) -> Result<Figure, ClientError>
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<(), ClientError>> + Send,
@@ -355,6 +382,14 @@ pub async fn run(
         None => None,
     };
 
+    let (tree_gate, flat_gate) = tree::measure_both(
+        client,
+        &tenant,
+        &id,
+        options.parallel / 2,
+        options.in_flight,
+    )
+    .await?;
     let ingest = ingest(client, &tenant, &format!("i{id}"), options.ingest).await?;
     let ingest_raw = ingest_raw(client, &tenant, options.ingest).await?;
     let ingest_consumed =
@@ -373,6 +408,8 @@ pub async fn run(
         ingest_consumed,
         disk_floor,
         parallel_durable_echo,
+        tree_gate,
+        flat_gate,
     })
 }
 

@@ -9,7 +9,9 @@
 //!   --toggle-collect='*apply_all*' target/release/examples/engine_instructions
 //! ```
 //!
-//! and divide the total by the event count it prints.
+//! and divide the total by the event count it prints. With the argument `tree` or
+//! `flat` the events are instead 200,000 calls and results spread over 64 children of
+//! one root, or over 64 unrelated runs: the tree's bookkeeping is the difference.
 
 use fusebox_core::{parse_event, Engine, Event};
 
@@ -80,8 +82,44 @@ fn apply_all(events: &[Event]) -> usize {
         .count()
 }
 
+/// Calls and their results over 64 runs, children of `root` when `tree`.
+fn spread(events: usize, tree: bool) -> Vec<Event> {
+    let runs = 64;
+    let policy = r#""policy":{"max_steps":100000000,"max_open_children":1000,"max_children":1000}"#;
+    let mut lines = Vec::new();
+    if tree {
+        lines.push(format!(
+            r#"{{"v":1,"id":"s","tenant":"t","run":"root","ts_ms":1000,"type":"run_started",{policy}}}"#
+        ));
+    }
+    for n in 0..runs {
+        let parent = if tree { r#","parent":"root""# } else { "" };
+        lines.push(format!(
+            r#"{{"v":1,"id":"s","tenant":"t","run":"r{n}","ts_ms":1000,"type":"run_started",{policy}{parent}}}"#
+        ));
+    }
+    for i in 0..events / 2 {
+        let run = i % runs;
+        let ts = 2000 + i;
+        lines.push(format!(
+            r#"{{"v":1,"id":"c{i}","tenant":"t","run":"r{run}","ts_ms":{ts},"type":"tool_call","call_id":"c{i}","tool":"search","args":{{"q":"query {i}"}}}}"#
+        ));
+        lines.push(format!(
+            r#"{{"v":1,"id":"r{i}","tenant":"t","run":"r{run}","ts_ms":{ts},"type":"tool_result","call_id":"c{i}","tool":"search","kind":"SUCCESS","output":{{"hits":[{i}]}}}}"#
+        ));
+    }
+    lines
+        .iter()
+        .map(|line| parse_event(line.as_bytes()).expect("valid"))
+        .collect()
+}
+
 fn main() {
-    let events = trace(200_000);
+    let events = match std::env::args().nth(1).as_deref() {
+        Some("tree") => spread(200_000, true),
+        Some("flat") => spread(200_000, false),
+        _ => trace(200_000),
+    };
     let executed = apply_all(&events);
     println!("{} events applied, {executed} calls let run", events.len());
 }

@@ -155,13 +155,22 @@ impl Engine {
             EventBody::Prompt(_) => (observe::prompt(run, event), None),
         };
         // What the run spent or became, for the runs above it.
-        if let Some(parent) = run.node.parent.clone() {
+        if run.node.parent.is_some() {
             let depth = run.node.depth;
             let change = tree::Change::between(&before, was_open, run);
+            let parent = (lineage.is_empty() && !change.is_nothing())
+                .then(|| run.node.parent.clone())
+                .flatten();
             if !had_parent {
                 tree::join(tenant_runs, &event.run, &lineage, depth);
             }
-            tree::carry_up(tenant_runs, &event.run, &parent, change);
+            // The events that bear on the tree read the ancestors already; the others
+            // (a result, a cancel, a finish) look them up only when they change them.
+            let ancestors = match parent {
+                Some(parent) => Lineage::of(tenant_runs, Some(&parent), false),
+                None => lineage,
+            };
+            tree::carry_up(tenant_runs, &event.run, &ancestors, change);
         } else if let Some(parent) = refused_spawn(&event.body, &decided) {
             tree::spawn_refused(tenant_runs, parent, &event.run, &decided);
         }
@@ -277,7 +286,10 @@ fn lineage(runs: &TenantRuns, event: &Event) -> Lineage {
     );
     match parent {
         Some(parent) if bears => {
-            let lineage = Lineage::of(runs, Some(parent));
+            // The parent's memory of sub-task outcomes matters only before the run's
+            // first call names its sub-task.
+            let first_call = known.is_none_or(|run| run.node.subtask.is_none());
+            let lineage = Lineage::of(runs, Some(parent), first_call);
             // A parent below this run would make a cycle: no tree, then.
             if lineage.ancestors.iter().any(|a| a.id == event.run) {
                 return Lineage::default();

@@ -52,8 +52,9 @@ pub(crate) fn spent(run: &RunState) -> Below {
 }
 
 impl Lineage {
-    /// The ancestors of a run whose parent is `parent`.
-    pub fn of(runs: &TenantRuns, parent: Option<&str>) -> Lineage {
+    /// The ancestors of a run whose parent is `parent`; with the parent's memory of its
+    /// children's sub-tasks when `outcomes`.
+    pub fn of(runs: &TenantRuns, parent: Option<&str>, outcomes: bool) -> Lineage {
         let mut ancestors = Vec::new();
         let mut next = parent;
         while let Some(id) = next {
@@ -69,7 +70,11 @@ impl Lineage {
                 spawned: run.node.spawned,
                 open_below: run.node.open_below,
                 spent: spent(run),
-                child_outcomes: run.node.child_outcomes.clone(),
+                child_outcomes: if outcomes && ancestors.is_empty() {
+                    run.node.child_outcomes.clone()
+                } else {
+                    Vec::new()
+                },
             });
             next = run.node.parent.as_deref();
         }
@@ -268,7 +273,7 @@ impl Change {
         }
     }
 
-    fn is_nothing(&self) -> bool {
+    pub fn is_nothing(&self) -> bool {
         self.spent == Below::default() && self.closed.is_none() && !self.reopened
     }
 }
@@ -286,14 +291,14 @@ pub(crate) fn own(run: &RunState) -> Below {
 /// Carries a run's change up to its ancestors: their subtree spending, their open
 /// counts, the parent's list of open children and memory of sub-task outcomes, and the
 /// note that tells the parent's model a child was stopped.
-pub(crate) fn carry_up(runs: &mut TenantRuns, run_id: &str, parent: &str, change: Change) {
+pub(crate) fn carry_up(runs: &mut TenantRuns, run_id: &str, lineage: &Lineage, change: Change) {
     if change.is_nothing() {
         return;
     }
-    let mut next = Some(parent.to_owned());
-    let mut walked = 0;
-    while let Some(id) = next.take() {
-        let Some(slot) = runs.get_mut(&id) else { break };
+    for (i, ancestor) in lineage.ancestors.iter().enumerate() {
+        let Some(slot) = runs.get_mut(&ancestor.id) else {
+            break;
+        };
         let ancestor = Arc::make_mut(slot);
         let below = &mut ancestor.node.below;
         below.steps += change.spent.steps;
@@ -306,14 +311,9 @@ pub(crate) fn carry_up(runs: &mut TenantRuns, run_id: &str, parent: &str, change
         if change.reopened {
             ancestor.node.open_below += 1;
         }
-        if walked == 0 {
+        if i == 0 {
             note_child(ancestor, run_id, &change);
         }
-        walked += 1;
-        if walked == MAX_WALK {
-            break;
-        }
-        next = ancestor.node.parent.clone();
     }
 }
 
