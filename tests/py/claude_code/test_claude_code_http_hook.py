@@ -1,7 +1,8 @@
 """The real Claude Code (the CLI in the claude-agent-sdk wheel) with HTTP hooks to
 `fusebox hook serve`, installed as docs/agents/claude-code.md tells a user
 (`--print-settings --http URL`, `onFailure: "block"`), in front of a real fuseboxd: no
-process per tool call, and closed on failure.
+process per tool call, and closed on failure — for calls: a prompt is never blocked by
+an endpoint that cannot answer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from support.claude_code import fusebox, run_claude
 from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
-from support.guard import RUNAWAY_EXECUTIONS, TENANT, free_port
+from support.guard import RUNAWAY_EXECUTIONS, TENANT, free_port, prompt_events
 from support.stack import Stack
 
 
@@ -169,6 +170,9 @@ def test_twelve_distinct_calls_run_untouched_over_http(stack: Stack, tmp_path: P
     assert result["permission_denials"] == []
     assert not any("fusebox" in r.content for r in results)
     assert run_status(stack, result["session_id"])["summary"]["steps"] == 12
+    # The prompt reached the daemon over HTTP too.
+    [prompt] = prompt_events(stack, TENANT, result["session_id"])
+    assert prompt["id"].startswith("cc-prompt-"), prompt
 
 
 def test_operator_cancel_refuses_the_next_call_over_http(stack: Stack, tmp_path: Path) -> None:
@@ -208,6 +212,22 @@ def test_endpoint_killed_mid_session_blocks_the_next_call(stack: Stack, tmp_path
     assert ws.executions() == 2, results
     assert len(results) == 4, results
     assert result["result"] == "gave up", result
+
+
+def test_an_endpoint_that_is_down_blocks_the_calls_not_the_prompt(
+    stack: Stack, tmp_path: Path
+) -> None:
+    ws = Workspace(tmp_path)
+    with endpoint(stack, ws.state) as ep:
+        settings = http_settings(stack, ep.url)
+        ep.kill()
+        with FakeAnthropic([ws.bash("echo one"), text("gave up")]) as api:
+            result = claude(ws, api, settings)
+            served = api.turns_served()
+
+    # The prompt went on to the model; the call it asked for was blocked (onFailure).
+    assert served == 2 and result["result"] == "gave up", result
+    assert ws.executions() == 0
 
 
 def test_a_non_loopback_endpoint_refuses_a_call_without_the_token(

@@ -18,7 +18,7 @@ from typing import Any
 from support.fake_anthropic import FakeAnthropic
 from support.stack import Stack
 
-__all__ = ["ClaudeRun", "claude_binary", "fusebox", "run_claude"]
+__all__ = ["ClaudeRun", "claude_binary", "fusebox", "run_claude", "run_claude_session"]
 
 
 def claude_binary() -> Path:
@@ -93,6 +93,64 @@ def run_claude(
         stdin=subprocess.DEVNULL,
     )
     return ClaudeRun(done.returncode, done.stdout, done.stderr)
+
+
+def run_claude_session(
+    api: FakeAnthropic,
+    prompts: Sequence[str],
+    *,
+    home: Path,
+    cwd: Path,
+    settings: Mapping[str, Any],
+    allowed_tools: Sequence[str] = ("Bash",),
+) -> list[dict[str, Any]]:
+    """One session of several prompts, as a user types them: ``claude -p --input-format
+    stream-json``, each prompt sent once the answer to the one before has come (sent
+    together, Claude Code takes a later one for a message queued into the same prompt).
+    The result object of each prompt."""
+    args = [
+        str(claude_binary()),
+        "-p",
+        "--input-format",
+        "stream-json",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--allowedTools",
+        ",".join(allowed_tools),
+        "--settings",
+        json.dumps(settings),
+    ]
+    env = api.env(home, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    results: list[dict[str, Any]] = []
+    try:
+        for prompt in prompts:
+            message = {"type": "user", "message": {"role": "user", "content": prompt}}
+            proc.stdin.write(json.dumps(message) + "\n")
+            proc.stdin.flush()
+            for line in proc.stdout:
+                parsed = json.loads(line)
+                if parsed.get("type") == "result":
+                    results.append(parsed)
+                    break
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert len(results) == len(prompts), results
+    return results
 
 
 def fusebox(stack: Stack, *args: str) -> str:

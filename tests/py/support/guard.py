@@ -1,9 +1,11 @@
 """Shared pieces of the Python suites: fresh run ids, a NATS server with no fuseboxd
-behind it (the "daemon down" case), `fusebox cancel` from another process, and the
-scenarios every adapter is run through."""
+behind it (the "daemon down" case), `fusebox cancel` from another process, a run's
+status and history as the operator sees them, and the scenarios every adapter is run
+through."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import socket
@@ -16,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import nats
 
 from .stack import Stack
 
@@ -140,6 +144,30 @@ def run_status(stack: Stack, run: str) -> dict[str, Any]:
     )
     status: dict[str, Any] = json.loads(out.stdout.splitlines()[0])
     return status
+
+
+def run_history(stack: Stack, tenant: str, run: str) -> list[dict[str, Any]]:
+    """The run's applied events with their decisions, from the daemon's log: what the
+    operator's page shows of one run (`fusebox.control.<t>.<r>.history`)."""
+
+    async def ask() -> bytes:
+        nc = await nats.connect(stack.nats_url, max_reconnect_attempts=0)
+        try:
+            reply = await nc.request(f"fusebox.control.{tenant}.{run}.history", b"{}", timeout=10)
+            return reply.data
+        finally:
+            await nc.close()
+
+    answer: dict[str, Any] = json.loads(asyncio.run(ask()))
+    assert "entries" in answer and not answer["more"], answer
+    entries: list[dict[str, Any]] = answer["entries"]
+    return entries
+
+
+def prompt_events(stack: Stack, tenant: str, run: str) -> list[dict[str, Any]]:
+    """The `prompt` events the daemon applied to the run, in order (the wire form)."""
+    events = [entry["event"] for entry in run_history(stack, tenant, run)]
+    return [event for event in events if event["type"] == "prompt"]
 
 
 def assert_closed(stack: Stack, run: str, status: str = "completed") -> None:
