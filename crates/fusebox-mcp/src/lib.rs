@@ -79,6 +79,10 @@ pub struct McpArgs {
     /// Agent name: selects the daemon's `[agents.NAME.policy]`.
     #[arg(long, env = "FUSEBOX_AGENT")]
     pub agent: Option<String>,
+    /// The guarded run of the agent that started this gateway: each session's run is a
+    /// child of it (its budgets count the session's calls, its stop ends the session).
+    #[arg(long, env = "FUSEBOX_PARENT_RUN")]
+    pub parent_run: Option<String>,
     /// Gateway config (TOML): `[tools.NAME] op_key_arg = "ARG"`, `effect = "read"|"write"`,
     /// top-level `error_kind`.
     #[arg(long, env = "FUSEBOX_MCP_CONFIG", value_name = "FILE")]
@@ -171,6 +175,7 @@ async fn serve(args: McpArgs) -> Result<(), String> {
         tenant: args.tenant.clone(),
         run: args.run.clone(),
         agent: args.agent.clone(),
+        parent_run: args.parent_run.clone(),
         upstream_timeout: args.upstream_timeout,
     });
     match args.listen {

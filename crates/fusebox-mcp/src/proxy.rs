@@ -57,6 +57,8 @@ pub struct Settings {
     pub tenant: String,
     pub run: Option<String>,
     pub agent: Option<String>,
+    /// The run that started this gateway, when it said so: sessions are its children.
+    pub parent_run: Option<String>,
     /// How long one upstream request may stay silent (progress resets it).
     pub upstream_timeout: Duration,
 }
@@ -178,11 +180,12 @@ impl Gateway {
             .ok_or_else(|| {
                 failed("fusebox mcp: the upstream sent no initialize result".to_owned())
             })?;
-        let id = RunIdentity::for_session(
+        let mut id = RunIdentity::for_session(
             &self.settings.tenant,
             self.settings.run.as_deref(),
             self.settings.agent.as_deref(),
         );
+        id.parent = self.settings.parent_run.clone();
         tracing::info!(
             tenant = %id.tenant,
             run = %id.run,

@@ -27,6 +27,8 @@ pub struct RunIdentity {
     /// The run id was made for this session (no `--run`): the session's end finishes it.
     pub fresh: bool,
     pub agent: Option<String>,
+    /// The guarded run that started this session's agent, when it said so.
+    pub parent: Option<String>,
 }
 
 impl RunIdentity {
@@ -51,6 +53,7 @@ impl RunIdentity {
             run,
             fresh,
             agent: agent.map(str::to_owned),
+            parent: None,
         }
     }
 }
@@ -147,13 +150,15 @@ impl GuardedRun {
         self.latch.lock().expect("latch lock").get_or_insert(result);
     }
 
-    /// `run_started` for a run this session made (or when an agent name selects a policy).
+    /// `run_started` for a run this session made (or when an agent name selects a policy,
+    /// or a parent run is named: the session's run joins its tree).
     pub async fn announce(&self) {
-        if !self.id.fresh && self.id.agent.is_none() {
+        if !self.id.fresh && self.id.agent.is_none() && self.id.parent.is_none() {
             return;
         }
         let event = self.event(EventBody::RunStarted(RunStarted {
             agent: self.id.agent.clone(),
+            parent: self.id.parent.clone(),
             ..RunStarted::default()
         }));
         if let Gate::Unanswered { error, .. } = self.send(&event).await {

@@ -3,8 +3,10 @@ driven by the SDK's real client: scripted agent loops against the session's fuse
 
 from __future__ import annotations
 
+import json
 import pathlib
 import socket
+import time
 from typing import Any
 
 import anyio
@@ -225,6 +227,40 @@ async def test_an_operator_cancel_ends_the_session(stack: Stack, count_file: pat
         assert refused.is_error and STOPPED in text(refused) and "CANCELLED" in text(refused), text(
             refused
         )
+    assert [e["args"]["page"] for e in executions(count_file, "list_page")] == [0]
+
+
+async def test_a_session_named_a_child_ends_with_its_parent(
+    stack: Stack, count_file: pathlib.Path
+) -> None:
+    """`--parent-run`: the session's run joins the tree of the agent that started the
+    gateway, so a cancel of that run ends the session too (issue 45)."""
+    parent = fresh_run()
+    client = await nats.connect(stack.nats_url)
+    try:
+        started = {
+            "v": 1,
+            "id": f"{parent}-start",
+            "tenant": TENANT,
+            "run": parent,
+            "ts_ms": int(time.time() * 1000),
+            "type": "run_started",
+        }
+        await client.request(
+            f"fusebox.gate.{TENANT}.{parent}", json.dumps(started).encode(), timeout=5
+        )
+    finally:
+        await client.close()
+    params = gateway(stack, counting_server(), "--parent-run", parent, env=env(count_file))
+    async with session(params) as session_client:
+        assert not (await session_client.call_tool("list_page", {"page": 0})).is_error
+        await anyio.run_process(
+            [fusebox_bin(stack), "cancel", f"{TENANT}/{parent}", "--nats-url", stack.nats_url],
+            check=True,
+        )
+        refused = await session_client.call_tool("list_page", {"page": 1})
+        assert refused.is_error and STOPPED in text(refused), text(refused)
+        assert "ancestor_stopped" in text(refused) or parent in text(refused), text(refused)
     assert [e["args"]["page"] for e in executions(count_file, "list_page")] == [0]
 
 
