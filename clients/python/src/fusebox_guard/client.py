@@ -17,8 +17,11 @@ from . import subjects
 from .connection import Credentials, TLSConfig, check_id, connect_nats
 from .errors import BadAnswer, GateTimeout, NoResponders, Refused, TransportError
 from .killswitch import StopWatch
-from .run import Run
+from .run import MAX_RUN_ID, Run
 from .types import Decision, GateOnError, ResultMode
+
+#: Who a run is a sub-agent of: the parent's run id, or its handle.
+Parent = str | Run
 
 
 class Fusebox:
@@ -101,19 +104,28 @@ class Fusebox:
         gate_on_error: GateOnError | None = None,
         results: ResultMode | None = None,
         timeout_s: float | None = None,
+        parent: Parent | None = None,
     ) -> Run:
         """A handle for run `run_id` (not started: `await run.start()`, or use
         `start_run`). Use a fresh id per run: ids and `seq` start at 1 per handle, and
-        starting an id the daemon already has raises `RunExists`."""
+        starting an id the daemon already has raises `RunExists`.
+
+        `parent` makes the run a sub-agent of that run of the same tenant (guard
+        contract §6): the parent's budgets count this run's spending, and a stop of the
+        parent (or of any run above it) stops this one too. A start past the parent's
+        caps (`max_depth`, `max_children`, `max_open_children`) is answered with a
+        stop: `run.stopped` says why, and nothing of the run may execute."""
+        parent_id = parent.id if isinstance(parent, Run) else parent
         return Run(
             self,
-            check_id("run", run_id, 128),
+            check_id("run", run_id, MAX_RUN_ID),
             agent=agent,
             tools=list(tools) if tools is not None else None,
             policy=dict(policy) if policy is not None else None,
             gate_on_error=gate_on_error or self.gate_on_error,
             results=results or self.results,
             timeout_s=timeout_s or self.timeout_s,
+            parent=check_id("parent", parent_id, MAX_RUN_ID) if parent_id is not None else None,
         )
 
     async def start_run(
@@ -126,6 +138,7 @@ class Fusebox:
         gate_on_error: GateOnError | None = None,
         results: ResultMode | None = None,
         timeout_s: float | None = None,
+        parent: Parent | None = None,
     ) -> Run:
         """`run(...)` and `start()`: the kill switch is watched and `run_started` sent."""
         run = self.run(
@@ -136,6 +149,7 @@ class Fusebox:
             gate_on_error=gate_on_error,
             results=results,
             timeout_s=timeout_s,
+            parent=parent,
         )
         await run.start()
         return run

@@ -17,11 +17,13 @@ decisions from the dedup.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,9 @@ log = logging.getLogger("fusebox_guard")
 
 #: Marks "no output given" (None is a valid JSON output).
 _UNSET: Any = object()
+
+#: The longest run id (guard contract §2).
+MAX_RUN_ID = 128
 
 
 @dataclass
@@ -62,6 +67,7 @@ class Run:
         gate_on_error: GateOnError,
         results: ResultMode,
         timeout_s: float,
+        parent: str | None = None,
     ) -> None:
         self.client = client
         self.loop = client.loop
@@ -73,7 +79,10 @@ class Run:
         self.gate_on_error = gate_on_error
         self.results = results
         self.timeout_s = timeout_s
+        #: The run this one is a sub-agent of (guard contract §6), or None for a root.
+        self.parent = parent
         self._seq = 0
+        self._children = 0
         self._calls = 0
         self._queue: list[_Queued] = []
         self._lock = asyncio.Lock()
@@ -105,6 +114,8 @@ class Run:
             started["tools"] = list(self.tools)
         if self.policy is not None:
             started["policy"] = self.policy
+        if self.parent is not None:
+            started["parent"] = self.parent
         try:
             # Inline whatever the result mode: a refusal must reach the caller.
             await self._send("run_started", started, inline=True)
@@ -118,6 +129,63 @@ class Run:
             log.warning(
                 "fusebox: run_started of %s/%s not delivered yet: %s", self.tenant, self.id, err
             )
+
+    def child(
+        self,
+        run_id: str | None = None,
+        *,
+        agent: str | None = None,
+        tools: Sequence[str] | None = None,
+        policy: Mapping[str, Any] | None = None,
+        gate_on_error: GateOnError | None = None,
+        results: ResultMode | None = None,
+        timeout_s: float | None = None,
+    ) -> Run:
+        """A handle for a sub-agent's run, a child of this one (not started: `await
+        child.start()`, or use `start_child`). It inherits this run's connection and
+        its `gate_on_error`, result mode and timeout unless given. `run_id` defaults to
+        `<this run>-<agent>-<n>`: fresh as long as this run's id is (a second handle of
+        a run id is refused at start). Its events go to its own subjects and it has
+        its own kill switch, as any run's; the guard counts its spending in this run's
+        budgets and stops it when this run is stopped."""
+        self._children += 1
+        return self.client.run(
+            run_id or child_run_id(self.id, agent, self._children),
+            agent=agent,
+            tools=tools,
+            policy=policy,
+            gate_on_error=gate_on_error or self.gate_on_error,
+            results=results or self.results,
+            timeout_s=timeout_s or self.timeout_s,
+            parent=self.id,
+        )
+
+    async def start_child(
+        self,
+        run_id: str | None = None,
+        *,
+        agent: str | None = None,
+        tools: Sequence[str] | None = None,
+        policy: Mapping[str, Any] | None = None,
+        gate_on_error: GateOnError | None = None,
+        results: ResultMode | None = None,
+        timeout_s: float | None = None,
+    ) -> Run:
+        """`child(...)` and `start()`. A child past this run's caps (`max_depth`,
+        `max_children`, `max_open_children`) is stopped at its start: `child.stopped`
+        says why (`depth_limit`, `spawn_limit`, `concurrency_limit`), and none of its
+        calls may run."""
+        child = self.child(
+            run_id,
+            agent=agent,
+            tools=tools,
+            policy=policy,
+            gate_on_error=gate_on_error,
+            results=results,
+            timeout_s=timeout_s,
+        )
+        await child.start()
+        return child
 
     async def close(self) -> None:
         """Stops watching the kill switch (the run itself stays as it is)."""
@@ -391,6 +459,18 @@ class Run:
             report=stop.report,
             raw=stop.raw,
         )
+
+
+def child_run_id(parent: str, agent: str | None, n: int) -> str:
+    """`<parent>-<agent>-<n>`, within the 128 characters of a run id: a long parent id
+    is cut and marked with a hash of it, so two parents that share a prefix never share
+    a child id."""
+    tag = re.sub(r"[^A-Za-z0-9_-]+", "_", agent)[:32] if agent else "sub"
+    suffix = f"-{tag}-{n}"
+    if len(parent) + len(suffix) <= MAX_RUN_ID:
+        return parent + suffix
+    digest = hashlib.sha256(parent.encode()).hexdigest()[:8]
+    return f"{parent[: MAX_RUN_ID - len(suffix) - 9]}-{digest}{suffix}"
 
 
 def tool_names(tools: Sequence[Any]) -> list[str]:

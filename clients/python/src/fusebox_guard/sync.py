@@ -96,7 +96,11 @@ class SyncFusebox:
         gate_on_error: GateOnError | None = None,
         results: ResultMode | None = None,
         timeout_s: float | None = None,
+        parent: str | Run | SyncRun | None = None,
     ) -> SyncRun:
+        """`Fusebox.run`: `parent` makes the run a sub-agent of that run."""
+        parent_run = parent.aio if isinstance(parent, SyncRun) else parent
+
         async def make() -> Run:
             return self.aio.run(
                 run_id,
@@ -106,6 +110,7 @@ class SyncFusebox:
                 gate_on_error=gate_on_error,
                 results=results,
                 timeout_s=timeout_s,
+                parent=parent_run,
             )
 
         return SyncRun(run_on(self.loop, make()))
@@ -139,6 +144,10 @@ class SyncRun:
         return self.aio.id
 
     @property
+    def parent(self) -> str | None:
+        return self.aio.parent
+
+    @property
     def stopped(self) -> StopReport | None:
         return self.aio.stopped
 
@@ -153,6 +162,18 @@ class SyncRun:
 
     def close(self) -> None:
         self._call(self.aio.close())
+
+    def child(self, run_id: str | None = None, **kwargs: Any) -> SyncRun:
+        """`Run.child`: a sub-agent's run, a child of this one (not started)."""
+
+        async def make() -> Run:
+            return self.aio.child(run_id, **kwargs)
+
+        return SyncRun(self._call(make()))
+
+    def start_child(self, run_id: str | None = None, **kwargs: Any) -> SyncRun:
+        """`Run.start_child`: `child.stopped` says why when a cap refused it."""
+        return SyncRun(self._call(self.aio.start_child(run_id, **kwargs)))
 
     def wait_stopped(self, timeout_s: float | None = None) -> StopReport | None:
         return self._call(self.aio.wait_stopped(timeout_s))
