@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.claude_code import ClaudeRun, fusebox, run_claude, run_claude_session
 from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
-from support.guard import RUNAWAY_EXECUTIONS, TENANT, bare_nats, prompt_events
+from support.guard import ENVELOPE, RUNAWAY_EXECUTIONS, TENANT, bare_nats, prompt_events
 from support.stack import Stack
 
 #: How a model words one command anew each time: Claude Code's Bash `description` is
@@ -31,8 +31,6 @@ REWORDINGS = [
     "One more run of the test suite",
     "Run the suite a final time",
 ]
-#: What a prompt event may carry: the envelope, never the prompt's words.
-ENVELOPE = {"v", "id", "tenant", "run", "seq", "ts_ms", "type"}
 
 
 def hook_settings(stack: Stack, nats_url: str, *flags: str) -> dict[str, Any]:

@@ -5,6 +5,8 @@ of a real fuseboxd.
 
 Codex cannot be made to end a turn from a hook, so after a stop every later call of
 the session is denied with the stop report; the scripted model gives up after a while.
+The user's prompt is a `prompt` event of the session's run, read back from the daemon's
+log; a stopped session's next prompt is blocked.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 from support.coding_agents import Workspace, printed_block
 from support.fake_model_api import FakeResponses, Turn, say
-from support.guard import RUNAWAY_EXECUTIONS, bare_nats
+from support.guard import ENVELOPE, RUNAWAY_EXECUTIONS, bare_nats, prompt_events
 from support.stack import Stack
 
 TENANT = "pytest-codex"
@@ -78,6 +80,26 @@ def test_runaway_loop_is_refused_and_every_later_call_denied(stack: Stack, ws: W
     assert status["open"] is False and status["agent"] == "codex", status
 
 
+def test_a_stopped_sessions_next_prompt_is_blocked(stack: Stack, ws: Workspace) -> None:
+    hooks = printed_block(stack, "codex", stack.nats_url, TENANT)
+    runaway = calls_then_give_up(lambda _: ws.command("cat status.txt || echo running"))
+    with FakeResponses(respond=runaway) as api:
+        ws.codex(api, hooks)
+    session = ws.codex_session()
+    assert run_status(stack, session)["summary"]["open"] is False
+    executed = ws.executions()
+
+    with FakeResponses([ws.command("echo again"), say("gave up")]) as api:
+        run = ws.codex(api, hooks, resume=session)
+        served = api.turns_served()
+
+    # The turn ends before the model is asked: the hook kept the stop.
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert served == 0
+    assert ws.executions() == executed
+    assert "hook: UserPromptSubmit Blocked" in run.stderr, run.stderr[-3000:]
+
+
 def compaction_requests(api: FakeResponses) -> int:
     """The requests in which Codex asked the model for a compaction's summary."""
     prompt = "helping the next LLM seamlessly continue"
@@ -97,8 +119,9 @@ def test_each_compaction_counts_once(stack: Stack, ws: Workspace) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     assert compactions >= 2, compactions
     status = run_status(stack, ws.codex_session())["summary"]
-    # run_started, a call and its result per execution, each compaction, run_finished.
-    expected = 1 + 2 * ws.executions() + compactions + 1
+    # run_started, the prompt, a call and its result per execution, each compaction,
+    # run_finished.
+    expected = 1 + 1 + 2 * ws.executions() + compactions + 1
     assert status["events"] == expected, (status, ws.executions(), compactions)
 
 
@@ -120,6 +143,9 @@ def test_twelve_distinct_calls_run_untouched(stack: Stack, ws: Workspace) -> Non
     assert status["steps"] == 12, status
     # SessionEnd closed the run as completed.
     assert status["open"] is False and status["terminal_state"] == "COMPLETED", status
+    # The prompt reached the daemon: one task, named by its turn, without its words.
+    [prompt] = prompt_events(stack, TENANT, ws.codex_session())
+    assert prompt["id"].startswith("cx-prompt-") and set(prompt) <= ENVELOPE, prompt
 
 
 def test_operator_cancel_refuses_the_next_call(stack: Stack, ws: Workspace) -> None:

@@ -3,6 +3,8 @@
 `fusebox hook gemini-cli` installed as docs/agents/gemini-cli.md tells a user
 (`--print-settings` merged into the user-level settings.json), in front of a real
 fuseboxd. Gemini CLI's own loop detector is off, so what stops a loop is the guard.
+The user's prompt (BeforeAgent) is a `prompt` event of the session's run, read back
+from the daemon's log; a stopped session's next prompt ends the agent before the model.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 from support.coding_agents import Workspace, printed_block
 from support.fake_model_api import FakeGemini, Turn, say
-from support.guard import RUNAWAY_EXECUTIONS, bare_nats
+from support.guard import ENVELOPE, RUNAWAY_EXECUTIONS, bare_nats, prompt_events
 from support.stack import Stack
 
 TENANT = "pytest-gemini"
@@ -81,6 +83,28 @@ def test_runaway_loop_is_stopped_and_the_session_ends(stack: Stack, ws: Workspac
     assert status["terminal_state"] == "STOPPED_LOOP_GUARD", status
 
 
+def test_a_stopped_sessions_next_prompt_is_blocked(stack: Stack, ws: Workspace) -> None:
+    settings = printed_block(stack, "gemini-cli", stack.nats_url, TENANT)
+    runaway = calls_then_give_up(lambda _: ws.command("cat status.txt || echo running"))
+    with FakeGemini(respond=runaway) as api:
+        ws.gemini(api, settings)
+    assert run_status(stack, ws.gemini_run(TENANT))["summary"]["open"] is False
+    executed = ws.executions()
+
+    with FakeGemini([ws.command("echo again"), say("gave up")]) as api:
+        run = ws.gemini(api, settings, resume=True)
+        served = api.turns_served()
+
+    # The agent ends before the model is asked, and the user reads why.
+    assert served == 0, run.stdout[-2000:]
+    assert ws.executions() == executed
+    warnings = session_result(run.stdout).get("warnings", [])
+    assert any(w.startswith("Agent execution stopped: fusebox: run stopped") for w in warnings), (
+        warnings
+    )
+    assert any("did not reach the model" in w for w in warnings), warnings
+
+
 def test_twelve_distinct_calls_run_untouched(stack: Stack, ws: Workspace) -> None:
     settings = printed_block(stack, "gemini-cli", stack.nats_url, TENANT)
     pages = calls_then_give_up(lambda n: ws.command(f"echo page {n + 1}"), calls=12)
@@ -97,6 +121,9 @@ def test_twelve_distinct_calls_run_untouched(stack: Stack, ws: Workspace) -> Non
     status = run_status(stack, ws.gemini_run(TENANT))["summary"]
     assert status["steps"] == 12, status
     assert status["open"] is False and status["terminal_state"] == "COMPLETED", status
+    # The prompt reached the daemon: one task, named by its moment, without its words.
+    [prompt] = prompt_events(stack, TENANT, ws.gemini_run(TENANT))
+    assert prompt["id"].startswith("gm-prompt-") and set(prompt) <= ENVELOPE, prompt
 
 
 def test_operator_cancel_refuses_the_next_call(stack: Stack, ws: Workspace) -> None:

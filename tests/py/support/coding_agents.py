@@ -100,12 +100,17 @@ class Workspace:
     # -- Codex ------------------------------------------------------------------------------
 
     def codex(
-        self, api: FakeResponses, hooks_toml: str, timeout_s: float = 180, user_keys: str = ""
+        self,
+        api: FakeResponses,
+        hooks_toml: str,
+        timeout_s: float = 180,
+        user_keys: str = "",
+        resume: str | None = None,
     ) -> AgentRun:
         """`codex exec` with the printed hooks pasted into ~/.codex/config.toml and a
         custom Responses provider (and the user's own top-level `user_keys`); the hooks
         trusted for the test with the bypass flag (a user trusts them once,
-        docs/agents/codex.md)."""
+        docs/agents/codex.md). `resume`: the session to go on with (`codex exec resume`)."""
         codex_home = self.home / ".codex"
         codex_home.mkdir(exist_ok=True)
         provider = f"""model = "gpt-5-codex"
@@ -128,6 +133,7 @@ env_key = "FAKE_API_KEY"
             "exec",
             "--skip-git-repo-check",
             "--dangerously-bypass-hook-trust",
+            *(["resume", resume] if resume else []),
             "do the task",
         ]
         env = {"CODEX_HOME": str(codex_home), "FAKE_API_KEY": "fake-key-for-tests"}
@@ -141,10 +147,13 @@ env_key = "FAKE_API_KEY"
 
     # -- Gemini CLI ---------------------------------------------------------------------------
 
-    def gemini(self, api: FakeGemini, settings_json: str, timeout_s: float = 180) -> AgentRun:
+    def gemini(
+        self, api: FakeGemini, settings_json: str, timeout_s: float = 180, resume: bool = False
+    ) -> AgentRun:
         """`gemini -p … --yolo` with the printed hooks merged into the user-level
         ~/.gemini/settings.json (project-level hooks are skipped in untrusted folders).
-        Its own loop detector is off, so what stops a loop is the guard."""
+        Its own loop detector is off, so what stops a loop is the guard. `resume`: go on
+        with the latest session (`--resume latest`)."""
         settings: dict[str, Any] = json.loads(settings_json)
         settings["security"] = {"auth": {"selectedType": "gemini-api-key"}}
         settings["model"] = {"disableLoopDetection": True}
@@ -161,6 +170,7 @@ env_key = "FAKE_API_KEY"
             "gemini-2.5-flash",
             "-o",
             "json",
+            *(["--resume", "latest"] if resume else []),
         ]
         env = {"GEMINI_API_KEY": "fake-key-for-tests", "GOOGLE_GEMINI_BASE_URL": api.base_url}
         return self._run(args, env, timeout_s)

@@ -164,6 +164,10 @@ def run_history(stack: Stack, tenant: str, run: str) -> list[dict[str, Any]]:
     return entries
 
 
+#: What a `prompt` event may carry: the envelope, never the prompt's words.
+ENVELOPE = {"v", "id", "tenant", "run", "seq", "ts_ms", "type"}
+
+
 def prompt_events(stack: Stack, tenant: str, run: str) -> list[dict[str, Any]]:
     """The `prompt` events the daemon applied to the run, in order (the wire form)."""
     events = [entry["event"] for entry in run_history(stack, tenant, run)]
