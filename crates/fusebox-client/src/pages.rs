@@ -139,6 +139,9 @@ mod tests {
             calls_refused: 0,
             tokens: 0,
             cost_usd: 0.0,
+            parent: None,
+            depth: 0,
+            stopped_by: None,
         }
     }
 

@@ -3,14 +3,15 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use fusebox_core::{Decision, Engine, LedgerEntry, RunState, StopReport};
+use fusebox_core::decision::Reason;
+use fusebox_core::{Decision, Engine, LedgerEntry, RunState, StopReport, TerminalState};
 
 use crate::applier::RunKey;
 use crate::store::GuardStore;
 use crate::subjects::Scope;
 use crate::wire::{
     ErrorReply, HistoryQuery, LedgerItem, LedgerListing, LedgerQuery, PartitionRuns, RunHistory,
-    RunRow, RunStatusReply, RunSummary, RunsPage, RunsQuery, WireError, HISTORY_LIMIT,
+    RunRow, RunStatusReply, RunSummary, RunTree, RunsPage, RunsQuery, WireError, HISTORY_LIMIT,
     LEDGER_LIMIT, RUNS_PAGE_LIMIT,
 };
 
@@ -122,13 +123,103 @@ fn entry_run(entry: &LedgerEntry) -> &str {
     }
 }
 
-fn row(tenant: &str, run_id: &str, run: &RunState) -> RunRow {
+fn row(engine: &Engine, tenant: &str, run_id: &str, run: &RunState) -> RunRow {
     RunRow {
         summary: summary(tenant, run_id, run),
         first_ts_ms: run.first_ts_ms,
         calls_refused: run.counters.calls_refused,
         tokens: run.counters.tokens,
         cost_usd: run.counters.cost_usd,
+        parent: run.node.parent.clone(),
+        depth: run.node.depth,
+        stopped_by: stopped_by(engine, tenant, run).map(str::to_owned),
+    }
+}
+
+/// A run's ancestors, nearest first, as far as this daemon knows them. A run's depth is
+/// its parent's + 1, so no more than `depth` parents are followed (a cycle cannot hold
+/// the walk).
+fn ancestors<'a>(
+    engine: &'a Engine,
+    tenant: &'a str,
+    run: &'a RunState,
+) -> impl Iterator<Item = (&'a str, &'a RunState)> + 'a {
+    let mut next = run.node.parent.as_deref();
+    std::iter::from_fn(move || {
+        let id = next?;
+        let state = engine.run(tenant, id)?;
+        next = state.node.parent.as_deref();
+        Some((id, state))
+    })
+    .take(run.node.depth as usize)
+}
+
+/// The root of a run's tree (the run itself for a root).
+fn root_of<'a>(engine: &'a Engine, tenant: &'a str, run_id: &'a str, run: &'a RunState) -> &'a str {
+    ancestors(engine, tenant, run)
+        .last()
+        .map_or(run_id, |(id, _)| id)
+}
+
+/// Whose stop closed a run stopped by its tree (`ancestor_stopped`): the nearest closed
+/// ancestor that was not itself closed by one above (a stop reaches the runs below one
+/// level after another, so the nearest closed one may be a messenger).
+fn stopped_by<'a>(engine: &'a Engine, tenant: &'a str, run: &'a RunState) -> Option<&'a str> {
+    if run.report()?.reason != Reason::AncestorStopped {
+        return None;
+    }
+    ancestors(engine, tenant, run).find_map(|(id, ancestor)| {
+        let report = ancestor.report()?;
+        (report.reason != Reason::AncestorStopped
+            && report.terminal_state != TerminalState::Completed)
+            .then_some(id)
+    })
+}
+
+/// A run's children, open and closed, in the order they started. The node lists its
+/// open children; closed ones are found by a pass over every run (as a runs page does),
+/// made only when a run started below this one is not an open child now — never for a
+/// run on its own.
+fn children<'a>(
+    engine: &'a Engine,
+    tenant: &'a str,
+    run_id: &str,
+    run: &'a RunState,
+) -> Vec<(&'a str, &'a RunState)> {
+    let node = &run.node;
+    let mut found: Vec<(&str, &RunState)> = if node.spawned == node.children.len() as u64 {
+        node.children
+            .iter()
+            .filter_map(|id| Some((id.as_str(), engine.run(tenant, id)?)))
+            .collect()
+    } else {
+        engine
+            .runs()
+            .filter(|(t, _, child)| *t == tenant && child.node.parent.as_deref() == Some(run_id))
+            .map(|(_, id, child)| (id, child))
+            .collect()
+    };
+    found.sort_unstable_by_key(|(id, child)| (child.first_ts_ms, *id));
+    found
+}
+
+fn run_tree(engine: &Engine, tenant: &str, run_id: &str, run: &RunState) -> RunTree {
+    let mut children = children(engine, tenant, run_id, run);
+    let more_children = children.len() > RUNS_PAGE_LIMIT;
+    children.truncate(RUNS_PAGE_LIMIT);
+    RunTree {
+        parent: run.node.parent.clone(),
+        depth: run.node.depth,
+        root: root_of(engine, tenant, run_id, run).to_owned(),
+        stopped_by: stopped_by(engine, tenant, run).map(str::to_owned),
+        spawned: run.node.spawned,
+        open_below: run.node.open_below,
+        below: run.node.below,
+        children: children
+            .into_iter()
+            .map(|(id, child)| row(engine, tenant, id, child))
+            .collect(),
+        more_children,
     }
 }
 
@@ -167,7 +258,11 @@ fn runs_page(engine: &Engine, query: &RunsQuery, scope: Scope) -> RunsPage {
             && query
                 .run_contains
                 .as_deref()
-                .is_none_or(|needle| run_id.contains(needle));
+                .is_none_or(|needle| run_id.contains(needle))
+            && query
+                .root
+                .as_deref()
+                .is_none_or(|root| root_of(engine, tenant, run_id, run) == root);
         if !others_match {
             continue;
         }
@@ -201,7 +296,7 @@ fn runs_page(engine: &Engine, query: &RunsQuery, scope: Scope) -> RunsPage {
         partitions,
         runs: page
             .into_iter()
-            .map(|(_, tenant, run_id, run)| row(tenant, run_id, run))
+            .map(|(_, tenant, run_id, run)| row(engine, tenant, run_id, run))
             .collect(),
         matched,
         states: states
@@ -331,6 +426,7 @@ pub(crate) fn answer(
                     .get(&(tenant.clone(), run.clone()))
                     .map(|d| d.iter().cloned().collect())
                     .unwrap_or_default(),
+                tree: Some(run_tree(engine, tenant, run, state)),
             }),
             None => serde_json::to_vec(&error_reply(
                 "unknown_run",
@@ -370,6 +466,149 @@ mod tests {
             }
         }
         engine
+    }
+
+    /// A tree (`root` → k1 → g1, k2, k3; k3 finished), a stranger, and the root
+    /// cancelled, its open descendants told nearest first as the applier tells them.
+    fn tree_engine() -> Engine {
+        let mut engine = Engine::default();
+        let events = [
+            ("root", 1, r#""type":"run_started""#),
+            ("k1", 2, r#""type":"run_started","parent":"root""#),
+            ("k2", 3, r#""type":"run_started","parent":"root""#),
+            ("k3", 4, r#""type":"run_started","parent":"root""#),
+            ("g1", 5, r#""type":"run_started","parent":"k1""#),
+            ("stranger", 5, r#""type":"run_started""#),
+            (
+                "g1",
+                6,
+                r#""type":"tool_call","call_id":"c","tool":"t","args":{}"#,
+            ),
+            ("k3", 7, r#""type":"run_finished","status":"done""#),
+            ("root", 8, r#""type":"cancel","by":"ops""#),
+            ("k1", 8, r#""type":"tick""#),
+            ("k2", 8, r#""type":"tick""#),
+            ("g1", 8, r#""type":"tick""#),
+        ];
+        for (i, (run, ts, body)) in events.into_iter().enumerate() {
+            let json =
+                format!(r#"{{"v":1,"id":"e{i}","tenant":"t","run":"{run}","ts_ms":{ts},{body}}}"#);
+            engine.apply(&parse_event(json.as_bytes()).unwrap());
+        }
+        engine
+    }
+
+    /// A run's place as one line: parent, depth, root, stopped_by, spawned, and its
+    /// children with their states and reasons.
+    fn place(tree: &RunTree) -> String {
+        let children: Vec<String> = tree
+            .children
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} {}",
+                    c.summary.run,
+                    c.state(),
+                    c.summary.reason.as_deref().unwrap_or("")
+                )
+            })
+            .collect();
+        format!(
+            "parent={} depth={} root={} stopped_by={} spawned={} children={children:?}",
+            tree.parent.as_deref().unwrap_or("-"),
+            tree.depth,
+            tree.root,
+            tree.stopped_by.as_deref().unwrap_or("-"),
+            tree.spawned,
+        )
+    }
+
+    #[test]
+    fn a_runs_status_places_it_in_its_tree() {
+        let engine = tree_engine();
+        let cases = [
+            (
+                "root",
+                r#"parent=- depth=0 root=root stopped_by=- spawned=4 children=["k1 CANCELLED ancestor_stopped", "k2 CANCELLED ancestor_stopped", "k3 COMPLETED completed"]"#,
+            ),
+            (
+                "k1",
+                r#"parent=root depth=1 root=root stopped_by=root spawned=1 children=["g1 CANCELLED ancestor_stopped"]"#,
+            ),
+            // g1 was told of the stop by its parent's: the stop came from the root.
+            (
+                "g1",
+                "parent=k1 depth=2 root=root stopped_by=root spawned=0 children=[]",
+            ),
+            (
+                "k3",
+                "parent=root depth=1 root=root stopped_by=- spawned=0 children=[]",
+            ),
+            (
+                "stranger",
+                "parent=- depth=0 root=stranger stopped_by=- spawned=0 children=[]",
+            ),
+        ];
+        for (run, want) in cases {
+            let tree = run_tree(&engine, "t", run, engine.run("t", run).unwrap());
+            assert_eq!(place(&tree), want, "{run}");
+            assert_eq!(tree.open_below, 0, "{run}");
+            assert!(tree
+                .children
+                .iter()
+                .all(|c| c.parent.as_deref() == Some(run)));
+        }
+        // The root's tree spent what g1 did (one step).
+        let root = engine.run("t", "root").unwrap();
+        assert_eq!(run_tree(&engine, "t", "root", root).below.steps, 1);
+    }
+
+    #[test]
+    fn open_children_are_listed_from_the_node_alone() {
+        let mut engine = Engine::default();
+        for (i, (run, parent)) in [("p", None), ("b", Some("p")), ("a", Some("p"))]
+            .into_iter()
+            .enumerate()
+        {
+            let parent = parent.map_or(String::new(), |p| format!(r#","parent":"{p}""#));
+            let json = format!(
+                r#"{{"v":1,"id":"e{i}","tenant":"t","run":"{run}","ts_ms":{i},"type":"run_started"{parent}}}"#
+            );
+            engine.apply(&parse_event(json.as_bytes()).unwrap());
+        }
+        let p = engine.run("t", "p").unwrap();
+        let tree = run_tree(&engine, "t", "p", p);
+        let listed: Vec<&str> = tree
+            .children
+            .iter()
+            .map(|c| c.summary.run.as_str())
+            .collect();
+        assert_eq!(listed, ["b", "a"], "in the order they started");
+        assert_eq!((tree.spawned, tree.open_below), (2, 2));
+        assert!(tree.children.iter().all(|c| c.summary.open && c.depth == 1));
+    }
+
+    #[test]
+    fn a_runs_page_lists_one_tree() {
+        let engine = tree_engine();
+        let cases = [
+            ("root", vec!["t/g1", "t/k1", "t/k2", "t/root", "t/k3"]),
+            ("k1", vec![]),
+            ("stranger", vec!["t/stranger"]),
+            ("nobody", vec![]),
+        ];
+        for (root, want) in cases {
+            let query = RunsQuery {
+                root: Some(root.into()),
+                ..Default::default()
+            };
+            let page = runs_page(&engine, &query, Scope::All);
+            assert_eq!(names(&page), want, "{root}");
+        }
+        let page = runs_page(&engine, &RunsQuery::default(), Scope::All);
+        let g1 = page.runs.iter().find(|r| r.summary.run == "g1").unwrap();
+        assert_eq!((g1.parent.as_deref(), g1.depth), (Some("k1"), 2));
+        assert_eq!(g1.stopped_by.as_deref(), Some("root"));
     }
 
     fn names(page: &RunsPage) -> Vec<String> {

@@ -3,7 +3,7 @@
 //! daemon and `fusebox-client`, so both ends agree by construction.
 
 use fusebox_core::decision::StopReport;
-use fusebox_core::run::Counters;
+use fusebox_core::run::{Below, Counters};
 use fusebox_core::{Decision, EventError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -175,6 +175,39 @@ pub struct RunStatusReply {
     pub report: Option<StopReport>,
     /// The run's latest notable decisions seen by this daemon process, oldest first.
     pub last_decisions: Vec<Decision>,
+    /// The run's place in its tree of runs (guard contract §6). Absent from daemons
+    /// before run trees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<RunTree>,
+}
+
+/// Where a run sits in its tree of runs, and what the runs below it spent and are doing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunTree {
+    /// The run that started this one (`run_started.parent`); none for a root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// 0 for a root, its parent's depth + 1 below.
+    pub depth: u32,
+    /// The tree's root: the parents followed up as far as the daemon knows them (the
+    /// run itself for a root). [`RunsQuery::root`] lists the whole tree.
+    pub root: String,
+    /// For a run closed by `ancestor_stopped`: the run whose own stop or cancel reached
+    /// it (the nearest closed ancestor not itself closed by an ancestor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
+    /// Runs started below this one, ever.
+    pub spawned: u64,
+    /// Runs below this one open now.
+    pub open_below: u32,
+    /// What the runs below spent since this run's task began: what its budgets count
+    /// besides its own spending (the tree's, at a root).
+    pub below: Below,
+    /// Its children, open and closed, in the order they started (at most
+    /// [`RUNS_PAGE_LIMIT`]; `more_children` says there are more).
+    pub children: Vec<RunRow>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub more_children: bool,
 }
 
 /// Body of `fusebox.control.runs` asking for one page of runs (the operator's page,
@@ -196,6 +229,9 @@ pub struct RunsQuery {
     /// Runs whose id contains this text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_contains: Option<String>,
+    /// The runs of one tree: this root and every run below it (guard contract §6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
     /// Only runs after this one in the order (keyset paging: the last row of the
     /// previous page).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -224,6 +260,18 @@ pub struct RunRow {
     pub calls_refused: u64,
     pub tokens: u64,
     pub cost_usd: f64,
+    /// The run's parent in its tree of runs; none for a root or a run on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub depth: u32,
+    /// As [`RunTree::stopped_by`]: whose stop closed this run, when an ancestor's did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl RunRow {

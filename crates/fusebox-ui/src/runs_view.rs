@@ -34,6 +34,9 @@ pub struct RunsParams {
     /// Search: runs whose id contains this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub q: Option<String>,
+    /// One tree of runs: this root and every run below it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
     /// `<last_ts_ms>.<tenant>.<run>` of the row the page continues after (ids never
     /// contain a dot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -57,6 +60,7 @@ impl RunsParams {
             state: given(&self.state),
             reason: given(&self.reason),
             q: given(&self.q),
+            root: given(&self.root),
             after: given(&self.after),
         }
     }
@@ -72,6 +76,7 @@ impl RunsParams {
             state: self.state.clone(),
             reason: self.reason.clone(),
             run_contains: self.q.clone(),
+            root: self.root.clone(),
             after,
             limit: Some(PAGE_ROWS),
         })
@@ -140,6 +145,7 @@ pub fn runs_page(params: &RunsParams, view: &RunsPage, unanswered: &[u32]) -> Ma
                 }
                 label { "Reason" input name="reason" value=[params.reason.as_deref()] placeholder="same_call_repeat"; }
                 label { "Run id contains" input type="search" name="q" value=[params.q.as_deref()]; }
+                label { "Tree of run" input name="root" value=[params.root.as_deref()] placeholder="root run id"; }
                 button type="submit" { "Filter" }
                 a href="/" { "Clear" }
             }
