@@ -33,6 +33,16 @@ from support.guard import (
 )
 from support.scenarios import next_calls, op_key_for
 from support.stack import Stack
+from support.sub_agents import (
+    DELEGATE,
+    FOUND,
+    RUNAWAY_SEARCHES,
+    lead_calls,
+    researcher_answer,
+    researcher_calls,
+    topic_of,
+)
+from support.trees import children, tree
 
 MODES = ["sync", "async"]
 
@@ -337,3 +347,119 @@ def test_usage_reaches_the_token_budget(stack: Stack, mode: str) -> None:
     assert outcome.stopped.report is not None
     assert outcome.stopped.report.reason == "token_budget"
     assert log.count("list_issues") == 2
+
+
+# --- sub-agents: an agent called from a tool is a child run ------------------------------
+
+
+@dataclass
+class Delegation:
+    """The lead and its researcher, each a `FunctionModel` script."""
+
+    log: ToolLog = field(default_factory=ToolLog)
+    lead_seen: list[list[ModelMessage]] = field(default_factory=list)
+
+    def lead(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.lead_seen.append(list(messages))
+        turn = sum(isinstance(m, ModelResponse) for m in messages)
+        calls = lead_calls(turn)
+        if calls is None:
+            return ModelResponse(parts=[TextPart("done")], usage=USAGE)
+        return ModelResponse(
+            parts=[ToolCallPart(n, a, tool_call_id=f"lead_{turn}") for n, a in calls],
+            usage=USAGE,
+        )
+
+    def researcher(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        topic = topic_of(messages[0])
+        turn = sum(isinstance(m, ModelResponse) for m in messages)
+        calls = researcher_calls(topic, turn)
+        if calls is None:
+            return ModelResponse(parts=[TextPart(researcher_answer(topic))], usage=USAGE)
+        return ModelResponse(
+            parts=[ToolCallPart(n, a, tool_call_id=f"{topic}_{turn}") for n, a in calls],
+            usage=USAGE,
+        )
+
+    def agents(self, guard: FuseboxCapability) -> Agent[None, str]:
+        """The lead, whose `research` tool runs the researcher; both carry the guard."""
+        researcher = Agent(
+            FunctionModel(self.researcher),
+            name="researcher",
+            tools=make_tools(self.log)[:1],
+            capabilities=[guard],
+        )
+
+        async def research(topic: str) -> str:
+            """Delegate research on a topic."""
+            return (await researcher.run(topic)).output
+
+        return Agent(
+            FunctionModel(self.lead),
+            name="lead",
+            tools=[Tool(research, takes_ctx=False)],
+            capabilities=[guard],
+        )
+
+    def lead_read(self) -> dict[str, ToolReturnPart]:
+        last = self.lead_seen[-1]
+        return {
+            p.tool_call_id: p
+            for m in last
+            if isinstance(m, ModelRequest)
+            for p in m.parts
+            if isinstance(p, ToolReturnPart)
+        }
+
+
+def delegate(url: str, mode: str, policy: dict[str, Any] | None = None) -> tuple[str, Delegation]:
+    run_id = fresh_run(f"pai-{mode}-lead")
+    script = Delegation()
+    if mode == "sync":
+        with SyncFusebox.connect(url, tenant=TENANT) as fb:
+            guard = FuseboxCapability(fb.start_run(run_id, agent="lead", policy=policy))
+            assert guard.run_agent_sync(script.agents(guard), "weather report").output == "done"
+        return run_id, script
+
+    async def main() -> None:
+        async with await Fusebox.connect(url, tenant=TENANT) as afb:
+            guard = FuseboxCapability(await afb.start_run(run_id, agent="lead", policy=policy))
+            assert (await guard.run_agent(script.agents(guard), "weather report")).output == "done"
+
+    asyncio.run(main())
+    return run_id, script
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_delegated_agent_is_a_child_run_and_its_stop_is_the_tools_result(
+    stack: Stack, mode: str
+) -> None:
+    run_id, script = delegate(stack.nats_url, mode)
+    read = script.lead_read()
+    assert read["lead_0"].content == FOUND and read["lead_0"].outcome == "success"
+    stopped = read["lead_1"]
+    assert stopped.outcome == "failed", stopped
+    assert str(stopped.content).startswith("fusebox stopped the sub-agent researcher")
+    assert "consecutive_blocks" in str(stopped.content)
+    assert script.log.count("search") == 1 + RUNAWAY_SEARCHES
+    nodes = asyncio.run(tree(stack, run_id))
+    first, second = children(nodes, run_id)
+    assert first.agent == second.agent == "researcher"
+    assert first.executed == ["search"] and first.stop_reason == "completed"
+    # The sub-agent's model turns are its own run's (and its tree's).
+    assert run_status(stack, first.run)["counters"]["model_turns"] == 2
+    assert len(second.executed) == RUNAWAY_SEARCHES
+    assert second.stop_reason == "consecutive_blocks"
+    assert nodes[run_id].executed == [DELEGATE, DELEGATE]
+    assert_closed(stack, run_id, "completed")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sub_agent_past_the_caps_does_not_run_and_the_lead_reads_why(
+    stack: Stack, mode: str
+) -> None:
+    run_id, script = delegate(stack.nats_url, mode, policy={"max_children": 1})
+    refused = script.lead_read()["lead_1"]
+    assert refused.outcome == "failed" and "spawn_limit" in str(refused.content)
+    assert script.log.count("search") == 1  # the second researcher never ran
+    assert len(children(asyncio.run(tree(stack, run_id)), run_id)) == 2

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..errors import FuseboxError, RunStopped
@@ -50,6 +53,10 @@ class Bridge:
 
     async def acall(self, coro: Coroutine[Any, Any, T]) -> T:
         return await await_on(self.run.loop, coro)
+
+    def child(self, run: Run) -> Bridge:
+        """The bridge of a sub-agent's run, with this one's `op_key` and `effects`."""
+        return Bridge(run, op_key=self.op_key, effects=self.effects)
 
     def call_fields(self, tool: str, args: Any) -> dict[str, Any]:
         """`op_key` and `effect` of a call, as configured for the adapter."""
@@ -128,3 +135,83 @@ def finish_run_sync(bridge: Bridge, error: BaseException | None = None) -> None:
         bridge.call(bridge.run.finish(status))
     except FuseboxError as err:
         report_failed("run_finished", err)
+
+
+# --- sub-agents: child runs -------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """A guarded call in progress, inside which the framework may run sub-agents: each
+    one's child run is listed here, so the call's result can say one was stopped."""
+
+    bridge: Bridge
+    call_id: str
+    tool: str
+    children: list[Bridge] = field(default_factory=list)
+
+    def stopped_child(self) -> Bridge | None:
+        return next((c for c in self.children if c.run.stopped is not None), None)
+
+
+class Tree:
+    """The runs one adapter reports to: the run it was given (the root) and a child run
+    for each sub-agent the framework runs. Which run the code running now belongs to,
+    and inside which guarded call it runs, are context variables, so sub-agents that run
+    at once (tasks, or threads that copy the context) each see their own."""
+
+    def __init__(self, root: Bridge) -> None:
+        self.root = root
+        self._run: ContextVar[Bridge | None] = ContextVar("fusebox_run", default=None)
+        self._call: ContextVar[Call | None] = ContextVar("fusebox_call", default=None)
+
+    @property
+    def current(self) -> Bridge:
+        return self._run.get() or self.root
+
+    @property
+    def calling(self) -> Call | None:
+        return self._call.get()
+
+    @contextmanager
+    def in_run(self, bridge: Bridge) -> Iterator[None]:
+        """Code in this block belongs to `bridge`'s run, inside none of its calls yet."""
+        run, call = self._run.set(bridge), self._call.set(None)
+        try:
+            yield
+        finally:
+            self._call.reset(call)
+            self._run.reset(run)
+
+    @contextmanager
+    def in_call(self, call: Call) -> Iterator[None]:
+        """Sub-agents started in this block are children of `call`'s run."""
+        token = self._call.set(call)
+        try:
+            yield
+        finally:
+            self._call.reset(token)
+
+
+async def start_sub_agent(parent: Bridge, agent: str | None) -> Bridge:
+    """A child run of `parent` for a sub-agent. A start past the caps is answered with a
+    stop (`run.stopped`): the sub-agent must not run."""
+    return parent.child(await parent.acall(parent.run.start_child(agent=agent)))
+
+
+def start_sub_agent_sync(parent: Bridge, agent: str | None) -> Bridge:
+    """`start_sub_agent` from sync code."""
+    return parent.child(parent.call(parent.run.start_child(agent=agent)))
+
+
+def sub_agent_stopped(agent: str | None, run: Run) -> str:
+    """What the parent's model reads as the result of a sub-agent the guard stopped (or
+    did not let start): which one, why, and what to do instead of starting it again."""
+    report = run.stopped
+    why = report.summary() if report is not None else "stopped"
+    name = f"sub-agent {agent}" if agent else "sub-agent"
+    return (
+        f"fusebox stopped the {name} (run {run.id}): {why}. Its task is not done: do it "
+        "another way or report that it could not be done, rather than starting the same "
+        "sub-agent again."
+    )

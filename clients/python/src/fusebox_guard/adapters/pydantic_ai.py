@@ -25,6 +25,17 @@ fuseboxd, as a capability.
   with the guard's cancellation raised as `RunStopped`; called directly, `agent.run`
   raises Pydantic AI's `RunCancelled` on a stop (the same history in `all_messages()`).
 
+Sub-agents (agent delegation): an agent run inside a guarded tool call — the tool
+awaits `other_agent.run(...)`, and the other agent carries the same capability — is a
+child run of the run that made the call (`wrap_run` sees the call in a context
+variable): its calls, model turns and stop are its own, and count in the parent's
+budgets. It is closed as it ends. A sub-agent the guard stops is cancelled the same way
+(`RunCancelled` out of its `agent.run`), and the tool call that ran it fails with the
+stop as its result (`ToolFailed`: which sub-agent, why, what to do instead), so the
+parent goes on; one the caps refuse (`max_children`, `max_open_children`, `max_depth`)
+does not run at all and answers the same way. A delegated agent without the capability
+is not guarded.
+
 Output tools (the run's final answer) are the framework's own and are not gated.
 """
 
@@ -53,7 +64,18 @@ from ..gate import Gate
 from ..run import Run
 from ..sync import SyncRun
 from ..types import Action, Decision, Effect, ResultKind, Usage
-from ._common import Bridge, OpKeyFn, finish_run, is_stop, jsonable, report_failed
+from ._common import (
+    Bridge,
+    Call,
+    OpKeyFn,
+    Tree,
+    finish_run,
+    is_stop,
+    jsonable,
+    report_failed,
+    start_sub_agent,
+    sub_agent_stopped,
+)
 
 
 @dataclass
@@ -68,9 +90,11 @@ class FuseboxCapability(AbstractCapability[Any]):
     finish: bool = True
     id: str | None = "fusebox"
     _bridge: Bridge = field(init=False, repr=False)
+    _tree: Tree = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._bridge = Bridge(self.run_handle, op_key=self.op_key, effects=self.effects)
+        self._tree = Tree(self._bridge)
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -114,7 +138,11 @@ class FuseboxCapability(AbstractCapability[Any]):
     async def wrap_run(
         self, ctx: RunContext[Any], *, handler: WrapRunHandler
     ) -> AgentRunResult[Any]:
-        """Closes the run as the agent run ends (the guard's own stop closed it already)."""
+        """Closes the run as the agent run ends (the guard's own stop closed it already).
+        An agent run inside a guarded tool call is a sub-agent: its own child run."""
+        call = self._tree.calling
+        if call is not None:
+            return await self._sub_agent(ctx, call, handler)
         try:
             result = await handler()
         except (Exception, asyncio.CancelledError) as err:
@@ -125,12 +153,32 @@ class FuseboxCapability(AbstractCapability[Any]):
             await finish_run(self._bridge)
         return result
 
+    async def _sub_agent(
+        self, ctx: RunContext[Any], call: Call, handler: WrapRunHandler
+    ) -> AgentRunResult[Any]:
+        """Runs a delegated agent as a child run of the call's run, and closes it as it
+        ends. A child the caps refused does not run: `RunStopped` out of its `agent.run`,
+        which the parent's call answers as the sub-agent's result."""
+        child = await start_sub_agent(call.bridge, ctx.agent.name if ctx.agent else None)
+        call.children.append(child)
+        stopped = child.run.stop_decision
+        if stopped is not None:
+            raise RunStopped(stopped.report, stopped)
+        with self._tree.in_run(child):
+            try:
+                result = await handler()
+            except (Exception, asyncio.CancelledError) as err:
+                await finish_run(child, err)
+                raise
+        await finish_run(child)
+        return result
+
     # --- the model ---------------------------------------------------------------------
 
     async def before_model_request(
         self, ctx: RunContext[Any], request_context: ModelRequestContext
     ) -> ModelRequestContext:
-        if self.run.stopped is not None:
+        if self._tree.current.run.stopped is not None:
             ctx.cancel()
         return request_context
 
@@ -142,9 +190,10 @@ class FuseboxCapability(AbstractCapability[Any]):
         response: ModelResponse,
     ) -> ModelResponse:
         calls = any(isinstance(part, ToolCallPart) for part in response.parts)
+        bridge = self._tree.current
         try:
-            decision = await self._bridge.acall(
-                self.run.model_turn("tool_use" if calls else "end_turn", usage=_usage(response))
+            decision = await bridge.acall(
+                bridge.run.model_turn("tool_use" if calls else "end_turn", usage=_usage(response))
             )
         except FuseboxError as err:
             report_failed("model turn", err)
@@ -165,22 +214,32 @@ class FuseboxCapability(AbstractCapability[Any]):
         handler: WrapToolExecuteHandler,
     ) -> Any:
         tool, call_id = call.tool_name, call.tool_call_id
-        gate = await self._bridge.acall(
-            self.run.tool_call(tool, args, call_id=call_id, **self._bridge.call_fields(tool, args))
+        bridge = self._tree.current
+        gate = await bridge.acall(
+            bridge.run.tool_call(tool, args, call_id=call_id, **bridge.call_fields(tool, args))
         )
         if not gate.may_run:
             return _refused(ctx, gate)
+        running = Call(bridge, call_id, tool)
         try:
-            result = await handler(args)
+            with self._tree.in_call(running):
+                result = await handler(args)
         except (ModelRetry, ToolFailed) as err:
-            await self._report_error(call_id, tool, err.message)
+            await self._report_error(bridge, call_id, tool, err.message)
             raise
         except Exception as err:
-            await self._report_error(call_id, tool, f"{type(err).__name__}: {err}")
-            raise
+            child = running.stopped_child()
+            if child is None:
+                await self._report_error(bridge, call_id, tool, f"{type(err).__name__}: {err}")
+                raise
+            # A sub-agent the guard stopped: its stop is the call's (failed) result, and
+            # the parent goes on.
+            text = sub_agent_stopped(child.run.agent, child.run)
+            await self._report_error(bridge, call_id, tool, text, code="sub_agent_stopped")
+            raise ToolFailed(text) from None
         try:
-            decision = await self._bridge.acall(
-                self.run.tool_result(call_id, tool, ResultKind.SUCCESS, output=_json(result))
+            decision = await bridge.acall(
+                bridge.run.tool_result(call_id, tool, ResultKind.SUCCESS, output=_json(result))
             )
         except FuseboxError as err:
             report_failed(f"result of {tool} ({call_id})", err)
@@ -189,16 +248,18 @@ class FuseboxCapability(AbstractCapability[Any]):
             ctx.cancel()
         return gate.reads(result) if gate.warning else result
 
-    async def _report_error(self, call_id: str, tool: str, error: str) -> None:
+    async def _report_error(
+        self, bridge: Bridge, call_id: str, tool: str, error: str, *, code: str = "tool_error"
+    ) -> None:
         """A tool that failed: RETRYABLE with no wait, so repetition counts and an
         edit-and-retry is not refused."""
         try:
-            await self._bridge.acall(
-                self.run.tool_result(
+            await bridge.acall(
+                bridge.run.tool_result(
                     call_id,
                     tool,
                     ResultKind.RETRYABLE,
-                    code="tool_error",
+                    code=code,
                     retry_after_ms=0,
                     output=error,
                 )
