@@ -64,7 +64,8 @@ export class Fusebox {
   }
 
   /** A handle for run `runId` (not started: `await run.start()`, or use `startRun`).
-   * Without an id, a fresh one (`newRunId`). */
+   * Without an id, a fresh one (`newRunId`). A sub-agent's run names its `parent`, or is
+   * made from the parent's handle (`Run.startChild`). */
   run(runId: string = newRunId(), opts: RunOptions = {}): Run {
     return new Run(this, subjects.checkId("run", runId, 128), {
       ...opts,

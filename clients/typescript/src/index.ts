@@ -25,6 +25,7 @@ export {
 export { Gate } from "./gate.js";
 export { keptStop, parseStop, StopWatch } from "./killswitch.js";
 export {
+  type ChildRunOptions,
   type ModelTurnOptions,
   Run,
   type RunOptions,

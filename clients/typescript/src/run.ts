@@ -13,12 +13,18 @@
  * sent inline: a second process starting a run id the daemon already has (a restarted
  * worker) is refused with `RunExists` instead of being answered the old process's
  * decisions from the dedup.
+ *
+ * A sub-agent's run names its `parent` (guard contract §6). A child made from the parent's
+ * handle (`startChild`) sends its `run_started` only after the parent's was delivered: the
+ * daemon joins a child to its parent's tree only when it knows the parent, and a child
+ * that came first would be a root of its own, its spending outside the parent's budgets.
  */
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import type { Fusebox } from "./client.js";
 import { FuseboxError, GuardUnavailable, Refused, RunExists, RunStopped } from "./errors.js";
 import { Gate } from "./gate.js";
 import type { StopWatch } from "./killswitch.js";
+import { checkId, gate as gateSubject } from "./subjects.js";
 import type {
   Decision,
   Effect,
@@ -40,6 +46,21 @@ export interface RunOptions {
   results?: ResultMode;
   /** Every request's own timeout (ms); nats.js would default to 1 s. */
   timeoutMs?: number;
+  /**
+   * The run that started this one, of the same tenant: this run is its sub-agent. Each
+   * budget of the parent and of the runs above it counts this run's calls, model turns,
+   * tokens and cost; their caps (`max_depth`, `max_children`, `max_open_children`) may
+   * refuse this run's start; a stop of any of them stops this run. The parent must be
+   * started first (`Run.startChild` sees to it).
+   */
+  parent?: string;
+}
+
+/** A sub-agent's run, made by its parent's handle (`Run.child`, `Run.startChild`). */
+export interface ChildRunOptions extends Omit<RunOptions, "parent"> {
+  /** The child's run id; `<parent>-<agent>-<n>` (the n-th child of this handle) when
+   * not given. */
+  runId?: string;
 }
 
 export interface ToolCallOptions {
@@ -89,16 +110,19 @@ export class Run {
   readonly agent: string | undefined;
   readonly tools: readonly string[] | undefined;
   readonly policy: Readonly<Record<string, unknown>> | undefined;
+  readonly parent: string | undefined;
   readonly gateOnError: GateOnError;
   readonly results: ResultMode;
   readonly timeoutMs: number;
   private lastSeq = 0;
   private calls = 0;
+  private children = 0;
   private readonly queue: Queued[] = [];
   private chain: Promise<void> = Promise.resolve();
   private watch: StopWatch | null = null;
   private stopDecision: Decision | null = null;
-  private started = false;
+  /** The first `start()`, once it is called. */
+  private starting: Promise<void> | null = null;
   private stopListeners: Array<(stop: Decision) => void> = [];
   /** Tells this handle's `run_started` from another process's for the same run id. */
   private readonly nonce = randomBytes(6).toString("hex");
@@ -108,15 +132,19 @@ export class Run {
   /** Why `run_started` is not delivered yet (it is re-sent with the next event). */
   startError: GuardUnavailable | null = null;
 
+  /** `parentRun`: the parent's handle, for a child made by `child`, whose `run_started`
+   * waits for the parent's. */
   constructor(
     readonly client: Fusebox,
     readonly id: string,
     opts: Required<Pick<RunOptions, "gateOnError" | "results" | "timeoutMs">> & RunOptions,
+    private readonly parentRun: Run | null = null,
   ) {
     this.tenant = client.tenant;
     this.agent = opts.agent;
     this.tools = opts.tools;
     this.policy = opts.policy;
+    this.parent = parentRun?.id ?? opts.parent;
     this.gateOnError = opts.gateOnError;
     this.results = opts.results;
     this.timeoutMs = opts.timeoutMs;
@@ -125,10 +153,15 @@ export class Run {
   // --- lifecycle -------------------------------------------------------------------
 
   /** Watches the kill switch (learning a stop kept from before), then sends
-   * `run_started`. Idempotent. */
-  async start(opts: { watchStop?: boolean } = {}): Promise<void> {
-    if (this.started) return;
-    this.started = true;
+   * `run_started`. Idempotent: a later call waits for the first one (a refusal is thrown
+   * to the first caller only). */
+  start(opts: { watchStop?: boolean } = {}): Promise<void> {
+    if (this.starting !== null) return this.starting.catch(() => undefined);
+    this.starting = this.begin(opts);
+    return this.starting;
+  }
+
+  private async begin(opts: { watchStop?: boolean }): Promise<void> {
     if (opts.watchStop ?? true) {
       this.watch = await this.client.watchStop(this.id);
       this.watch.onStop((stop) => this.latch(stop));
@@ -137,6 +170,7 @@ export class Run {
     if (this.agent !== undefined) fields.agent = this.agent;
     if (this.tools !== undefined) fields.tools = [...this.tools];
     if (this.policy !== undefined) fields.policy = this.policy;
+    if (this.parent !== undefined) fields.parent = this.parent;
     try {
       // Inline whatever the result mode: a refusal must reach the caller.
       await this.send("run_started", fields, true);
@@ -147,6 +181,35 @@ export class Run {
       if (!(err instanceof GuardUnavailable)) throw err;
       this.startError = err;
     }
+  }
+
+  /**
+   * A handle for a sub-agent of this run (not started: see `startChild`). It inherits
+   * this run's `gateOnError`, `results` and `timeoutMs` unless told otherwise, and is a
+   * run like any other: its own events, ids and kill switch.
+   */
+  child(opts: ChildRunOptions = {}): Run {
+    const { runId, ...rest } = opts;
+    this.children += 1;
+    const id = checkId("run", runId ?? childRunId(this.id, opts.agent, this.children), 128);
+    const inherited = {
+      gateOnError: opts.gateOnError ?? this.gateOnError,
+      results: opts.results ?? this.results,
+      timeoutMs: opts.timeoutMs ?? this.timeoutMs,
+    };
+    return new Run(this.client, id, { ...rest, ...inherited }, this);
+  }
+
+  /**
+   * Starts a sub-agent of this run (`child` and `start`). The daemon may refuse it —
+   * a cap of a run above (`depth_limit`, `spawn_limit`, `concurrency_limit`) or a stopped
+   * ancestor — and then the child comes back already stopped: `child.stopped` says why,
+   * for the parent's model to read instead of the sub-agent's answer.
+   */
+  async startChild(opts: ChildRunOptions = {}): Promise<Run> {
+    const child = this.child(opts);
+    await child.start();
+    return child;
   }
 
   /** Stops watching the kill switch (the run itself stays as it is). */
@@ -211,7 +274,7 @@ export class Run {
    * `gateOnError: "allow"`; a run known to be stopped is refused without a round trip.
    */
   async toolCall(tool: string, args: unknown = {}, opts: ToolCallOptions = {}): Promise<Gate> {
-    if (!this.started) await this.start();
+    if (this.starting === null) await this.start();
     const callId = opts.callId ?? this.nextCallId();
     if (this.stopDecision !== null) return new Gate(callId, tool, this.refusal(callId));
     const body: Record<string, unknown> = { call_id: callId, tool };
@@ -342,6 +405,11 @@ export class Run {
   private async flush(): Promise<void> {
     while (this.queue.length > 0) {
       const head = this.queue[0] as Queued;
+      const parentPending = head.event.type === "run_started" ? await this.parentStarted() : null;
+      if (parentPending !== null) {
+        settle(this.queue[this.queue.length - 1] as Queued, parentPending);
+        return;
+      }
       let decision: Decision | null;
       try {
         decision = await this.deliver(head);
@@ -371,6 +439,27 @@ export class Run {
     }
   }
 
+  /** Delivers the parent's `run_started` first (see the top of this file); why it is
+   * still undelivered, or null once it is. */
+  private async parentStarted(): Promise<GuardUnavailable | null> {
+    const parent = this.parentRun;
+    if (parent === null) return null;
+    await parent.start().catch(() => undefined);
+    const pending = () => parent.queue.some((queued) => queued.event.type === "run_started");
+    if (pending()) {
+      parent.chain = parent.chain.then(() => parent.flush());
+      await parent.chain;
+    }
+    if (!pending()) return null;
+    return (
+      parent.startError ??
+      new GuardUnavailable(
+        gateSubject(parent.tenant, parent.id),
+        `the parent run ${parent.id} is not started yet`,
+      )
+    );
+  }
+
   private async deliver(event: Queued): Promise<Decision | null> {
     if (event.inline) return this.client.ask(this.id, event.payload, this.timeoutMs);
     await this.client.publish(this.id, event.id, event.payload, this.timeoutMs);
@@ -396,6 +485,20 @@ export class Run {
     const stop = this.stopDecision as Decision;
     return { ...stop, event_id: "", call_id: callId };
   }
+}
+
+/**
+ * `<parent>-<agent>-<n>` (as the Python client names children): an operator reads the
+ * tree in the ids, and a child's id is fresh as long as its parent's is. Within the 128
+ * characters of a run id: a long parent id is cut and marked with a hash of it, so two
+ * parents that share a prefix never share a child id.
+ */
+function childRunId(parent: string, agent: string | undefined, n: number): string {
+  const tag = agent ? agent.replace(/[^A-Za-z0-9_-]+/g, "_").slice(0, 32) : "sub";
+  const suffix = `-${tag}-${n}`;
+  if (parent.length + suffix.length <= 128) return parent + suffix;
+  const digest = createHash("sha256").update(parent).digest("hex").slice(0, 8);
+  return `${parent.slice(0, 128 - suffix.length - 9)}-${digest}${suffix}`;
 }
 
 function settle(queued: Queued, outcome: Decision | null | FuseboxError): void {
