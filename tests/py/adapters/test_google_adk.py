@@ -20,6 +20,7 @@ from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import InMemoryRunner
+from google.adk.tools.agent_tool import AgentTool
 from google.adk.tools.function_tool import FunctionTool
 from google.genai import types
 from pydantic import Field
@@ -38,8 +39,18 @@ from support.guard import (
     search_output,
     send_email_output,
 )
-from support.scenarios import next_calls, op_key_for
+from support.scenarios import Call, next_calls, op_key_for
 from support.stack import Stack
+from support.sub_agents import (
+    DELEGATE,
+    FOUND,
+    RUNAWAY_SEARCHES,
+    lead_calls,
+    researcher_answer,
+    researcher_calls,
+    topic_of,
+)
+from support.trees import children, tree
 
 MODES = ["sync", "async"]
 _ids = itertools.count()
@@ -114,10 +125,11 @@ def make_tools(log: ToolLog, on_tool: Callable[[int], None] | None = None) -> li
 @dataclass
 class Outcome:
     run_id: str
-    model: ScriptedLlm
+    model: BaseLlm
     events: list[Event] = field(default_factory=list)
     stopped: RunStopped | None = None
     error: Exception | None = None
+    log: ToolLog = field(default_factory=ToolLog)
 
     @property
     def text(self) -> str | None:
@@ -333,32 +345,164 @@ def test_parallel_calls_are_each_gated_and_siblings_refused_after_a_stop(
     outcome.assert_history_valid()
 
 
-def test_every_agent_of_a_multi_agent_app_is_gated_by_the_one_plugin(stack: Stack) -> None:
-    """The root agent hands the task to a sub-agent, which runs away: the runner's plugin
-    gates the sub-agent's calls too, and the stop ends the whole invocation."""
+def test_a_sub_agent_handed_the_task_is_a_child_run_and_its_stop_ends_it_alone(
+    stack: Stack,
+) -> None:
+    """The root hands the task to a sub-agent (`transfer_to_agent`), which runs away: the
+    runner's plugin gates the sub-agent's calls in a child run of the root's, whose stop
+    ends the sub-agent (its answer says why), not the root's run."""
     log = ToolLog()
     worker_model = ScriptedLlm(scenario="runaway")
     worker = LlmAgent(name="worker", model=worker_model, tools=list(make_tools(log)))
     root_model = ScriptedLlm(scenario="runaway", delegate_to="worker")
     root = LlmAgent(name="root", model=root_model, sub_agents=[worker])
+    run_id = fresh_run("adk-multi")
 
-    async def main() -> RunStopped:
+    async def main() -> list[Event]:
         async with await Fusebox.connect(stack.nats_url, tenant=TENANT) as fb:
-            guard = FuseboxPlugin(await fb.start_run(fresh_run("adk-multi")))
+            guard = FuseboxPlugin(await fb.start_run(run_id))
             app = App(name="fusebox_test", root_agent=root, plugins=[guard])
             runner = InMemoryRunner(app=app)
             await runner.session_service.create_session(
                 app_name="fusebox_test", user_id="u", session_id="multi"
             )
             message = types.Content(role="user", parts=[types.Part(text="go")])
-            with pytest.raises(RunStopped) as stopped:
-                await guard.run_async(runner, user_id="u", session_id="multi", new_message=message)
-            return stopped.value
+            return await guard.run_async(
+                runner, user_id="u", session_id="multi", new_message=message
+            )
 
-    stopped = asyncio.run(main())
+    events = asyncio.run(main())
     assert log.count("search") == RUNAWAY_EXECUTIONS
-    assert stopped.report is not None and stopped.report.state_name == "STOPPED_LOOP_GUARD"
-    assert len(root_model.seen) == 1  # the root was not asked again after the stop
+    last = Outcome(run_id, root_model, events).text or ""
+    assert last.startswith("fusebox stopped the sub-agent worker"), last
+    assert len(root_model.seen) == 1  # the root's turn was the transfer
+    nodes = asyncio.run(tree(stack, run_id))
+    (child,) = children(nodes, run_id)
+    assert child.agent == "worker" and child.stop_reason == "consecutive_blocks"
+    assert len(child.executed) == RUNAWAY_EXECUTIONS
+    assert nodes[run_id].executed == ["transfer_to_agent"]
+    assert_closed(stack, run_id, "completed")
+
+
+# --- AgentTool: an agent called as a tool is a child run ---------------------------------
+
+Script = Callable[[LlmRequest], "list[Call] | str"]
+
+
+class PlayLlm(BaseLlm):
+    """Answers what `script` says for the request: tool calls, or a final text."""
+
+    model: str = "play"
+    script: Script
+    seen: list[LlmRequest] = Field(default_factory=list)
+
+    async def generate_content_async(
+        self, llm_request: LlmRequest, stream: bool = False
+    ) -> AsyncGenerator[LlmResponse, None]:
+        self.seen.append(llm_request)
+        answer = self.script(llm_request)
+        if isinstance(answer, str):
+            parts = [types.Part(text=answer)]
+        else:
+            turn = _model_turns(llm_request)
+            parts = [
+                types.Part(function_call=types.FunctionCall(id=f"{name}_{turn}", name=name, args=a))
+                for name, a in answer
+            ]
+        yield LlmResponse(content=types.Content(role="model", parts=parts))
+
+
+def _model_turns(request: LlmRequest) -> int:
+    return sum(1 for c in request.contents if c.role == "model")
+
+
+def lead_script(request: LlmRequest) -> list[Call] | str:
+    return lead_calls(_model_turns(request)) or "done"
+
+
+def researcher_script(request: LlmRequest) -> list[Call] | str:
+    topic = topic_of(request.contents[0])
+    return researcher_calls(topic, _model_turns(request)) or researcher_answer(topic)
+
+
+def delegate(url: str, mode: str, policy: dict[str, Any] | None = None) -> Outcome:
+    """The lead, whose `research` tool is the researcher agent (an `AgentTool`), behind
+    a run; the invocation's events."""
+    outcome = Outcome(fresh_run(f"adk-{mode}-lead"), PlayLlm(script=lead_script))
+    researcher = LlmAgent(
+        name=DELEGATE,
+        model=PlayLlm(script=researcher_script),
+        tools=list(make_tools(outcome.log)[:1]),
+    )
+    lead = LlmAgent(name="lead", model=outcome.model, tools=[AgentTool(researcher)])
+    message = types.Content(role="user", parts=[types.Part(text="weather report")])
+    kwargs = {"user_id": "u", "session_id": "lead", "new_message": message}
+
+    async def session(runner: InMemoryRunner) -> None:
+        await runner.session_service.create_session(
+            app_name="fusebox_test", user_id="u", session_id="lead"
+        )
+
+    def runner_for(guard: FuseboxPlugin) -> InMemoryRunner:
+        return InMemoryRunner(app=App(name="fusebox_test", root_agent=lead, plugins=[guard]))
+
+    if mode == "sync":
+        with SyncFusebox.connect(url, tenant=TENANT) as fb:
+            guard = FuseboxPlugin(fb.start_run(outcome.run_id, agent="lead", policy=policy))
+            runner = runner_for(guard)
+            asyncio.run(session(runner))
+            outcome.events = guard.run_sync(runner, **kwargs)
+        return outcome
+
+    async def main() -> None:
+        async with await Fusebox.connect(url, tenant=TENANT) as afb:
+            run = await afb.start_run(outcome.run_id, agent="lead", policy=policy)
+            guard = FuseboxPlugin(run)
+            runner = runner_for(guard)
+            await session(runner)
+            outcome.events = await guard.run_async(runner, **kwargs)
+
+    asyncio.run(main())
+    return outcome
+
+
+#: ADK's own AgentTool hands its runner the plugins the deprecated way.
+adk_agent_tool = pytest.mark.filterwarnings("ignore:The `plugins` argument is deprecated")
+
+
+@adk_agent_tool
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_tool_is_a_child_run_and_its_stop_is_the_tools_result(
+    stack: Stack, mode: str
+) -> None:
+    outcome = delegate(stack.nats_url, mode)
+    assert outcome.text == "done", outcome
+    read = outcome.answers()
+    assert read[f"{DELEGATE}_0"] == {"result": FOUND}
+    stopped = read[f"{DELEGATE}_1"]["error"]
+    assert stopped.startswith(f"fusebox stopped the sub-agent {DELEGATE}"), stopped
+    assert "consecutive_blocks" in stopped
+    assert outcome.log.count("search") == 1 + RUNAWAY_SEARCHES
+    nodes = asyncio.run(tree(stack, outcome.run_id))
+    first, second = children(nodes, outcome.run_id)
+    assert first.agent == second.agent == DELEGATE
+    assert first.executed == ["search"] and first.stop_reason == "completed"
+    assert second.stop_reason == "consecutive_blocks"
+    assert len(second.executed) == RUNAWAY_SEARCHES
+    assert nodes[outcome.run_id].executed == [DELEGATE, DELEGATE]
+    assert_closed(stack, outcome.run_id, "completed")
+
+
+@adk_agent_tool
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_tool_past_the_caps_does_not_run_and_the_lead_reads_why(
+    stack: Stack, mode: str
+) -> None:
+    outcome = delegate(stack.nats_url, mode, policy={"max_children": 1})
+    assert outcome.text == "done", outcome
+    refused = outcome.answers()[f"{DELEGATE}_1"]["error"]
+    assert "spawn_limit" in refused, refused
+    assert outcome.log.count("search") == 1  # the second researcher never ran
 
 
 @pytest.mark.parametrize("mode", MODES)

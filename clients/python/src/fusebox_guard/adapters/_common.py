@@ -7,7 +7,7 @@ import json
 import logging
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -186,11 +186,22 @@ class Tree:
     @contextmanager
     def in_call(self, call: Call) -> Iterator[None]:
         """Sub-agents started in this block are children of `call`'s run."""
-        token = self._call.set(call)
+        token = self.enter_call(call)
         try:
             yield
         finally:
+            self.leave_call(token)
+
+    def enter_call(self, call: Call) -> Token[Call | None]:
+        """`in_call` for frameworks whose call begins and ends in two callbacks (of the
+        same task): pass the token to `leave_call`."""
+        return self._call.set(call)
+
+    def leave_call(self, token: Token[Call | None]) -> None:
+        try:
             self._call.reset(token)
+        except ValueError:  # ended in another context than it began: only undo it here
+            self._call.set(None)
 
 
 async def start_sub_agent(parent: Bridge, agent: str | None) -> Bridge:

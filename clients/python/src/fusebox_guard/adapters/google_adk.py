@@ -22,8 +22,22 @@ app gated by fuseboxd, as a runner plugin.
   (completed, or failed with the error), unless `finish=False` (more invocations, e.g.
   the next user message of a session, go on in the same fusebox run).
 
-A plugin is the runner's, so every agent of a multi-agent app (sub-agents, agents as
-tools) is gated by the same run.
+A plugin is the runner's (and an `AgentTool`'s runner inherits it), so every agent of a
+multi-agent app is gated, each sub-agent in a child run of its own (guard contract §6):
+
+- `AgentTool` (an agent called as a tool): its invocation, which runs inside the guarded
+  call, is a child run of the calling agent's run, closed when it ends. A sub-agent the
+  guard stops is answered for its model (`before_model_callback`: the model is not
+  asked again, the answer says why), so it ends with that answer, and the call's result
+  the parent reads is `{"error": <which sub-agent was stopped, why, what to do>}`; one
+  the caps refuse does not run and answers the same way.
+- `sub_agents` (a transfer, a workflow agent's steps): each agent other than the one the
+  invocation began with is a child run of the run of the nearest agent above it in
+  ADK's `sub_agents` tree (a transfer to a sibling is a child of their common parent,
+  not of the agent that transferred), one per time it starts, closed when it ends. A
+  stopped one ends the same way, and ADK goes on as after any agent's answer (after a
+  transfer, that answer ends the invocation); only a stop of the root run ends the
+  invocation (`end_invocation`).
 
 Live mode (`runner.run_live`, read off ADK 2.13's source): live tool calls go through
 the same plugin tool callbacks, so each is gated and refused alike, and after a stop
@@ -37,8 +51,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from contextvars import Token
+from dataclasses import dataclass
 from typing import Any
 
+from google.adk.agents.base_agent import BaseAgent
 from google.adk.agents.callback_context import CallbackContext
 from google.adk.agents.invocation_context import InvocationContext
 from google.adk.events.event import Event
@@ -55,7 +72,18 @@ from ..gate import Gate
 from ..run import Run
 from ..sync import SyncRun
 from ..types import Action, Decision, Effect, ResultKind, Usage
-from ._common import Bridge, OpKeyFn, finish_run, is_stop, jsonable, report_failed
+from ._common import (
+    Bridge,
+    Call,
+    OpKeyFn,
+    Tree,
+    finish_run,
+    is_stop,
+    jsonable,
+    report_failed,
+    start_sub_agent,
+    sub_agent_stopped,
+)
 
 
 class FuseboxPlugin(BasePlugin):
@@ -72,9 +100,18 @@ class FuseboxPlugin(BasePlugin):
     ) -> None:
         super().__init__(name)
         self._bridge = Bridge(run, op_key=op_key, effects=effects)
+        self._tree = Tree(self._bridge)
         self.finish = finish
-        #: The calls the gate let run, by call id (their results are reported).
-        self._running: dict[str, Gate] = {}
+        #: The run of each invocation under way: the root's, or for an invocation that
+        #: runs inside a guarded call (an `AgentTool`'s), a child run of that call's run.
+        self._invocations: dict[str, Bridge] = {}
+        #: The agent each invocation began with: its calls are the invocation's run's.
+        self._first_agents: dict[str, str] = {}
+        #: The child run of each other agent running in an invocation (a sub-agent).
+        self._agents: dict[tuple[str, str], Bridge] = {}
+        #: The calls the gate let run (their results are reported), by invocation,
+        #: agent and call id (a sub-agent's call ids may repeat its parent's).
+        self._running: dict[tuple[str, str, str], _Running] = {}
 
     @property
     def run(self) -> Run:
@@ -101,36 +138,113 @@ class FuseboxPlugin(BasePlugin):
         if stopped is not None:
             raise RunStopped(stopped.report, stopped, history=events)
 
+    # --- which run ---------------------------------------------------------------------
+
+    def _bridge_of(self, context: CallbackContext | ToolContext) -> Bridge:
+        invocation = context.invocation_id
+        return (
+            self._agents.get((invocation, context.agent_name))
+            or self._invocations.get(invocation)
+            or self._bridge
+        )
+
+    def _parent_of(self, agent: BaseAgent, invocation: str) -> Bridge:
+        """The run of the nearest agent above `agent` (ADK's `sub_agents` tree) running
+        in the invocation; the invocation's own run when none is."""
+        above = agent.parent_agent
+        while above is not None and above.name != self._first_agents.get(invocation):
+            running = self._agents.get((invocation, above.name))
+            if running is not None:
+                return running
+            above = above.parent_agent
+        return self._invocations.get(invocation, self._bridge)
+
     # --- the invocation ----------------------------------------------------------------
 
+    async def before_run_callback(
+        self, *, invocation_context: InvocationContext
+    ) -> types.Content | None:
+        invocation = invocation_context.invocation_id
+        first = invocation_context.agent
+        agent = first.name if first is not None else ""
+        self._first_agents[invocation] = agent
+        call = self._tree.calling
+        if call is None:
+            self._invocations[invocation] = self._bridge
+            return None
+        # Inside a guarded call (an AgentTool): a sub-agent, its own child run.
+        child = await start_sub_agent(call.bridge, agent)
+        call.children.append(child)
+        self._invocations[invocation] = child
+        if child.run.stopped is not None:
+            return _text(sub_agent_stopped(agent, child.run))
+        return None
+
     async def after_run_callback(self, *, invocation_context: InvocationContext) -> None:
-        if self.finish:
-            await finish_run(self._bridge)
+        await self._invocation_ended(invocation_context.invocation_id, None)
 
     async def on_run_error_callback(
         self, *, invocation_context: InvocationContext, error: Exception
     ) -> None:
-        if self.finish:
-            await finish_run(self._bridge, error)
+        await self._invocation_ended(invocation_context.invocation_id, error)
+
+    async def _invocation_ended(self, invocation: str, error: Exception | None) -> None:
+        """Closes the invocation's runs: sub-agents still open (ADK skips an agent's
+        end callback when it hands the invocation on), then its own, as it ended."""
+        for key in [key for key in self._agents if key[0] == invocation]:
+            await finish_run(self._agents.pop(key), error)
+        self._first_agents.pop(invocation, None)
+        bridge = self._invocations.pop(invocation, self._bridge)
+        if bridge is not self._bridge or self.finish:
+            await finish_run(bridge, error)
+
+    async def before_agent_callback(
+        self, *, agent: BaseAgent, callback_context: CallbackContext
+    ) -> types.Content | None:
+        """A sub-agent (ADK's `sub_agents`: a transfer, a workflow's step) starts: its
+        own child run, below the run of the agent above it. One the caps refuse does
+        not run: its answer says why."""
+        invocation = callback_context.invocation_id
+        if agent.name == self._first_agents.get(invocation):
+            return None
+        child = await start_sub_agent(self._parent_of(agent, invocation), agent.name)
+        self._agents[(invocation, agent.name)] = child
+        if child.run.stopped is not None:
+            return _text(sub_agent_stopped(agent.name, child.run))
+        return None
+
+    async def after_agent_callback(
+        self, *, agent: BaseAgent, callback_context: CallbackContext
+    ) -> types.Content | None:
+        child = self._agents.pop((callback_context.invocation_id, agent.name), None)
+        if child is not None:
+            await finish_run(child)
+        return None
 
     # --- the model ---------------------------------------------------------------------
 
     async def before_model_callback(
         self, *, callback_context: CallbackContext, llm_request: LlmRequest
     ) -> LlmResponse | None:
-        report = self.run.stopped
+        bridge = self._bridge_of(callback_context)
+        report = bridge.run.stopped
         if report is None:
             return None
-        _end(callback_context)
-        text = f"fusebox stopped this run ({report.summary()}); the model was not asked again."
-        return LlmResponse(content=types.Content(role="model", parts=[types.Part(text=text)]))
+        if bridge is self._bridge:
+            _end(callback_context)
+            text = f"fusebox stopped this run ({report.summary()}); the model was not asked again."
+        else:
+            # A sub-agent ends with this answer; its parent reads it and goes on.
+            text = sub_agent_stopped(callback_context.agent_name, bridge.run)
+        return LlmResponse(content=_text(text))
 
     async def after_model_callback(
         self, *, callback_context: CallbackContext, llm_response: LlmResponse
     ) -> LlmResponse | None:
+        bridge = self._bridge_of(callback_context)
         if (
             llm_response.partial
-            or self.run.stopped is not None
+            or bridge.run.stopped is not None
             or callback_context._invocation_context.live_request_queue is not None
         ):
             # A streamed fragment (its usage comes with the whole response), the guard's
@@ -139,8 +253,10 @@ class FuseboxPlugin(BasePlugin):
             return None
         parts = llm_response.content.parts if llm_response.content else None
         calls = any(part.function_call is not None for part in parts or [])
-        turn = self.run.model_turn("tool_use" if calls else "end_turn", usage=_usage(llm_response))
-        if is_stop(await self._observed("model turn", turn)):
+        turn = bridge.run.model_turn(
+            "tool_use" if calls else "end_turn", usage=_usage(llm_response)
+        )
+        if is_stop(await _observed(bridge, "model turn", turn)) and bridge is self._bridge:
             _end(callback_context)
         return None
 
@@ -149,15 +265,21 @@ class FuseboxPlugin(BasePlugin):
     async def before_tool_callback(
         self, *, tool: BaseTool, tool_args: dict[str, Any], tool_context: ToolContext
     ) -> dict[str, Any] | None:
-        call_id = tool_context.function_call_id or self.run.next_call_id()
-        fields = self._bridge.call_fields(tool.name, tool_args)
-        gate = await self._bridge.acall(
-            self.run.tool_call(tool.name, tool_args, call_id=call_id, **fields)
+        bridge = self._bridge_of(tool_context)
+        call_id = tool_context.function_call_id or bridge.run.next_call_id()
+        fields = bridge.call_fields(tool.name, tool_args)
+        gate = await bridge.acall(
+            bridge.run.tool_call(tool.name, tool_args, call_id=call_id, **fields)
         )
         if gate.may_run:
-            self._running[call_id] = gate
+            # The call runs in this task: an invocation it starts (an AgentTool's) is a
+            # sub-agent of this run.
+            call = Call(bridge, call_id, tool.name)
+            self._running[_key(tool_context, call_id)] = _Running(
+                gate, call, self._tree.enter_call(call)
+            )
             return None
-        if gate.stopped:
+        if gate.stopped and bridge is self._bridge:
             _end(tool_context)
         if gate.action is Action.USE_COMPLETED_RESULT:
             stored = gate.completed_result
@@ -173,11 +295,20 @@ class FuseboxPlugin(BasePlugin):
         result: dict[str, Any],
     ) -> dict[str, Any] | None:
         call_id = tool_context.function_call_id or ""
-        gate = self._running.pop(call_id, None)
-        if gate is None:
+        running = self._running.pop(_key(tool_context, call_id), None)
+        if running is None:
             return None  # answered by the guard: no result of a tool that did not run
-        reported = self.run.tool_result(call_id, tool.name, output=jsonable(result))
-        if is_stop(await self._observed(f"result of {tool.name}", reported)):
+        self._tree.leave_call(running.token)
+        bridge, gate = running.call.bridge, running.gate
+        child = running.call.stopped_child()
+        if child is not None:
+            # A sub-agent the guard stopped: that is the call's result.
+            text = sub_agent_stopped(child.run.agent, child.run)
+            await _failed(bridge, call_id, tool.name, text, code="sub_agent_stopped")
+            return {"error": text}
+        reported = bridge.run.tool_result(call_id, tool.name, output=jsonable(result))
+        stop = is_stop(await _observed(bridge, f"result of {tool.name}", reported))
+        if stop and bridge is self._bridge:
             _end(tool_context)
         if gate.warning:
             return {**result, "fusebox_warning": gate.warning}
@@ -192,27 +323,51 @@ class FuseboxPlugin(BasePlugin):
         error: Exception,
     ) -> dict[str, Any] | None:
         call_id = tool_context.function_call_id or ""
-        gate = self._running.pop(call_id, None)
-        if gate is None or isinstance(error, asyncio.CancelledError):
+        running = self._running.pop(_key(tool_context, call_id), None)
+        if running is None:
             return None
-        reported = self.run.tool_result(
-            call_id,
-            tool.name,
-            ResultKind.RETRYABLE,
-            code="tool_error",
-            retry_after_ms=0,
-            output=f"{type(error).__name__}: {error}",
-        )
-        await self._observed(f"error of {tool.name}", reported)
+        self._tree.leave_call(running.token)
+        if isinstance(error, asyncio.CancelledError):
+            return None
+        await _failed(running.call.bridge, call_id, tool.name, f"{type(error).__name__}: {error}")
         return None  # the error goes on as ADK handles it
 
-    async def _observed(self, what: str, reported: Any) -> Decision | None:
-        try:
-            decision: Decision | None = await self._bridge.acall(reported)
-            return decision
-        except FuseboxError as err:
-            report_failed(what, err)
-            return None
+
+@dataclass
+class _Running:
+    """A call the gate let run: its gate, and the sub-agents it starts."""
+
+    gate: Gate
+    call: Call
+    token: Token[Call | None]
+
+
+def _key(context: ToolContext, call_id: str) -> tuple[str, str, str]:
+    return (context.invocation_id, context.agent_name, call_id)
+
+
+async def _observed(bridge: Bridge, what: str, reported: Any) -> Decision | None:
+    try:
+        decision: Decision | None = await bridge.acall(reported)
+        return decision
+    except FuseboxError as err:
+        report_failed(what, err)
+        return None
+
+
+async def _failed(
+    bridge: Bridge, call_id: str, tool: str, error: str, *, code: str = "tool_error"
+) -> None:
+    """A call that failed: RETRYABLE with no wait, so repetition counts and an
+    edit-and-retry is not refused."""
+    reported = bridge.run.tool_result(
+        call_id, tool, ResultKind.RETRYABLE, code=code, retry_after_ms=0, output=error
+    )
+    await _observed(bridge, f"error of {tool}", reported)
+
+
+def _text(text: str) -> types.Content:
+    return types.Content(role="model", parts=[types.Part(text=text)])
 
 
 def _end(context: CallbackContext | ToolContext) -> None:
