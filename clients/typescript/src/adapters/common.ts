@@ -1,8 +1,8 @@
-/** What every adapter shares: which fields a call carries on the wire, and reporting
- * results without letting a silent daemon break the framework's run. */
-import type { Run, ToolCallOptions } from "../run.js";
+/** What every adapter shares: which fields a call carries on the wire, reporting results
+ * without letting a silent daemon break the framework's run, and a sub-agent's child run. */
+import type { ChildRunOptions, Run, ToolCallOptions } from "../run.js";
 import type { Effect, ResultKind, Usage } from "../types.js";
-import { jsonable } from "../types.js";
+import { jsonable, summary } from "../types.js";
 
 /** The business-operation identity of a side-effecting call, from the tool and its args. */
 export type OpKeyFn = (tool: string, args: unknown) => string | undefined | null;
@@ -74,4 +74,50 @@ export function usage(fields: Record<keyof Usage, number | undefined | null>): U
     if (typeof value === "number" && Number.isFinite(value)) out[key] = value;
   }
   return out;
+}
+
+/**
+ * What the parent's model reads in place of a sub-agent's answer when the guard stopped
+ * the sub-agent's run, or refused to start it: the guard's own words (its report), never
+ * a crash of the parent's run.
+ */
+export function childStopText(child: Run): string {
+  const report = child.stopped;
+  const what = report === null ? "stopped" : summary(report);
+  const who = child.agent === undefined ? "" : `${child.agent} `;
+  return `fusebox stopped the sub-agent ${who}(run ${child.id}): ${what}.`;
+}
+
+/**
+ * Runs a sub-agent as a child run of `parent` (guard contract §6): starts the child, runs
+ * `body` with it, and closes it (`completed`, or `failed` when `body` throws) when the
+ * sub-agent ends on its own. A child the guard refused at its start (a cap of a run
+ * above, a stopped ancestor) never runs `body`; one stopped while it runs (its own
+ * budget, a loop, a tree budget, its kill switch) ends the framework's way inside `body`.
+ * Either way `stopped(childStopText(child))` is the outcome instead: the parent's model
+ * reads it as the sub-agent's answer, and the parent's run goes on.
+ */
+export async function asChild<T, U>(
+  parent: Run,
+  opts: ChildRunOptions,
+  body: (child: Run) => Promise<T>,
+  stopped: (text: string, child: Run) => U,
+): Promise<T | U> {
+  const child = await parent.startChild(opts);
+  try {
+    if (child.stopped !== null) return stopped(childStopText(child), child);
+    let outcome: T;
+    try {
+      outcome = await body(child);
+    } catch (err) {
+      if (child.stopped !== null) return stopped(childStopText(child), child);
+      await bestEffort(() => child.finish("failed"));
+      throw err;
+    }
+    if (child.stopped !== null) return stopped(childStopText(child), child);
+    await bestEffort(() => child.finish("completed"));
+    return outcome;
+  } finally {
+    child.close();
+  }
 }

@@ -1,0 +1,338 @@
+/**
+ * Sub-agents of the OpenAI Agents JS adapter as child runs (guard contract §6), with the
+ * real SDK, scripted models (no LLM, no network), a real nats-server and fuseboxd:
+ * `guard.asTool` (agents as tools, several at once) and handoffs.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import {
+  Agent,
+  type AgentInputItem,
+  type Model,
+  type ModelRequest,
+  type ModelResponse,
+  setTracingDisabled,
+  tool,
+  Usage,
+} from "@openai/agents";
+import { z } from "zod";
+import { OpenAIAgentsGuard } from "../src/adapters/openai-agents.js";
+import { Fusebox, type RunOptions, RunStopped } from "../src/index.js";
+import {
+  freshRun,
+  listIssuesOutput,
+  runStatus,
+  searchOutput,
+  TENANT,
+  ToolLog,
+} from "./support/guard.js";
+import type { Call } from "./support/scenarios.js";
+import { type Stack, startStack } from "./support/stack.js";
+import {
+  type LeadScript,
+  leadCalls,
+  leadTasks,
+  type ResearcherScript,
+  reportOf,
+  researcherCalls,
+  TOPICS,
+} from "./support/subagents.js";
+import { children, executed, tree } from "./support/trees.js";
+
+setTracingDisabled(true);
+
+type Item = {
+  type?: string;
+  role?: string;
+  name?: string;
+  callId?: string;
+  output?: unknown;
+  content?: unknown;
+};
+
+const itemsOf = (request: ModelRequest): Item[] =>
+  Array.isArray(request.input) ? (request.input as AgentInputItem[] as Item[]) : [];
+
+let callIds = 0;
+
+/**
+ * A `Model` that answers from what its conversation holds, not from how often it was
+ * called: sub-agents of one agent run at once on the same model object. Its turn is the
+ * number of its own earlier turns in the history (its call ids carry `prefix`).
+ */
+class ConversationModel implements Model {
+  readonly requests: ModelRequest[] = [];
+
+  constructor(
+    private readonly prefix: string,
+    private readonly respond: (turn: number, task: string) => Call[] | string,
+  ) {}
+
+  async getResponse(request: ModelRequest): Promise<ModelResponse> {
+    this.requests.push(request);
+    const items = itemsOf(request);
+    const turns = new Set(
+      items
+        .filter((i) => i.type === "function_call" && i.callId?.startsWith(`${this.prefix}_`))
+        .map((i) => i.callId?.split("_")[1]),
+    );
+    const reply = this.respond(turns.size, taskOf(request));
+    const usage = new Usage({ requests: 1, inputTokens: 120, outputTokens: 30, totalTokens: 150 });
+    if (typeof reply === "string") {
+      return {
+        usage,
+        output: [
+          {
+            type: "message",
+            role: "assistant",
+            status: "completed",
+            content: [{ type: "output_text", text: reply }],
+          },
+        ],
+      };
+    }
+    return {
+      usage,
+      output: reply.map(([name, args], i) => ({
+        type: "function_call" as const,
+        callId: `${this.prefix}_${turns.size}_${i}_${callIds++}`,
+        name,
+        arguments: JSON.stringify(args),
+        status: "completed" as const,
+      })),
+    };
+  }
+
+  // biome-ignore lint/correctness/useYield: the scripted model never streams
+  async *getStreamedResponse(): AsyncIterable<never> {
+    throw new Error("the scripted model does not stream");
+  }
+
+  /** What this model read for each call id, in the last request it got. */
+  reads(): Map<string, string> {
+    const out = new Map<string, string>();
+    const last = this.requests.at(-1);
+    for (const item of last ? itemsOf(last) : []) {
+      if (item.type === "function_call_result" && item.callId) {
+        out.set(item.callId, textOf(item.output));
+      }
+    }
+    return out;
+  }
+}
+
+function textOf(output: unknown): string {
+  if (typeof output === "string") return output;
+  if (typeof output === "object" && output !== null && "text" in output) return String(output.text);
+  return JSON.stringify(output);
+}
+
+/** The first user message: the task an agent (or a sub-agent) was given. */
+function taskOf(request: ModelRequest): string {
+  if (typeof request.input === "string") return request.input;
+  const user = itemsOf(request).find((i) => i.role === "user");
+  const content = user?.content;
+  if (typeof content === "string") return content;
+  return Array.isArray(content) ? content.map((c: { text?: string }) => c.text ?? "").join("") : "";
+}
+
+function tools(log: ToolLog) {
+  return [
+    tool({
+      name: "search",
+      description: "Search the web.",
+      parameters: z.object({ query: z.string() }),
+      execute: async ({ query }) => {
+        log.calls.push(["search", query]);
+        return searchOutput(query);
+      },
+    }),
+    tool({
+      name: "list_issues",
+      description: "List one page of issues.",
+      parameters: z.object({ page: z.number() }),
+      execute: async ({ page }) => {
+        log.calls.push(["list_issues", page]);
+        return listIssuesOutput(page);
+      },
+    }),
+  ];
+}
+
+function researcher(script: ResearcherScript, log: ToolLog): Agent {
+  return new Agent({
+    name: "researcher",
+    instructions: "Research the topic you are given.",
+    model: new ConversationModel(
+      "res",
+      (turn, task) => researcherCalls(script, turn) ?? reportOf(task),
+    ),
+    tools: tools(log),
+  });
+}
+
+function lead(script: LeadScript, log: ToolLog, research: ReturnType<OpenAIAgentsGuard["asTool"]>) {
+  const model = new ConversationModel("lead", (turn) => {
+    const tasks = leadTasks(script, turn);
+    if (tasks === null) return "done";
+    const research: Call[] = tasks.map((topic) => ["research", { input: topic }]);
+    return [...research, ...leadCalls(script, turn)];
+  });
+  const agent = new Agent({
+    name: "lead",
+    instructions: "Hand research to the researcher.",
+    model,
+    tools: [research, ...tools(log)],
+  });
+  return { agent, model };
+}
+
+describe("OpenAI Agents JS sub-agents", () => {
+  let stack: Stack;
+  let fb: Fusebox;
+
+  before(async () => {
+    stack = await startStack();
+    fb = await Fusebox.connect(stack.natsUrl, { tenant: TENANT });
+  });
+  after(async () => {
+    await fb.close();
+    await stack.stop();
+  });
+
+  async function guarded(name: string, opts: RunOptions = {}) {
+    return new OpenAIAgentsGuard(
+      await fb.startRun(freshRun(`oai-${name}`), { agent: "lead", ...opts }),
+    );
+  }
+
+  const researchTool = (guard: OpenAIAgentsGuard, agent: Agent, policy?: Record<string, unknown>) =>
+    guard.asTool(
+      agent,
+      { toolName: "research", toolDescription: "Research a topic." },
+      policy === undefined ? {} : { policy },
+    );
+
+  test("agents as tools, two at once: each a child run with its calls under it", async () => {
+    const guard = await guarded("fan-out");
+    const log = new ToolLog();
+    const { agent, model } = lead("fan_out", log, researchTool(guard, researcher("pages", log)));
+    const result = await guard.runAgent(agent, "triage the queue", { maxTurns: 10 });
+    assert.equal(result.finalOutput, "done");
+    // The lead read each sub-agent's report as the tool's output.
+    assert.deepEqual([...model.reads().values()].sort(), TOPICS.map(reportOf).sort());
+    const nodes = await tree(fb.nats, guard.run.id);
+    assert.deepEqual(nodes.get(guard.run.id)?.calls, [
+      ["research", "execute"],
+      ["research", "execute"],
+    ]);
+    const kids = children(nodes, guard.run.id);
+    assert.equal(kids.length, 2);
+    for (const kid of kids) {
+      assert.equal(kid.agent, "researcher");
+      assert.deepEqual(executed(kid), ["list_issues", "list_issues"]);
+      assert.equal(kid.reason, "completed");
+    }
+    assert.equal(log.count("list_issues"), 4);
+    // The sub-agents' model turns are theirs: the lead's run holds its own two.
+    const status = await runStatus(stack, guard.run.id);
+    assert.equal((status.counters as Record<string, number>).model_turns, 2);
+    assert.equal((status.summary as { open: boolean }).open, false);
+  });
+
+  test("a sub-agent the guard stops ends there; the lead reads why and goes on", async () => {
+    const guard = await guarded("child-stop");
+    const log = new ToolLog();
+    const research = researchTool(guard, researcher("pages", log), { max_steps: 1 });
+    const { agent, model } = lead("then_search", log, research);
+    const result = await guard.runAgent(agent, "triage the queue", { maxTurns: 10 });
+    assert.equal(result.finalOutput, "done");
+    assert.equal(log.count("list_issues"), 1);
+    const read = [...model.reads().values()];
+    const kid = children(await tree(fb.nats, guard.run.id), guard.run.id)[0];
+    assert.equal(kid?.reason, "step_budget");
+    assert.equal(
+      read[0],
+      `fusebox stopped the sub-agent researcher (run ${kid?.run}): STOPPED_LOOP_GUARD (step_budget).`,
+    );
+    // The lead's next call ran, with the daemon's word that its sub-agent was stopped.
+    assert.match(read[1] ?? "", /\[fusebox warning\] a sub-agent of this run was stopped/);
+    assert.equal(log.count("search"), 1);
+    assert.equal(guard.run.stopped, null);
+  });
+
+  test("a sub-agent past a cap never starts; the lead reads the refusal", async () => {
+    const guard = await guarded("cap", { policy: { max_children: 1 } });
+    const log = new ToolLog();
+    const { agent, model } = lead("twice", log, researchTool(guard, researcher("pages", log)));
+    const result = await guard.runAgent(agent, "triage the queue", { maxTurns: 10 });
+    assert.equal(result.finalOutput, "done");
+    assert.equal(log.count("list_issues"), 2, "only the first sub-agent ran");
+    const read = [...model.reads().values()];
+    assert.equal(read[0], reportOf(TOPICS[0]));
+    assert.match(
+      read[1] ?? "",
+      /^fusebox stopped the sub-agent researcher \(run .*-researcher-2\): STOPPED_LOOP_GUARD \(spawn_limit\): sub-agent not started: run .* has started 1 sub-agents \(max_children 1\)\.$/,
+    );
+  });
+
+  function triage(billing: Agent) {
+    return new Agent({
+      name: "triage",
+      instructions: "Hand billing questions to billing.",
+      model: new ConversationModel("triage", (turn) =>
+        turn === 0 ? [["transfer_to_billing", {}]] : "triage done",
+      ),
+      handoffs: [billing],
+    });
+  }
+
+  test("a handoff is a child run of the agent that handed off", async () => {
+    const guard = await guarded("handoff", { agent: "triage" });
+    const log = new ToolLog();
+    const billing = new Agent({
+      name: "billing",
+      instructions: "Answer billing questions.",
+      model: new ConversationModel(
+        "billing",
+        (turn) => researcherCalls("pages", turn) ?? "billing done",
+      ),
+      tools: tools(log),
+    });
+    const result = await guard.runAgent(triage(billing), "why was I charged twice?", {
+      maxTurns: 10,
+    });
+    assert.equal(result.finalOutput, "billing done");
+    const nodes = await tree(fb.nats, guard.run.id);
+    const [kid] = children(nodes, guard.run.id);
+    assert.equal(kid?.agent, "billing");
+    assert.deepEqual(kid && executed(kid), ["list_issues", "list_issues"]);
+    assert.equal(kid?.reason, "completed");
+    assert.deepEqual(nodes.get(guard.run.id)?.calls, []);
+    assert.equal(nodes.get(guard.run.id)?.reason, "completed");
+  });
+
+  test("a stop of a run handed off to ends runAgent with that run's RunStopped", async () => {
+    const guard = await guarded("handoff-stop", { agent: "triage" });
+    const log = new ToolLog();
+    const billing = new Agent({
+      name: "billing",
+      instructions: "Answer billing questions.",
+      model: new ConversationModel("billing", (turn) => researcherCalls("runaway", turn) ?? "x"),
+      tools: tools(log),
+    });
+    const err = await guard
+      .runAgent(triage(billing), "why was I charged twice?", { maxTurns: 20 })
+      .then(
+        () => assert.fail("the run was not stopped"),
+        (e: unknown) => e,
+      );
+    assert.ok(err instanceof RunStopped, String(err));
+    assert.equal(err.report?.terminal_state, "STOPPED_LOOP_GUARD");
+    const nodes = await tree(fb.nats, guard.run.id);
+    const [kid] = children(nodes, guard.run.id);
+    assert.equal(err.decision?.run, kid?.run);
+    assert.equal(kid?.agent, "billing");
+    assert.equal(nodes.get(guard.run.id)?.open, false);
+  });
+});
