@@ -253,7 +253,7 @@ describe("OpenAI Agents JS sub-agents", () => {
     assert.equal(kid?.reason, "step_budget");
     assert.equal(
       read[0],
-      `fusebox stopped the sub-agent researcher (run ${kid?.run}): STOPPED_LOOP_GUARD (step_budget).`,
+      `fusebox stopped the sub-agent researcher (run ${kid?.run}): STOPPED_LOOP_GUARD (step_budget). Its task is not done: do it another way or report that it could not be done, rather than starting the same sub-agent again.`,
     );
     // The lead's next call ran, with the daemon's word that its sub-agent was stopped.
     assert.match(read[1] ?? "", /\[fusebox warning\] a sub-agent of this run was stopped/);
@@ -272,7 +272,7 @@ describe("OpenAI Agents JS sub-agents", () => {
     assert.equal(read[0], reportOf(TOPICS[0]));
     assert.match(
       read[1] ?? "",
-      /^fusebox stopped the sub-agent researcher \(run .*-researcher-2\): STOPPED_LOOP_GUARD \(spawn_limit\): sub-agent not started: run .* has started 1 sub-agents \(max_children 1\)\.$/,
+      /^fusebox stopped the sub-agent researcher \(run .*-researcher-2\): STOPPED_LOOP_GUARD \(spawn_limit\): sub-agent not started: run .* has started 1 sub-agents \(max_children 1\)\. Its task is not done/,
     );
   });
 

@@ -15,12 +15,16 @@
  *   that step has its result, so the history stays valid); the kill switch too.
  * - `onStepEnd`: each step's usage → `model_turn`. `generateText` closes the run with
  *   `run_finished` (`completed` / `failed`) when the agent ends on its own.
+ * - The AI SDK has no sub-agent of its own: an agent used as a tool is a tool whose
+ *   `execute` runs another agent. `subAgent` runs it under a child run (guard contract
+ *   §6); the SDK cannot tell a sub-agent's calls apart otherwise, so an agent run inside
+ *   a tool without it is guarded (and counted) as whatever guard its tools were given.
  */
 import type { StepResult, StopCondition, ToolApprovalStatus, ToolSet } from "ai";
 import { generateText, stepCountIs } from "ai";
 import type { Gate } from "../gate.js";
-import type { Run } from "../run.js";
-import { bestEffort, callOptions, type GuardOptions, report, usage } from "./common.js";
+import type { ChildRunOptions, Run } from "../run.js";
+import { asChild, bestEffort, callOptions, type GuardOptions, report, usage } from "./common.js";
 
 type Params = Parameters<typeof generateText>[0];
 
@@ -31,6 +35,8 @@ interface ApprovalRequest {
 export class AiSdkGuard {
   /** Gates of calls approved and not yet executed, by call id. */
   private readonly gates = new Map<string, Gate>();
+  /** `generateText` closes the run; a sub-agent's guard leaves that to `subAgent`. */
+  private closesRun = true;
 
   constructor(
     readonly run: Run,
@@ -123,11 +129,38 @@ export class AiSdkGuard {
     try {
       result = await generateText(guarded);
     } catch (err) {
-      if (this.run.stopped === null) await bestEffort(() => this.run.finish("failed"));
+      if (this.closesRun && this.run.stopped === null) {
+        await bestEffort(() => this.run.finish("failed"));
+      }
       throw err;
     }
-    if (this.run.stopped === null) await bestEffort(() => this.run.finish("completed"));
+    if (this.closesRun && this.run.stopped === null) {
+      await bestEffort(() => this.run.finish("completed"));
+    }
     return result;
+  }
+
+  /**
+   * Runs a sub-agent under a child run of this guard's run, inside the `execute` of the
+   * tool that delegates to it: `body` gets a guard of the child's own — call its
+   * `generateText`, or give its `tools`, `toolApproval`, `stopWhen` and `onStepEnd` to a
+   * `ToolLoopAgent`. The tool's call is one step of this run; the sub-agent's calls and
+   * model turns are the child's, and count in every budget above it. `child` sets the
+   * child's run options (`agent`, `policy` …). Resolves with `body`'s result, or — when
+   * the guard stopped the child, or refused to start it (a cap of a run above) — with the
+   * guard's words, which the calling model reads as the tool's output; this run goes on.
+   */
+  subAgent<T>(body: (child: AiSdkGuard) => Promise<T>, child: ChildRunOptions = {}) {
+    return asChild(
+      this.run,
+      child,
+      (run) => {
+        const guard = new AiSdkGuard(run, this.opts);
+        guard.closesRun = false;
+        return body(guard);
+      },
+      (text) => text,
+    );
   }
 
   private async gate(tool: string, input: unknown, callId: string): Promise<Gate> {

@@ -78,14 +78,19 @@ export function usage(fields: Record<keyof Usage, number | undefined | null>): U
 
 /**
  * What the parent's model reads in place of a sub-agent's answer when the guard stopped
- * the sub-agent's run, or refused to start it: the guard's own words (its report), never
- * a crash of the parent's run.
+ * the sub-agent's run, or refused to start it: which one, why (the guard's report), and
+ * what to do instead of starting it again — never a crash of the parent's run. (The
+ * Python client's words, so both read the same.)
  */
 export function childStopText(child: Run): string {
   const report = child.stopped;
-  const what = report === null ? "stopped" : summary(report);
-  const who = child.agent === undefined ? "" : `${child.agent} `;
-  return `fusebox stopped the sub-agent ${who}(run ${child.id}): ${what}.`;
+  const why = report === null ? "stopped" : summary(report);
+  const name = child.agent === undefined ? "sub-agent" : `sub-agent ${child.agent}`;
+  return (
+    `fusebox stopped the ${name} (run ${child.id}): ${why}. Its task is not done: do it ` +
+    "another way or report that it could not be done, rather than starting the same " +
+    "sub-agent again."
+  );
 }
 
 /**
