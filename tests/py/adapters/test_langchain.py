@@ -36,8 +36,19 @@ from support.guard import (
     search_output,
     send_email_output,
 )
-from support.scenarios import next_calls, op_key_for
+from support.scenarios import Call, next_calls, op_key_for
 from support.stack import Stack
+from support.sub_agents import (
+    DELEGATE,
+    FOUND,
+    RUNAWAY_SEARCHES,
+    TOPICS,
+    lead_calls,
+    researcher_answer,
+    researcher_calls,
+    topic_of,
+)
+from support.trees import children, tree
 
 MODES = ["sync", "async"]
 
@@ -392,3 +403,161 @@ def test_summarization_is_reported_as_compaction(
     assert [a for t, a in log.calls if t == "list_issues"] == list(range(1, PAGES + 1))
     assert stop_report(state) is None
     assert_history_valid(state["messages"])
+
+
+# --- sub-agents: create_agent used as a tool, and a subgraph as a node --------------------
+
+Script = Callable[[list[BaseMessage]], "list[Call] | str"]
+#: Room for a runaway sub-agent's steps (a subgraph's count against its parent's limit).
+CONFIG = {"recursion_limit": 200}
+
+
+class PlayChatModel(BaseChatModel):
+    """Answers what `script` says for the messages: tool calls, or a final text."""
+
+    script: Script
+
+    @property
+    def _llm_type(self) -> str:
+        return "play"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> PlayChatModel:
+        return self
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        answer = self.script(messages)
+        if isinstance(answer, str):
+            message = AIMessage(content=answer)
+        else:
+            turn = sum(isinstance(m, AIMessage) for m in messages)
+            calls = [
+                {"name": n, "args": a, "id": f"{n}_{turn}", "type": "tool_call"} for n, a in answer
+            ]
+            message = AIMessage(content="", tool_calls=calls)
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def lead_script(messages: list[BaseMessage]) -> list[Call] | str:
+    return lead_calls(sum(isinstance(m, AIMessage) for m in messages)) or "done"
+
+
+def researcher_script(messages: list[BaseMessage]) -> list[Call] | str:
+    topic = topic_of(messages[0].content)
+    turn = sum(isinstance(m, AIMessage) for m in messages)
+    return researcher_calls(topic, turn) or researcher_answer(topic)
+
+
+def researcher(guard: FuseboxMiddleware, log: ToolLog) -> Any:
+    model = PlayChatModel(script=researcher_script)
+    return create_agent(model, make_tools(log)[:1], middleware=[guard], name="researcher")
+
+
+def lead(guard: FuseboxMiddleware, log: ToolLog, mode: str) -> Any:
+    """The lead, whose `research` tool invokes the researcher agent (same guard)."""
+    sub = researcher(guard, log)
+
+    @tool(DELEGATE)
+    def research(topic: str) -> str:
+        """Delegate research on a topic."""
+        return str(sub.invoke({"messages": [HumanMessage(topic)]})["messages"][-1].content)
+
+    @tool(DELEGATE)
+    async def aresearch(topic: str) -> str:
+        """Delegate research on a topic."""
+        state = await sub.ainvoke({"messages": [HumanMessage(topic)]})
+        return str(state["messages"][-1].content)
+
+    tools = [research if mode == "sync" else aresearch]
+    model = PlayChatModel(script=lead_script)
+    return create_agent(model, tools, middleware=[guard], name="lead")
+
+
+def drive_tree(
+    url: str,
+    mode: str,
+    build: Callable[[FuseboxMiddleware, ToolLog], Any],
+    ask: str = "weather report",
+    **start: Any,
+) -> tuple[str, dict[str, Any], ToolLog]:
+    """Runs the graph `build` makes behind a fresh run: its final state."""
+    run_id, log = fresh_run(f"lc-{mode}-lead"), ToolLog()
+    prompt = {"messages": [HumanMessage(ask)]}
+    if mode == "sync":
+        with SyncFusebox.connect(url, tenant=TENANT) as fb:
+            guard = FuseboxMiddleware(fb.start_run(run_id, agent="lead", **start))
+            return run_id, guard.invoke(build(guard, log), prompt, CONFIG), log
+
+    async def main() -> dict[str, Any]:
+        async with await Fusebox.connect(url, tenant=TENANT) as afb:
+            guard = FuseboxMiddleware(await afb.start_run(run_id, agent="lead", **start))
+            state: dict[str, Any] = await guard.ainvoke(build(guard, log), prompt, CONFIG)
+            return state
+
+    return run_id, asyncio.run(main()), log
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_invoked_by_a_tool_is_a_child_run_and_its_stop_is_the_tools_result(
+    stack: Stack, mode: str
+) -> None:
+    run_id, state, log = drive_tree(stack.nats_url, mode, lambda g, lg: lead(g, lg, mode))
+    assert state["messages"][-1].content == "done" and stop_report(state) is None
+    read = {m.tool_call_id: m for m in state["messages"] if isinstance(m, ToolMessage)}
+    assert read[f"{DELEGATE}_0"].content == FOUND and read[f"{DELEGATE}_0"].status == "success"
+    stopped = read[f"{DELEGATE}_1"]
+    assert stopped.status == "error", stopped
+    assert str(stopped.content).startswith("fusebox stopped the sub-agent researcher")
+    assert "consecutive_blocks" in str(stopped.content)
+    assert log.count("search") == 1 + RUNAWAY_SEARCHES
+    nodes = asyncio.run(tree(stack, run_id))
+    first, second = children(nodes, run_id)
+    assert first.agent == second.agent == "researcher"
+    assert first.executed == ["search"] and first.stop_reason == "completed"
+    assert second.stop_reason == "consecutive_blocks"
+    assert len(second.executed) == RUNAWAY_SEARCHES
+    assert nodes[run_id].executed == [DELEGATE, DELEGATE]
+    assert_closed(stack, run_id, "completed")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sub_agent_past_the_caps_does_not_run_and_the_lead_reads_why(
+    stack: Stack, mode: str
+) -> None:
+    _, state, log = drive_tree(
+        stack.nats_url, mode, lambda g, lg: lead(g, lg, mode), policy={"max_children": 1}
+    )
+    refused = [m for m in state["messages"] if isinstance(m, ToolMessage)][-1]
+    assert refused.status == "error" and "spawn_limit" in str(refused.content)
+    assert log.count("search") == 1  # the second researcher never ran
+    assert state["messages"][-1].content == "done"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_subgraph_node_is_a_child_run_and_the_parent_reads_its_stop(
+    stack: Stack, mode: str
+) -> None:
+    def build(guard: FuseboxMiddleware, log: ToolLog) -> Any:
+        builder = StateGraph(MessagesState)
+        builder.add_node("research", guard.subgraph(researcher(guard, log)))
+        builder.add_edge(START, "research")
+        builder.add_edge("research", END)
+        return builder.compile()
+
+    # The researcher runs away on this topic.
+    run_id, state, log = drive_tree(stack.nats_url, mode, build, ask=TOPICS[1])
+    last = state["messages"][-1]
+    assert isinstance(last, AIMessage) and last.name == "researcher"
+    assert str(last.content).startswith("fusebox stopped the sub-agent researcher")
+    assert stop_report(state) is None  # the child's stop is not the parent's
+    assert log.count("search") == RUNAWAY_SEARCHES
+    nodes = asyncio.run(tree(stack, run_id))
+    (child,) = children(nodes, run_id)
+    assert child.agent == "researcher" and child.stop_reason == "consecutive_blocks"
+    assert nodes[run_id].calls == []
+    assert_closed(stack, run_id, "completed")

@@ -24,6 +24,25 @@ tool call gated by fuseboxd, sync and async (neither path delegates to the other
   error when the graph raises.
 - `GuardedSummarization`: the summarization middleware, reporting each summary as a
   `compaction`.
+
+Sub-agents, each a child run of the run that started it (guard contract §6):
+
+- `create_agent` used as a tool (a tool that invokes another agent built with the same
+  middleware): `before_agent` sees the guarded call it runs in (a context variable,
+  which LangGraph carries into its steps, sync and async) and starts a child run of that
+  call's run, named by the agent's `name`; the agent's state names it (`fusebox_run`),
+  so its calls, model turns and stop are its own. It is closed as it ends. A stopped
+  one ends like any guarded agent (the jump to the end); whatever the tool makes of its
+  final state, the call's answer is a `ToolMessage` (status `error`) saying which
+  sub-agent was stopped, why, and what to do instead. One the caps refuse ends before
+  its first model call and answers the same way.
+- A compiled subgraph as a node of a parent graph: `guard.subgraph(graph, name=...)` is
+  that node, running the subgraph in a child run of the parent's each time (its steps
+  report to it: a `create_agent` with this middleware, or a hand-built graph with
+  `tool_node` and `route`). A stopped one ends the subgraph, and the node's output ends
+  with an AI message saying so (the guard's own state keys are the parent's, never
+  copied out of a subgraph). A subgraph added as a node directly is not told apart: its
+  steps report to the parent's run.
 """
 
 from __future__ import annotations
@@ -35,7 +54,9 @@ from typing import Any
 from langchain.agents.middleware import AgentMiddleware, AgentState, SummarizationMiddleware
 from langchain.agents.middleware.types import hook_config
 from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langchain_core.tools import BaseTool
+from langgraph.config import get_config
 from langgraph.graph import END
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -48,9 +69,23 @@ from ..gate import Gate
 from ..run import Run
 from ..sync import SyncRun
 from ..types import Action, Effect, ResultKind, StopReport, Usage
-from ._common import Bridge, OpKeyFn, finish_run, finish_run_sync, jsonable, report_failed
+from ._common import (
+    Bridge,
+    Call,
+    OpKeyFn,
+    Tree,
+    finish_run,
+    finish_run_sync,
+    jsonable,
+    report_failed,
+    start_sub_agent,
+    start_sub_agent_sync,
+    sub_agent_stopped,
+)
 
 STOP_KEY = "fusebox_stop"
+#: The state key naming a sub-agent's child run (absent, or None, for the guard's run).
+RUN_KEY = "fusebox_run"
 
 ToolOutcome = ToolMessage | Command[Any]
 
@@ -59,6 +94,7 @@ class FuseboxState(AgentState[Any]):
     """`create_agent` state with the guard's stop report (set when the guard ended it)."""
 
     fusebox_stop: NotRequired[dict[str, Any] | None]
+    fusebox_run: NotRequired[str | None]
 
 
 class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
@@ -79,29 +115,76 @@ class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
         `run.finish()` yourself."""
         super().__init__()
         self._bridge = Bridge(run, op_key=op_key, effects=effects)
+        self._tree = Tree(self._bridge)
+        #: The sub-agents' child runs under way, by run id (the state's `fusebox_run`).
+        self._children: dict[str, Bridge] = {}
         self.finish = finish
 
     @property
     def run(self) -> Run:
         return self._bridge.run
 
+    # --- which run ---------------------------------------------------------------------
+
+    def _bridge_of(self, state: Any) -> Bridge:
+        """The run a step belongs to: the sub-agent's its state names, else the one the
+        code runs in (a `subgraph`'s child run), else the guard's own."""
+        run_id = state.get(RUN_KEY) if isinstance(state, Mapping) else None
+        return self._children.get(run_id or "") or self._tree.current
+
+    # --- the start of the agent: a sub-agent's child run -----------------------------
+
+    @hook_config(can_jump_to=["end"])
+    def before_agent(self, state: FuseboxState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        call = self._tree.calling
+        if call is None:
+            return self._own_run(state)
+        return self._sub_agent(call, start_sub_agent_sync(call.bridge, _agent_name()))
+
+    @hook_config(can_jump_to=["end"])
+    async def abefore_agent(
+        self, state: FuseboxState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        call = self._tree.calling
+        if call is None:
+            return self._own_run(state)
+        return self._sub_agent(call, await start_sub_agent(call.bridge, _agent_name()))
+
+    def _own_run(self, state: FuseboxState) -> dict[str, Any] | None:
+        """Outside a guarded call: the run the code runs in (a conversation's state may
+        still name an earlier sub-agent's run)."""
+        current = self._tree.current
+        run_id = None if current is self._bridge else current.run.id
+        return {RUN_KEY: run_id} if state.get(RUN_KEY) != run_id else None
+
+    def _sub_agent(self, call: Call, child: Bridge) -> dict[str, Any]:
+        """An agent invoked inside a guarded tool call (`create_agent` used as a tool) is
+        a sub-agent: its state names its child run. One the caps refused ends at once."""
+        call.children.append(child)
+        self._children[child.run.id] = child
+        report = child.run.stopped
+        if report is not None:
+            return {RUN_KEY: child.run.id, "jump_to": "end", STOP_KEY: _report_json(report)}
+        return {RUN_KEY: child.run.id, STOP_KEY: None}
+
     # --- the model hooks -------------------------------------------------------------
 
     @hook_config(can_jump_to=["end"])
     def before_model(self, state: FuseboxState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        return self._end_if_stopped()
+        return self._end_if_stopped(state)
 
     @hook_config(can_jump_to=["end"])
     async def abefore_model(
         self, state: FuseboxState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        return self._end_if_stopped()
+        return self._end_if_stopped(state)
 
     def after_model(self, state: FuseboxState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         turn = _model_turn(state)
         if turn is not None:
+            bridge = self._bridge_of(state)
             try:
-                self._bridge.call(self.run.model_turn(turn[0], usage=turn[1]))
+                bridge.call(bridge.run.model_turn(turn[0], usage=turn[1]))
             except FuseboxError as err:
                 report_failed("model turn", err)
         return None
@@ -111,8 +194,9 @@ class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
     ) -> dict[str, Any] | None:
         turn = _model_turn(state)
         if turn is not None:
+            bridge = self._bridge_of(state)
             try:
-                await self._bridge.acall(self.run.model_turn(turn[0], usage=turn[1]))
+                await bridge.acall(bridge.run.model_turn(turn[0], usage=turn[1]))
             except FuseboxError as err:
                 report_failed("model turn", err)
         return None
@@ -120,14 +204,20 @@ class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
     # --- the end of the agent --------------------------------------------------------
 
     def after_agent(self, state: FuseboxState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        if self.finish:
+        bridge = self._bridge_of(state)
+        if bridge is not self._bridge:
+            finish_run_sync(bridge)  # a sub-agent's run ends with it
+        elif self.finish:
             finish_run_sync(self._bridge)
         return None
 
     async def aafter_agent(
         self, state: FuseboxState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        if self.finish:
+        bridge = self._bridge_of(state)
+        if bridge is not self._bridge:
+            await finish_run(bridge)
+        elif self.finish:
             await finish_run(self._bridge)
         return None
 
@@ -157,8 +247,8 @@ class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
             await finish_run(self._bridge)
         return state
 
-    def _end_if_stopped(self) -> dict[str, Any] | None:
-        report = self.run.stopped
+    def _end_if_stopped(self, state: FuseboxState) -> dict[str, Any] | None:
+        report = self._bridge_of(state).run.stopped
         if report is None:
             return None
         return {"jump_to": "end", STOP_KEY: _report_json(report)}
@@ -171,15 +261,28 @@ class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
         handler: Callable[[ToolCallRequest], ToolOutcome],
     ) -> ToolOutcome:
         name, call_id, args = _call_of(request)
-        gate = self._bridge.call(
-            self.run.tool_call(name, args, call_id=call_id, **self._bridge.call_fields(name, args))
+        bridge = self._bridge_of(request.state)
+        gate = bridge.call(
+            bridge.run.tool_call(name, args, call_id=call_id, **bridge.call_fields(name, args))
         )
         if not gate.may_run:
             return _refusal(gate)
-        outcome = handler(request)
+        call = Call(bridge, call_id, name)
+        try:
+            with self._tree.in_call(call):
+                outcome = handler(request)
+        except Exception as err:
+            for child in call.children:
+                finish_run_sync(child, err)
+            if call.stopped_child() is None:
+                raise
+        answer = self._sub_agents_ended(call)
+        if answer is not None:
+            bridge.call(_report_stopped(bridge, call_id, name, str(answer.content)))
+            return answer
         kind, output = _result_of(outcome)
         try:
-            self._bridge.call(self.run.tool_result(call_id, name, kind, output=output))
+            bridge.call(bridge.run.tool_result(call_id, name, kind, output=output))
         except FuseboxError as err:
             report_failed(f"result of {name} ({call_id})", err)
         return _with_warning(gate, outcome)
@@ -190,18 +293,46 @@ class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
         handler: Callable[[ToolCallRequest], Awaitable[ToolOutcome]],
     ) -> ToolOutcome:
         name, call_id, args = _call_of(request)
-        gate = await self._bridge.acall(
-            self.run.tool_call(name, args, call_id=call_id, **self._bridge.call_fields(name, args))
+        bridge = self._bridge_of(request.state)
+        gate = await bridge.acall(
+            bridge.run.tool_call(name, args, call_id=call_id, **bridge.call_fields(name, args))
         )
         if not gate.may_run:
             return _refusal(gate)
-        outcome = await handler(request)
+        call = Call(bridge, call_id, name)
+        try:
+            with self._tree.in_call(call):
+                outcome = await handler(request)
+        except Exception as err:
+            for child in call.children:
+                await finish_run(child, err)
+            if call.stopped_child() is None:
+                raise
+        answer = self._sub_agents_ended(call)
+        if answer is not None:
+            await bridge.acall(_report_stopped(bridge, call_id, name, str(answer.content)))
+            return answer
         kind, output = _result_of(outcome)
         try:
-            await self._bridge.acall(self.run.tool_result(call_id, name, kind, output=output))
+            await bridge.acall(bridge.run.tool_result(call_id, name, kind, output=output))
         except FuseboxError as err:
             report_failed(f"result of {name} ({call_id})", err)
         return _with_warning(gate, outcome)
+
+    def _sub_agents_ended(self, call: Call) -> ToolMessage | None:
+        """Forgets the call's sub-agents (each closed as it ended); when the guard
+        stopped one, its stop is the call's answer, whatever the tool made of it."""
+        for child in call.children:
+            self._children.pop(child.run.id, None)
+        stopped = call.stopped_child()
+        if stopped is None:
+            return None
+        return ToolMessage(
+            content=sub_agent_stopped(stopped.run.agent, stopped.run),
+            tool_call_id=call.call_id,
+            name=call.tool,
+            status="error",
+        )
 
     # --- plain LangGraph -------------------------------------------------------------
 
@@ -219,9 +350,48 @@ class FuseboxMiddleware(AgentMiddleware[FuseboxState, Any, Any]):
         `next_node` (a hand-built graph's equivalent of the `before_model` jump)."""
 
         def route(state: Any) -> str:
-            return END if self.run.stopped is not None else next_node
+            return END if self._bridge_of(state).run.stopped is not None else next_node
 
         return route
+
+    def subgraph(
+        self, graph: Runnable[Any, Any], *, name: str | None = None
+    ) -> RunnableLambda[Any, Any]:
+        """A compiled graph as a node of a parent graph, run as a sub-agent: each time
+        the node runs, the subgraph runs in a child run of the parent's (`name`, default
+        the graph's, is its agent). Its steps report to that run — a `create_agent`
+        with this middleware, or a hand-built graph with `tool_node` and `route` — and
+        it is closed as the subgraph ends. When the guard stopped it (or the caps did
+        not let it start), the node's output ends with an AI message that says so."""
+        agent = name or getattr(graph, "name", None)
+
+        def run(state: Any, config: RunnableConfig) -> Any:
+            child = start_sub_agent_sync(self._bridge_of(state), agent)
+            if child.run.stopped is not None:
+                return _subgraph_output(state, child, agent)
+            try:
+                with self._tree.in_run(child):
+                    output = graph.invoke(_without_keys(state), config)
+            except Exception as err:
+                finish_run_sync(child, err)
+                raise
+            finish_run_sync(child)
+            return _subgraph_output(output, child, agent)
+
+        async def arun(state: Any, config: RunnableConfig) -> Any:
+            child = await start_sub_agent(self._bridge_of(state), agent)
+            if child.run.stopped is not None:
+                return _subgraph_output(state, child, agent)
+            try:
+                with self._tree.in_run(child):
+                    output = await graph.ainvoke(_without_keys(state), config)
+            except Exception as err:
+                await finish_run(child, err)
+                raise
+            await finish_run(child)
+            return _subgraph_output(output, child, agent)
+
+        return RunnableLambda(run, afunc=arun, name=agent)
 
 
 class GuardedSummarization(SummarizationMiddleware):
@@ -256,6 +426,49 @@ class GuardedSummarization(SummarizationMiddleware):
 def _call_of(request: ToolCallRequest) -> tuple[str, str, Any]:
     call = request.tool_call
     return str(call["name"]), str(call.get("id") or ""), call.get("args", {})
+
+
+def _agent_name() -> str | None:
+    """The `create_agent` graph's `name`, as LangChain puts it in the step's metadata."""
+    try:
+        name = get_config().get("metadata", {}).get("lc_agent_name")
+    except RuntimeError:  # not inside a graph step
+        return None
+    return str(name) if name else None
+
+
+async def _report_stopped(bridge: Bridge, call_id: str, tool: str, text: str) -> None:
+    """The call that ran a stopped sub-agent failed: RETRYABLE with no wait (starting
+    the same sub-task again is the guard's to judge, `subtask_repeat`)."""
+    try:
+        await bridge.run.tool_result(
+            call_id,
+            tool,
+            ResultKind.RETRYABLE,
+            code="sub_agent_stopped",
+            retry_after_ms=0,
+            output=text,
+        )
+    except FuseboxError as err:
+        report_failed(f"result of {tool} ({call_id})", err)
+
+
+def _without_keys(state: Any) -> Any:
+    """A parent's state as a subgraph's input: without the guard's own keys, which are
+    the parent's run's."""
+    if not isinstance(state, Mapping):
+        return state
+    return {k: v for k, v in state.items() if k not in (RUN_KEY, STOP_KEY)}
+
+
+def _subgraph_output(state: Any, child: Bridge, agent: str | None) -> Any:
+    """A subgraph's output as the parent's update: without the guard's keys (a child's
+    stop is not the parent's), and, when the guard stopped it, an AI message saying so."""
+    output = _without_keys(state)
+    if child.run.stopped is None or not isinstance(output, dict):
+        return output
+    said = AIMessage(content=sub_agent_stopped(agent, child.run), name=agent)
+    return {**output, "messages": [*output.get("messages", []), said]}
 
 
 def _refusal(gate: Gate) -> ToolMessage:

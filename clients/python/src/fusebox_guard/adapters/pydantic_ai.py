@@ -225,15 +225,17 @@ class FuseboxCapability(AbstractCapability[Any]):
             with self._tree.in_call(running):
                 result = await handler(args)
         except (ModelRetry, ToolFailed) as err:
-            await self._report_error(bridge, call_id, tool, err.message)
-            raise
+            if running.stopped_child() is None:
+                await self._report_error(bridge, call_id, tool, err.message)
+                raise
         except Exception as err:
-            child = running.stopped_child()
-            if child is None:
+            if running.stopped_child() is None:
                 await self._report_error(bridge, call_id, tool, f"{type(err).__name__}: {err}")
                 raise
-            # A sub-agent the guard stopped: its stop is the call's (failed) result, and
-            # the parent goes on.
+        child = running.stopped_child()
+        if child is not None:
+            # A sub-agent the guard stopped: its stop is the call's (failed) result,
+            # whatever the tool made of it, and the parent goes on.
             text = sub_agent_stopped(child.run.agent, child.run)
             await self._report_error(bridge, call_id, tool, text, code="sub_agent_stopped")
             raise ToolFailed(text) from None
