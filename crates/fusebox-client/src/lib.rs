@@ -17,9 +17,11 @@
 //! * [`NatsSettings`] / [`NatsArgs`]: every connection setting fuseboxd's `[nats]` takes,
 //!   for every client binary ([`FuseboxClient::connect_with`]).
 //! * Operator commands ([`FuseboxClient::runs`], [`FuseboxClient::run_status`],
-//!   [`FuseboxClient::cancel`], [`FuseboxClient::resume`], [`FuseboxClient::tail`],
-//!   [`FuseboxClient::ledger`], [`FuseboxClient::resolve`], and for the operator's page
-//!   [`FuseboxClient::runs_page`], [`FuseboxClient::history`]) and the gate benchmark
+//!   [`FuseboxClient::cancel`], [`FuseboxClient::cancel_subtree`],
+//!   [`FuseboxClient::resume`], [`FuseboxClient::tail`], [`FuseboxClient::ledger`],
+//!   [`FuseboxClient::resolve`], and for the operator's page and `fusebox run`
+//!   [`FuseboxClient::runs_page`], [`FuseboxClient::history`],
+//!   [`FuseboxClient::run_tree`]) and the gate benchmark
 //!   ([`bench`]).
 
 pub mod bench;
@@ -37,8 +39,8 @@ pub use client::{ClientOptions, FuseboxClient, Gate, GateOnError};
 pub use duration::parse_duration;
 pub use error::ClientError;
 pub use ledger::{LedgerView, Resolve};
-pub use ops::{parse_run_ref, DecisionTail, RunsListing};
-pub use pages::RunsPageView;
+pub use ops::{parse_run_ref, Cancelled, DecisionTail, RunsListing};
+pub use pages::{RunsPageView, TreeNode, TreeView};
 pub use run::{Delivery, RunHandle, RunOptions};
 #[cfg(feature = "clap")]
 pub use settings::NatsArgs;
@@ -46,5 +48,5 @@ pub use settings::{NatsSettings, DEFAULT_URL};
 pub use stop::StopWatch;
 
 pub use fusebox_nats::wire::{
-    LedgerItem, LedgerQuery, RunStatusReply, RunSummary, WatchdogReply, WireError,
+    LedgerItem, LedgerQuery, RunRow, RunStatusReply, RunSummary, RunTree, WatchdogReply, WireError,
 };

@@ -1,5 +1,6 @@
 //! Operator commands over the daemon's control subjects (the `fusebox` CLI wires these
-//! to `runs`, `run T/R`, `cancel T/R`, `resume T/R --evidence JSON`, `tail`).
+//! to `runs`, `run T/R`, `cancel T/R`, `resume T/R --evidence JSON`, `tail`). A cancel
+//! reaches the cancelled run's subtree: the daemon stops every open run below it.
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -63,6 +64,16 @@ impl DecisionTail {
             }
         }
     }
+}
+
+/// What a cancel of a node did: its own stop, and how many runs below it were open just
+/// before — each of which the daemon stops with it, in the same batch, with a stop of its
+/// own (`ancestor_stopped`, naming the ancestor) on its own kill switch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cancelled {
+    pub decision: Decision,
+    /// `None` when the daemon did not say (an unknown run, a daemon before run trees).
+    pub open_below: Option<u32>,
 }
 
 /// What `fusebox.control.runs` gathered: every run of the daemons that answered, and
@@ -200,6 +211,30 @@ impl FuseboxClient {
         let body = serde_json::to_vec(&request).expect("requests serialise");
         self.command(subjects::control(tenant, run, ControlVerb::Cancel), body)
             .await
+    }
+
+    /// Cancels a run and, through the daemon, every open run below it (`fusebox cancel`,
+    /// the page's cancel): see [`Cancelled`].
+    pub async fn cancel_subtree(
+        &self,
+        tenant: &str,
+        run: &str,
+        by: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<Cancelled, ClientError> {
+        // Asked first: the daemon closes the runs below in the cancel's own batch, so
+        // after it none is open.
+        let open_below = self
+            .run_status(tenant, run)
+            .await
+            .ok()
+            .and_then(|status| status.tree)
+            .map(|tree| tree.open_below);
+        let decision = self.cancel(tenant, run, by, reason).await?;
+        Ok(Cancelled {
+            decision,
+            open_below,
+        })
     }
 
     /// Asks to resume a stopped run with `evidence` (`fusebox resume T/R --evidence JSON`),

@@ -1,10 +1,13 @@
-//! The reads of the operator's page (`fusebox ui`): one page of runs, gathered from every
-//! partition in a cluster, and one run's history.
+//! The reads of the operator's page (`fusebox ui`) and of `fusebox run`: one page of
+//! runs, gathered from every partition in a cluster, one run's history, and one tree of
+//! runs laid out from its root down.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use fusebox_nats::subjects::{self, ControlVerb};
-use fusebox_nats::wire::{ErrorReply, HistoryQuery, RunHistory, RunsPage, RunsQuery};
+use fusebox_nats::wire::{
+    ErrorReply, HistoryQuery, RunHistory, RunRow, RunsPage, RunsQuery, RUNS_PAGE_LIMIT,
+};
 use futures_util::StreamExt;
 
 use crate::client::FuseboxClient;
@@ -16,6 +19,86 @@ use crate::error::ClientError;
 pub struct RunsPageView {
     pub page: RunsPage,
     pub unanswered: Vec<u32>,
+}
+
+/// One tree of runs (guard contract §6), as `fusebox run` and the run page show it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TreeView {
+    /// From the root down, each run right after its parent (depth first), siblings in
+    /// the order they started; runs whose parent is not listed come last.
+    pub nodes: Vec<TreeNode>,
+    /// Runs of the tree not listed: a tree of more than [`RUNS_PAGE_LIMIT`] runs is
+    /// shown by its most recently active ones.
+    pub unlisted: u64,
+    /// In a cluster, partitions that did not answer in time.
+    pub unanswered: Vec<u32>,
+}
+
+/// One run of a [`TreeView`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeNode {
+    /// The run (`row.depth`: its level below the root).
+    pub row: RunRow,
+    /// The run's own steps and cost plus every listed run's below it, whole runs.
+    pub tree_steps: u64,
+    pub tree_cost_usd: f64,
+    /// Its parent is not listed, so it is not shown under it.
+    pub detached: bool,
+}
+
+/// Lays a tree's rows out from `root` down (see [`TreeView::nodes`]), each with what
+/// its subtree spent.
+fn arrange(mut rows: Vec<RunRow>, root: &str) -> Vec<TreeNode> {
+    rows.sort_by(|a, b| (a.first_ts_ms, &a.summary.run).cmp(&(b.first_ts_ms, &b.summary.run)));
+    let index: HashMap<&str, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| (row.summary.run.as_str(), i))
+        .collect();
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); rows.len()];
+    for (i, row) in rows.iter().enumerate() {
+        if let Some(&parent) = row.parent.as_deref().and_then(|p| index.get(p)) {
+            children[parent].push(i);
+        }
+    }
+    // Depth first from the root, then from each run whose parent is not listed.
+    let mut order: Vec<usize> = Vec::with_capacity(rows.len());
+    let mut placed = vec![false; rows.len()];
+    let detached: Vec<bool> = rows
+        .iter()
+        .map(|r| r.parent.as_deref().is_some_and(|p| !index.contains_key(p)))
+        .collect();
+    let unparented = (0..rows.len()).filter(|&i| rows[i].parent.is_none() || detached[i]);
+    for start in index.get(root).copied().into_iter().chain(unparented) {
+        let mut stack = vec![start];
+        while let Some(i) = stack.pop() {
+            if std::mem::replace(&mut placed[i], true) {
+                continue;
+            }
+            order.push(i);
+            stack.extend(children[i].iter().rev());
+        }
+    }
+    // What each subtree spent: children come after their parent, so summed backwards.
+    let mut spent: Vec<(u64, f64)> = rows.iter().map(|r| (r.summary.steps, r.cost_usd)).collect();
+    for &i in order.iter().rev() {
+        for &c in &children[i] {
+            spent[i].0 += spent[c].0;
+            spent[i].1 += spent[c].1;
+        }
+    }
+    let mut rows: Vec<Option<RunRow>> = rows.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .filter_map(|i| {
+            Some(TreeNode {
+                row: rows[i].take()?,
+                tree_steps: spent[i].0,
+                tree_cost_usd: spent[i].1,
+                detached: detached[i],
+            })
+        })
+        .collect()
 }
 
 /// Merges partitions' pages: each holds its own first `limit` rows after the cursor,
@@ -101,6 +184,24 @@ impl FuseboxClient {
         })
     }
 
+    /// The tree of runs whose root is `root` (a run status's `tree.root`), laid out from
+    /// the root down: one runs page filtered to the tree.
+    pub async fn run_tree(&self, tenant: &str, root: &str) -> Result<TreeView, ClientError> {
+        let query = RunsQuery {
+            tenant: Some(tenant.to_owned()),
+            root: Some(root.to_owned()),
+            limit: Some(RUNS_PAGE_LIMIT),
+            ..RunsQuery::default()
+        };
+        let view = self.runs_page(&query).await?;
+        let listed = view.page.runs.len() as u64;
+        Ok(TreeView {
+            nodes: arrange(view.page.runs, root),
+            unlisted: view.page.matched.saturating_sub(listed),
+            unanswered: view.unanswered,
+        })
+    }
+
     /// A run's applied events with their decisions, from the log of the daemon that
     /// serves it (`query.after`: continue after the last position of a previous page).
     pub async fn history(
@@ -142,6 +243,60 @@ mod tests {
             parent: None,
             depth: 0,
             stopped_by: None,
+        }
+    }
+
+    /// `run parent depth first_ts steps` → a row.
+    fn tree_row(spec: &str) -> RunRow {
+        let f: Vec<&str> = spec.split(' ').collect();
+        let mut row = row(f[0], 0);
+        row.parent = Some(f[1]).filter(|p| *p != "-").map(str::to_owned);
+        row.depth = f[2].parse().unwrap();
+        row.first_ts_ms = f[3].parse().unwrap();
+        row.summary.steps = f[4].parse().unwrap();
+        row.cost_usd = row.summary.steps as f64 / 100.0;
+        row
+    }
+
+    #[test]
+    fn a_tree_is_laid_out_from_its_root_down_with_what_each_subtree_spent() {
+        let full = [
+            "g2 k1 2 9 1",
+            "k2 root 1 3 2",
+            "root - 0 1 1",
+            "k1 root 1 2 3",
+            "g1 k1 2 5 4",
+        ];
+        let cases: [(&[&str], &[&str]); 3] = [
+            // Siblings in the order they started (g1 before g2), each subtree summed.
+            (
+                &full,
+                &["root 11", "  k1 8", "    g1 4", "    g2 1", "  k2 2"],
+            ),
+            // k1 not listed (a tree past the page limit): its children come last.
+            (
+                &[
+                    "g2 k1 2 9 1",
+                    "k2 root 1 3 2",
+                    "root - 0 1 1",
+                    "g1 k1 2 5 4",
+                ],
+                &["root 3", "  k2 2", "    g1 4 detached", "    g2 1 detached"],
+            ),
+            (&[], &[]),
+        ];
+        for (rows, want) in cases {
+            let nodes = arrange(rows.iter().map(|r| tree_row(r)).collect(), "root");
+            let got: Vec<String> = nodes
+                .iter()
+                .map(|n| {
+                    let indent = "  ".repeat(n.row.depth as usize);
+                    assert!((n.tree_cost_usd * 100.0 - n.tree_steps as f64).abs() < 1e-9);
+                    let detached = if n.detached { " detached" } else { "" };
+                    format!("{indent}{} {}{detached}", n.row.summary.run, n.tree_steps)
+                })
+                .collect();
+            assert_eq!(got, want, "{rows:?}");
         }
     }
 
