@@ -7,6 +7,7 @@ mod ledger;
 mod log_commands;
 mod operate;
 mod replay;
+mod run_view;
 mod tune;
 mod watchdog_forward;
 mod whatif;
@@ -247,7 +248,9 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
-    /// Show one run: counters, progress, stop report, its latest decisions.
+    /// Show one run: counters, progress, stop report, its latest decisions, and its tree
+    /// of runs (the root, each sub-agent under its parent, what each subtree spent, and
+    /// whose stop closed a run stopped with its ancestor).
     Run {
         /// TENANT/RUN
         run: String,
@@ -255,6 +258,8 @@ enum Command {
         remote: Remote,
     },
     /// Cancel a run: its next tool call is refused and a stop goes out on its kill switch.
+    /// Every open run below it (its sub-agents, theirs …) is stopped with it, each on its
+    /// own kill switch.
     Cancel {
         /// TENANT/RUN
         run: String,

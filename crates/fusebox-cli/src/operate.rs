@@ -128,20 +128,38 @@ pub fn run(target: &Target, op: Op) -> Result<(), String> {
                 if target.json {
                     return print_json(&status);
                 }
-                println!(
+                let in_tree = status
+                    .tree
+                    .as_ref()
+                    .filter(|t| t.parent.is_some() || t.spawned > 0);
+                let tree = match in_tree {
+                    Some(place) => Some(
+                        client
+                            .run_tree(&tenant, &place.root)
+                            .await
+                            .map_err(|e| e.to_string())?,
+                    ),
+                    None => None,
+                };
+                print!(
                     "{}",
-                    serde_json::to_string_pretty(&status).map_err(|e| e.to_string())?
+                    crate::run_view::render(&tenant, &run, &status, tree.as_ref())
                 );
                 Ok(())
             }
             Op::Cancel { run, reason } => {
                 let (tenant, run) = split(&run)?;
                 let by = std::env::var("USER").ok();
-                let decision = client
-                    .cancel(&tenant, &run, by.as_deref(), reason.as_deref())
+                let cancelled = client
+                    .cancel_subtree(&tenant, &run, by.as_deref(), reason.as_deref())
                     .await
                     .map_err(|e| e.to_string())?;
-                print_decision(&decision, target.json)
+                print_decision(&cancelled.decision, target.json)?;
+                let below = crate::run_view::cancelled_below(&tenant, &run, cancelled.open_below);
+                if let (false, Some(below)) = (target.json, below) {
+                    println!("{below}");
+                }
+                Ok(())
             }
             Op::Resume { run, evidence } => {
                 let (tenant, run) = split(&run)?;
