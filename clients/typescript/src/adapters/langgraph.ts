@@ -23,16 +23,25 @@
  * - `invoke` runs the graph with `callbacks` that report each model response's usage
  *   (`model_turn`), closes the run (`run_finished` `completed` / `failed`), and rejects
  *   with `GraphStopped` (a `RunStopped` carrying the graph's last state) on a stop.
+ * - `subAgent` runs a subgraph (or any agent) under a child run (guard contract §6): from
+ *   a tool (an agent used as a tool) or from a node of the parent graph. The wrapped
+ *   tools, `afterTools`, `beforeModel` and `callbacks` of this guard report to the run of
+ *   the sub-agent they run in, found from the async context, so a subgraph built once
+ *   with this guard's tools serves every child. A compiled subgraph added as a node of
+ *   its own (`addNode("research", subgraph)`) runs inside the parent's step: LangGraph
+ *   gives no boundary to start a child run at, so its calls are the parent run's.
  */
+import { AsyncLocalStorage } from "node:async_hooks";
 import { BaseCallbackHandler, type CallbackHandlerMethods } from "@langchain/core/callbacks/base";
 import { AIMessage, ToolMessage } from "@langchain/core/messages";
 import type { ChatGeneration, LLMResult } from "@langchain/core/outputs";
+import type { RunnableConfig } from "@langchain/core/runnables";
 import type { StructuredToolInterface } from "@langchain/core/tools";
 import { END } from "@langchain/langgraph";
 import { RunStopped } from "../errors.js";
-import type { Run } from "../run.js";
+import type { ChildRunOptions, Run } from "../run.js";
 import type { Decision, ResultKind, StopReport } from "../types.js";
-import { bestEffort, callOptions, type GuardOptions, report } from "./common.js";
+import { asChild, bestEffort, callOptions, type GuardOptions, report } from "./common.js";
 import { refusal, reportModelTurn } from "./langchain-messages.js";
 
 /** The guard stopped the run; `state` is the graph's last state (its history is whole). */
@@ -65,15 +74,36 @@ const isToolCall = (input: unknown): input is ToolCallInput =>
   (input as { type?: unknown }).type === "tool_call" &&
   "args" in input;
 
+/** A guard and the sub-agents' guards made from it: which of them the code running now
+ * reports to, and the one model-turn handler they share (so a subgraph invoked with its
+ * parent's config does not report a turn twice). */
+interface Family {
+  readonly active: AsyncLocalStorage<LangGraphGuard>;
+  readonly turns: BaseCallbackHandler;
+}
+
 export class LangGraphGuard {
-  /** Reports each model response as a `model_turn`; `invoke` adds it to `callbacks`. */
-  readonly callbacks: BaseCallbackHandler;
+  private family: Family;
+  /** `invoke` closes the run; a sub-agent's guard leaves that to `subAgent`. */
+  private closesRun = true;
 
   constructor(
     readonly run: Run,
     readonly opts: GuardOptions = {},
   ) {
-    this.callbacks = new ModelTurns(run);
+    const active = new AsyncLocalStorage<LangGraphGuard>();
+    this.family = { active, turns: new ModelTurns(() => (active.getStore() ?? this).run) };
+  }
+
+  /** Reports each model response as a `model_turn`, to the run of the sub-agent it was
+   * made in; `invoke` adds it to `callbacks`. */
+  get callbacks(): BaseCallbackHandler {
+    return this.family.turns;
+  }
+
+  /** The guard of the sub-agent the code running now belongs to (this one outside). */
+  private get current(): LangGraphGuard {
+    return this.family.active.getStore() ?? this;
   }
 
   /** The same tools, each gated before it runs and its result reported. */
@@ -91,21 +121,47 @@ export class LangGraphGuard {
 
   /** A conditional edge after the tools node: END once the run is stopped, else `next`. */
   afterTools<N extends string>(next: N): () => N | typeof END {
-    return () => (this.run.stopped !== null ? END : next);
+    return () => (this.current.run.stopped !== null ? END : next);
   }
 
   /** A node before each model call (`createReactAgent`'s `preModelHook`): throws
    * `RunStopped` once the run is stopped, which `invoke` turns into `GraphStopped`. */
   readonly beforeModel = (): Record<string, never> => {
-    this.run.throwIfStopped();
+    this.current.run.throwIfStopped();
     return {};
   };
 
-  /** Runs `graph` behind the guard; resolves with its final state. */
+  /**
+   * Runs a sub-agent under a child run of the current run: `body` gets a guard of the
+   * child's own — `child.invoke(subgraph, input, config)` — and the tools, edges and
+   * callbacks of this guard report to the child while `body` runs. Call it in a tool
+   * (an agent used as a tool) or in a node of the parent graph. The sub-agent's calls and
+   * model turns are the child's, and count in every budget above it; `child` sets the
+   * child's run options (`agent`, `policy` …). Resolves with `body`'s result, or — when
+   * the guard stopped the child, or refused to start it (a cap of a run above) — with the
+   * guard's words, for the parent's model to read as the sub-agent's answer; the parent
+   * goes on.
+   */
+  subAgent<T>(body: (child: LangGraphGuard) => Promise<T>, child: ChildRunOptions = {}) {
+    return asChild(
+      this.current.run,
+      child,
+      (run) => {
+        const guard = new LangGraphGuard(run, this.opts);
+        guard.family = this.family;
+        guard.closesRun = false;
+        return this.family.active.run(guard, () => body(guard));
+      },
+      (text) => text,
+    );
+  }
+
+  /** Runs `graph` behind the guard; resolves with its final state. `config` may be the
+   * config a node or a tool was given (a subgraph run by `subAgent`). */
   async invoke<S>(
     graph: StreamingGraph<S>,
     input: unknown,
-    config: Record<string, unknown> = {},
+    config: RunnableConfig = {},
   ): Promise<S> {
     await this.run.start();
     let state: S | undefined;
@@ -118,14 +174,14 @@ export class LangGraphGuard {
       for await (const values of stream) state = values;
     } catch (err) {
       if (this.run.stopped === null) {
-        await bestEffort(() => this.run.finish("failed"));
+        if (this.closesRun) await bestEffort(() => this.run.finish("failed"));
         throw err;
       }
     }
     if (this.run.stopped !== null) {
       throw new GraphStopped(this.run.stopped, this.run.stop, state);
     }
-    await bestEffort(() => this.run.finish("completed"));
+    if (this.closesRun) await bestEffort(() => this.run.finish("completed"));
     return state as S;
   }
 
@@ -134,26 +190,27 @@ export class LangGraphGuard {
     input: unknown,
     config?: Record<string, unknown>,
   ): Promise<unknown> {
+    const { run, opts } = this.current;
     const name = inner.name;
     const toolCall = isToolCall(input) ? input : undefined;
     const args = toolCall ? toolCall.args : input;
-    const callId = toolCall?.id ?? this.run.nextCallId();
-    const gate = await this.run.toolCall(name, args, callOptions(this.opts, name, args, callId));
+    const callId = toolCall?.id ?? run.nextCallId();
+    const gate = await run.toolCall(name, args, callOptions(opts, name, args, callId));
     if (!gate.mayRun) return toolCall?.id ? refusal(gate) : (gate.modelText ?? "");
     let outcome: unknown;
     try {
       outcome = await inner.invoke(input as Parameters<typeof inner.invoke>[0], config);
     } catch (err) {
-      await report(this.run, callId, name, "RETRYABLE", String(err));
+      await report(run, callId, name, "RETRYABLE", String(err));
       throw err;
     }
     if (!ToolMessage.isInstance(outcome)) {
-      await report(this.run, callId, name, "SUCCESS", outcome);
+      await report(run, callId, name, "SUCCESS", outcome);
       return gate.warning ? gate.reads(outcome) : outcome;
     }
     const message = outcome as ToolMessage;
     const kind: ResultKind = message.status === "error" ? "RETRYABLE" : "SUCCESS";
-    await report(this.run, callId, name, kind, message.content);
+    await report(run, callId, name, kind, message.content);
     if (!gate.warning) return message;
     return new ToolMessage({
       content: gate.reads(message.content),
@@ -164,26 +221,33 @@ export class LangGraphGuard {
   }
 }
 
-/** `handleLLMEnd` → `model_turn`, awaited so the turn is sent before its tool calls. */
+/** `handleLLMEnd` → `model_turn` of the run the call was made in, awaited so the turn is
+ * sent before its tool calls. */
 class ModelTurns extends BaseCallbackHandler implements CallbackHandlerMethods {
   name = "FuseboxModelTurns";
   override awaitHandlers = true;
 
-  constructor(private readonly run: Run) {
+  constructor(private readonly run: () => Run) {
     super();
   }
 
   override async handleLLMEnd(output: LLMResult): Promise<void> {
     const message = (output.generations[0]?.[0] as ChatGeneration | undefined)?.message;
-    if (AIMessage.isInstance(message)) await reportModelTurn(this.run, message as AIMessage);
+    if (AIMessage.isInstance(message)) await reportModelTurn(this.run(), message as AIMessage);
   }
 }
 
-/** The caller's callbacks (a list or a manager) plus ours. */
+/** The caller's callbacks (a list or a manager) plus ours, unless they hold it already
+ * (a subgraph invoked with its parent's config). */
 function withHandler(callbacks: unknown, handler: BaseCallbackHandler): unknown {
   if (callbacks === undefined || callbacks === null) return [handler];
-  if (Array.isArray(callbacks)) return [...callbacks, handler];
-  const manager = callbacks as { copy(): { addHandler(h: BaseCallbackHandler): void } };
+  if (Array.isArray(callbacks))
+    return callbacks.includes(handler) ? callbacks : [...callbacks, handler];
+  const manager = callbacks as {
+    handlers: BaseCallbackHandler[];
+    copy(): { addHandler(h: BaseCallbackHandler): void };
+  };
+  if (manager.handlers.includes(handler)) return manager;
   const copy = manager.copy();
   copy.addHandler(handler);
   return copy;
