@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,18 @@ from support.guard import (
     search_output,
     send_email_output,
 )
-from support.scenarios import next_calls, op_key_for
+from support.scenarios import Call, next_calls, op_key_for
 from support.stack import Stack
+from support.sub_agents import (
+    DELEGATE,
+    FOUND,
+    RUNAWAY_SEARCHES,
+    lead_calls,
+    researcher_answer,
+    researcher_calls,
+    topic_of,
+)
+from support.trees import children, tree
 
 set_tracing_disabled(True)
 MCP_SERVER = Path(__file__).resolve().parents[1] / "support/mcp_search_server.py"
@@ -304,4 +315,136 @@ async def test_mcp_tools_of_the_agent_are_gated_too(stack: Stack, tmp_path: Any)
             await guard.run_agent(agent, "weather in tokyo?", max_turns=100)
     assert len(tool_log.read_text().splitlines()) == RUNAWAY_EXECUTIONS
     assert_history_valid(model)
+    await fb.close()
+
+
+# --- sub-agents: Agent.as_tool and handoffs are child runs -------------------------------
+
+
+def playing(script: Callable[[list[dict[str, Any]]], list[Call] | str]) -> ScriptedModel:
+    """A scripted model answering what `script` says for each call's input items."""
+
+    def respond(call: ModelCall) -> Any:
+        items = [_as_dict(i) for i in call.input] if isinstance(call.input, list) else []
+        if not items:
+            items = [{"role": "user", "content": str(call.input)}]
+        answer = script(items)
+        if isinstance(answer, str):
+            return [assistant_message(answer)]
+        turn = sum(1 for i in items if i.get("type") == "function_call")
+        return [function_call(n, a, call_id=f"{n}_{turn}") for n, a in answer]
+
+    return ScriptedModel([ModelStep.respond(respond) for _ in range(100)])
+
+
+def _turn(items: list[dict[str, Any]]) -> int:
+    return sum(1 for i in items if i.get("type") == "function_call")
+
+
+def lead_script(items: list[dict[str, Any]]) -> list[Call] | str:
+    calls = lead_calls(_turn(items))
+    # An agent tool takes its task as `input`.
+    return [(n, {"input": a["topic"]}) for n, a in calls] if calls else "done"
+
+
+def researcher_script(items: list[dict[str, Any]]) -> list[Call] | str:
+    topic = topic_of(items[0].get("content"))
+    return researcher_calls(topic, _turn(items)) or researcher_answer(topic)
+
+
+async def lead_run(
+    stack: Stack, policy: dict[str, Any] | None = None
+) -> tuple[OpenAIAgentsGuard, ScriptedModel, ToolLog]:
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
+    run = await fb.start_run(fresh_run("oai-lead"), agent="lead", policy=policy)
+    guard, log = OpenAIAgentsGuard(run), ToolLog()
+    researcher = make_agent(playing(researcher_script), log)
+    lead_model = playing(lead_script)
+    research = researcher.as_tool(tool_name=DELEGATE, tool_description="Research a topic.")
+    lead = guard.protect(Agent(name="lead", model=lead_model, tools=[research]))
+    result = await guard.run_agent(lead, "weather report", max_turns=20)
+    assert result.final_output == "done"
+    await fb.close()
+    return guard, lead_model, log
+
+
+def lead_read(model: ScriptedModel) -> dict[str, str]:
+    return {
+        i["call_id"]: str(i["output"])
+        for i in map(_as_dict, model.calls[-1].input)
+        if i.get("type") == "function_call_output"
+    }
+
+
+@pytest.mark.asyncio
+async def test_an_agent_tool_is_a_child_run_and_its_stop_is_the_tools_output(
+    stack: Stack,
+) -> None:
+    guard, lead_model, log = await lead_run(stack)
+    read = lead_read(lead_model)
+    assert read[f"{DELEGATE}_0"] == FOUND
+    assert read[f"{DELEGATE}_1"].startswith("fusebox stopped the sub-agent researcher")
+    assert "consecutive_blocks" in read[f"{DELEGATE}_1"]
+    assert log.count("search") == 1 + RUNAWAY_SEARCHES
+    nodes = await tree(stack, guard.run.id)
+    first, second = children(nodes, guard.run.id)
+    assert first.agent == second.agent == "researcher"
+    assert first.executed == ["search"] and first.stop_reason == "completed"
+    assert second.stop_reason == "consecutive_blocks"
+    assert len(second.executed) == RUNAWAY_SEARCHES
+    assert nodes[guard.run.id].executed == [DELEGATE, DELEGATE]
+    # The researchers' model turns are their own runs' (the agent hooks report them).
+    status = await asyncio.to_thread(run_status, stack, first.run)
+    assert status["counters"]["model_turns"] == 2
+    await asyncio.to_thread(assert_closed, stack, guard.run.id, "completed")
+
+
+@pytest.mark.asyncio
+async def test_an_agent_tool_past_the_caps_does_not_run_and_the_lead_reads_why(
+    stack: Stack,
+) -> None:
+    _, lead_model, log = await lead_run(stack, policy={"max_children": 1})
+    refused = lead_read(lead_model)[f"{DELEGATE}_1"]
+    assert "spawn_limit" in refused, refused
+    assert log.count("search") == 1  # the second researcher never ran
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("worker_does", "searches", "worker_ends", "root_status"),
+    [
+        ("one_search", 1, "completed", "completed"),
+        (
+            "runaway",
+            RUNAWAY_EXECUTIONS,
+            "consecutive_blocks",
+            "failed: SubAgentStopped: sub-agent worker was stopped",
+        ),
+    ],
+    ids=["answers", "runs_away"],
+)
+async def test_a_handoff_is_a_child_run(
+    stack: Stack, worker_does: str, searches: int, worker_ends: str, root_status: str
+) -> None:
+    """A handoff gives the conversation to the other agent for good: its calls are a
+    child run's, and its stop ends `Runner.run` (there is nobody to hand a result to),
+    the run above closed as failed, saying which sub-agent was stopped."""
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
+    run = await fb.start_run(fresh_run("oai-handoff"), agent="triage")
+    guard, log = OpenAIAgentsGuard(run), ToolLog()
+    worker = make_agent(scripted(worker_does), log)
+    worker.name = "worker"
+    triage_model = playing(lambda items: [("transfer_to_worker", {})] if _turn(items) == 0 else "?")
+    triage = guard.protect(Agent(name="triage", model=triage_model, handoffs=[worker]))
+    try:
+        result = await guard.run_agent(triage, "go", max_turns=100)
+        assert result.final_output == "done"
+    except RunStopped as stopped:
+        assert stopped.report is not None and stopped.report.reason == worker_ends
+    assert log.count("search") == searches
+    nodes = await tree(stack, run.id)
+    (child,) = children(nodes, run.id)
+    assert child.agent == "worker" and child.stop_reason == worker_ends
+    assert nodes[run.id].calls == []  # the handoff itself is no tool call
+    await asyncio.to_thread(assert_closed, stack, run.id, root_status)
     await fb.close()
