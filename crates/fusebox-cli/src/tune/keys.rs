@@ -13,12 +13,15 @@ use fusebox_core::{Policy, PolicySet, Preset};
 use serde_json::{json, Map, Value};
 
 /// Numeric policy keys that are not "lower is stricter" thresholds.
-pub const NOT_THRESHOLDS: [&str; 2] = [
+pub const NOT_THRESHOLDS: [&str; 3] = [
     // A window: a longer one sees more, so higher is stricter; normalisation raises it
     // to fit every window-based limit anyway.
     "history_size",
     // The calls after a compaction that are watched: higher is stricter.
     "post_compaction.window_size",
+    // The gap that counts as waiting for the user: a longer one counts more of a run's
+    // time as active, so higher is stricter.
+    "idle_after_s",
 ];
 
 /// Tables whose numbers are not the run's thresholds (per-tool settings are keyed by
