@@ -220,6 +220,62 @@ test('by keyboard and at a phone\'s width', async () => {
   await page.close();
 });
 
+test("a tree's run page shows each run under its parent, and a cancel from the page cancels the subtree", async () => {
+  const forest = agent(stack.nats_url, 'tree', 'fleet', ['--pause-ms', '200']);
+  await forest.line(/^execute/);
+  const page = await newPage();
+  await page.goto(`${base}runs/ui/fleet-a`);
+  const runs = page.locator('#tree-table tbody tr');
+  await page.locator('#tree-table tr[data-run="fleet-a-1"]').waitFor();
+  // The root, then each run under its parent in the order they started.
+  assert.deepEqual(
+    await runs.evaluateAll((rows) => rows.map((r) => `${r.dataset.depth} ${r.dataset.run}`)),
+    ['0 fleet', '1 fleet-a', '2 fleet-a-1', '1 fleet-b'],
+  );
+  assert.equal(await page.locator('#tree-table tr[aria-current="page"]').getAttribute('data-run'), 'fleet-a');
+  // What each subtree spent: a model turn of $0.01 each.
+  const cost = (run) => page.locator(`#tree-table tr[data-run="${run}"] td.tree-cost`).innerText();
+  assert.equal(await cost('fleet'), '0.0400');
+  assert.equal(await cost('fleet-a'), '0.0200');
+  assert.match(await page.locator('#run dl.facts').innerText(), /Parent\s+fleet\s/);
+
+  // Cancelling a node cancels its subtree, and the confirmation says so.
+  await page.locator('#cancel').click();
+  assert.match(await page.locator('#subtree').innerText(), /1 run below it is open: cancelling this run cancels its whole subtree/);
+  await page.screenshot({ path: path.join(SHOTS, 'cancel-subtree-confirm.png') });
+  await page.locator('#confirm').click();
+  assert.match(await page.locator('#answer').innerText(), /fuseboxd answered stop \(cancelled\)/);
+  assert.match(await page.locator('#stopped-below').innerText(), /1 run below it was open: each is stopped with it/);
+
+  // The root goes on; its page shows whose stop closed the grandchild, live.
+  await page.goto(`${base}runs/ui/fleet`);
+  await page.evaluate(() => { window.notReloaded = true; });
+  const reason = (run) => page.locator(`#tree-table tr[data-run="${run}"] td.reason`);
+  await reason('fleet-a-1').getByText('from fleet-a').waitFor();
+  assert.match(await reason('fleet-a-1').innerText(), /^ancestor_stopped from fleet-a$/);
+  assert.equal(await page.locator('#tree-table tr[data-run="fleet"] .state').innerText(), 'OPEN');
+  assert.equal(await page.locator('#tree-table tr[data-run="fleet-b"] .state').innerText(), 'OPEN');
+  assert.match(await page.locator('#tree-summary').innerText(), /3 runs started below this one, 1 open now/);
+  const [bStatus] = await cli(stack.nats_url, ['run', 'ui/fleet-b']);
+  const [aStatus] = await cli(stack.nats_url, ['run', 'ui/fleet-a-1']);
+  assert.equal(aStatus.tree.stopped_by, 'fleet-a');
+  assert.equal(bStatus.summary.open, true);
+  await cli(stack.nats_url, ['cancel', 'ui/fleet']);
+  await reason('fleet-b').getByText('from fleet').waitFor({ timeout: 10000 });
+  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the tree updated without a reload');
+  await page.screenshot({ path: path.join(SHOTS, 'run-tree.png'), fullPage: true });
+  for (const line of [/^STOPPED CANCELLED cancelled fleet$/, /^STOPPED CANCELLED cancelled fleet-a$/,
+    /^STOPPED CANCELLED ancestor_stopped fleet-b$/, /^STOPPED CANCELLED ancestor_stopped fleet-a-1$/]) {
+    await forest.line(line);
+  }
+
+  // The runs list filtered to the tree.
+  await page.goto(`${base}?root=fleet`);
+  assert.deepEqual((await page.locator('#runs-table tbody tr').evaluateAll((rows) => rows.map((r) => r.dataset.run))).sort(),
+    ['ui/fleet', 'ui/fleet-a', 'ui/fleet-a-1', 'ui/fleet-b']);
+  await page.close();
+});
+
 test('a non-loopback listener refuses requests without credentials, and needs them to start', async () => {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'fusebox-ui-'));
   const open = path.join(dir, 'open.toml');

@@ -6,16 +6,19 @@
 //! * `--mode steady`: a new page of a listing each step, with progress, until stopped
 //!   from outside (the page's cancel button);
 //! * `--mode hold`: one call with an op_key that is allowed and never reports its result,
-//!   so the key stays in flight for an operator to resolve.
+//!   so the key stays in flight for an operator to resolve;
+//! * `--mode tree`: a small tree of runs — the run, two sub-agents `<run>-a` and
+//!   `<run>-b`, and `<run>-a-1` below the first — each with a model turn ($0.01), then
+//!   steady steps in turn until stopped from outside (the page's cancel of a node).
 //!
 //! Prints one line per answer, and `STOPPED <terminal state> <reason>` once it knows
-//! the run is stopped; `--pause-ms` between calls keeps a run going long enough to be
-//! watched.
+//! the run is stopped (in tree mode one line per run, its id last); `--pause-ms` between
+//! calls keeps a run going long enough to be watched.
 
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use fusebox_client::{ClientOptions, FuseboxClient, Gate, NatsArgs, RunOptions};
+use fusebox_client::{ClientOptions, FuseboxClient, Gate, NatsArgs, RunHandle, RunOptions};
 use fusebox_core::event::{
     Args as CallArgs, ModelTurn, Output, ResultKind, ToolCall, ToolResult, Usage,
 };
@@ -26,6 +29,7 @@ enum Mode {
     Loop,
     Steady,
     Hold,
+    Tree,
 }
 
 #[derive(Debug, Parser)]
@@ -70,6 +74,79 @@ fn say(gate: &Gate) {
     }
 }
 
+/// One steady step: the next page of a listing, with progress; false once it may not run.
+async fn step(run: &RunHandle, page: u64) -> Result<bool, Box<dyn std::error::Error>> {
+    let (call_id, gate) = run.call("list_issues", json!({"page": page})).await;
+    say(&gate);
+    if !gate.may_run() {
+        return Ok(false);
+    }
+    let output = json!({"issues": [format!("ISSUE-{page}")]});
+    run.tool_result(success(call_id, "list_issues", output, Some(page)))
+        .await?;
+    Ok(true)
+}
+
+fn say_stopped(stop: &fusebox_core::Decision, run: Option<&str>) {
+    let report = stop.report.as_ref();
+    println!(
+        "STOPPED {} {}{}",
+        report.map_or("?", |r| r.terminal_state.as_str()),
+        report.map_or("?", |r| r.reason.as_str()),
+        run.map_or(String::new(), |r| format!(" {r}"))
+    );
+}
+
+/// `--mode tree`: the runs start parent first, then step in turn until each is stopped.
+async fn tree(client: &FuseboxClient, args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let root = args.run.as_str();
+    let (a, b, a1) = (
+        format!("{root}-a"),
+        format!("{root}-b"),
+        format!("{root}-a-1"),
+    );
+    let shape = [
+        (root, None, "planner"),
+        (a.as_str(), Some(root), "researcher"),
+        (b.as_str(), Some(root), "writer"),
+        (a1.as_str(), Some(a.as_str()), "fetcher"),
+    ];
+    let mut runs = Vec::new();
+    for (id, parent, agent) in shape {
+        let options = RunOptions {
+            agent: Some(agent.to_owned()),
+            parent: parent.map(str::to_owned),
+            ..RunOptions::default()
+        };
+        let run = client.start_run(&args.tenant, id, options).await?;
+        run.model_turn(ModelTurn {
+            stop_reason: "tool_use".to_owned(),
+            usage: None,
+            cost_usd: Some(0.01),
+            valid: None,
+        })
+        .await?;
+        runs.push(run);
+    }
+    let pause = Duration::from_millis(args.pause_ms);
+    for page in 1..=args.max_calls {
+        let mut going = false;
+        for run in runs.iter().filter(|r| r.stopped().is_none()) {
+            going |= step(run, page).await?;
+        }
+        if !going {
+            break;
+        }
+        tokio::time::sleep(pause).await;
+    }
+    for run in &runs {
+        if let Ok(stop) = tokio::time::timeout(Duration::from_secs(10), run.wait_stopped()).await {
+            say_stopped(&stop, Some(run.run()));
+        }
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -79,6 +156,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Mode::Loop => "researcher",
         Mode::Steady => "triager",
         Mode::Hold => "mailer",
+        Mode::Tree => return tree(&client, &args).await,
     };
     let run = client
         .start_run(
@@ -123,40 +201,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             run.compaction(Some("context_full".to_owned())).await?;
             run.progress(1, Some("plan made".to_owned())).await?;
         }
-        Mode::Steady => {}
+        Mode::Steady | Mode::Tree => {}
     }
     let mut calls = 0;
     while calls < args.max_calls && run.stopped().is_none() {
         calls += 1;
-        let (tool, call_args, output, progress) = match args.mode {
-            Mode::Loop => (
-                "search",
-                json!({"query": "<script>alert('pwned')</script> weather tokyo", "notes": "x".repeat(300)}),
-                json!({"hits": ["jma.go.jp"]}),
-                None,
-            ),
-            _ => (
-                "list_issues",
-                json!({"page": calls}),
-                json!({"issues": [format!("ISSUE-{calls}")]}),
-                Some(calls),
-            ),
-        };
-        let (call_id, gate) = run.call(tool, call_args).await;
-        say(&gate);
-        if gate.may_run() {
-            run.tool_result(success(call_id, tool, output, progress))
-                .await?;
+        match args.mode {
+            Mode::Loop => {
+                let (call_id, gate) = run
+                    .call(
+                        "search",
+                        json!({"query": "<script>alert('pwned')</script> weather tokyo", "notes": "x".repeat(300)}),
+                    )
+                    .await;
+                say(&gate);
+                if gate.may_run() {
+                    let output = json!({"hits": ["jma.go.jp"]});
+                    run.tool_result(success(call_id, "search", output, None))
+                        .await?;
+                }
+            }
+            _ => {
+                step(&run, calls).await?;
+            }
         }
         tokio::time::sleep(pause).await;
     }
     if let Ok(stop) = tokio::time::timeout(Duration::from_secs(10), run.wait_stopped()).await {
-        let report = stop.report.as_ref();
-        println!(
-            "STOPPED {} {}",
-            report.map_or("?", |r| r.terminal_state.as_str()),
-            report.map_or("?", |r| r.reason.as_str())
-        );
+        say_stopped(&stop, None);
     }
     Ok(())
 }

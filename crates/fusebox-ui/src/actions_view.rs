@@ -11,13 +11,21 @@ use crate::layout::{folded_json, page};
 use crate::run_view::resume_condition;
 use crate::runs_view::run_href;
 
-pub fn confirm_cancel(tenant: &str, run: &str, csrf: &str, by: &str) -> Markup {
+/// `open_below`: runs below this one open now, which a cancel stops with it.
+pub fn confirm_cancel(tenant: &str, run: &str, open_below: u32, csrf: &str, by: &str) -> Markup {
     let base = run_href(tenant, run);
     page(
         "Cancel run",
         html! {
             h1 { "Cancel " (tenant) "/" (run) "?" }
             p { "fuseboxd will stop the run: its next tool call is refused and the stop goes out on its kill switch. Recorded as done by " code { (by) } "." }
+            @if open_below > 0 {
+                p #subtree .answer role="note" {
+                    strong { (runs(open_below)) " below it " (if open_below == 1 { "is" } else { "are" }) " open" }
+                    ": cancelling this run cancels its whole subtree. fuseboxd stops each of them with it, with a stop of its own ("
+                    code { "ancestor_stopped" } ") on its own kill switch."
+                }
+            }
             form method="post" action={(base) "/cancel"} {
                 input type="hidden" name="csrf" value=(csrf);
                 p { label { "Reason (for the audit trail) " input name="reason" size="40"; } }
@@ -25,6 +33,23 @@ pub fn confirm_cancel(tenant: &str, run: &str, csrf: &str, by: &str) -> Markup {
             }
         },
     )
+}
+
+/// `1 run`, `3 runs`.
+fn runs(n: u32) -> String {
+    format!("{n} run{}", if n == 1 { "" } else { "s" })
+}
+
+/// What a cancel's answer adds: the runs below that were open and are stopped with it.
+pub fn stopped_below(open_below: Option<u32>) -> Markup {
+    html! {
+        @if let Some(n) = open_below.filter(|n| *n > 0) {
+            p #stopped-below {
+                (runs(n)) " below it " (if n == 1 { "was" } else { "were" }) " open: each is stopped with it ("
+                code { "ancestor_stopped" } "), on its own kill switch."
+            }
+        }
+    }
 }
 
 /// Evidence to start from, by what the report asks for.
@@ -89,11 +114,13 @@ pub fn confirm_resolve(tenant: &str, run: &str, op_key: &str, csrf: &str, by: &s
 }
 
 /// The status code and page for a command's outcome: the decision, or the refusal.
+/// `note`: what else the command did (a cancel's subtree), shown with the decision.
 pub fn answer(
     what: &str,
     tenant: &str,
     run: &str,
     outcome: &Result<Decision, ClientError>,
+    note: &Markup,
 ) -> (axum::http::StatusCode, Markup) {
     use axum::http::StatusCode;
     let base = run_href(tenant, run);
@@ -105,6 +132,7 @@ pub fn answer(
                     p { "fuseboxd answered " strong.answer-action { (decision.action.as_str()) }
                         @if let Some(reason) = decision.reason { " (" (reason.as_str()) ")" } "." }
                     @if let Some(message) = &decision.message { p { (message) } }
+                    (note)
                     (folded_json(&serde_json::to_value(decision).unwrap_or_default()))
                 }
             },

@@ -10,8 +10,11 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Form, Router};
-use fusebox_client::{parse_run_ref, ClientError, FuseboxClient, LedgerItem, LedgerQuery, Resolve};
+use fusebox_client::{
+    parse_run_ref, ClientError, FuseboxClient, LedgerItem, LedgerQuery, Resolve, TreeView,
+};
 use fusebox_nats::wire::{HistoryQuery, RunHistory, RunStatusReply};
+use maud::html;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -207,6 +210,8 @@ pub struct RunData {
     pub status: RunStatusReply,
     pub history: RunHistory,
     pub ledger: Vec<LedgerItem>,
+    /// The run's tree of runs, when it is in one (a parent, or runs started below it).
+    pub tree: Option<TreeView>,
 }
 
 pub async fn fetch_run(
@@ -234,10 +239,25 @@ pub async fn fetch_run(
         })
         .await
         .map_err(|e| trouble(&e))?;
+    let root = status
+        .tree
+        .as_ref()
+        .filter(|t| t.parent.is_some() || t.spawned > 0)
+        .map(|t| t.root.clone());
+    let tree = match root {
+        Some(root) => Some(
+            ui.client
+                .run_tree(tenant, &root)
+                .await
+                .map_err(|e| trouble(&e))?,
+        ),
+        None => None,
+    };
     Ok(RunData {
         status,
         history,
         ledger: ledger.entries.into_iter().map(|(_, item)| item).collect(),
+        tree,
     })
 }
 
@@ -255,6 +275,7 @@ pub fn render_run(
         history: &data.history,
         after,
         ledger: &data.ledger,
+        tree: data.tree.as_ref(),
     };
     if whole {
         run_page(&view)
@@ -298,12 +319,14 @@ async fn cancel_form(
         Ok(ids) => ids,
         Err(not_a_run) => return not_a_run.into_response(),
     };
-    if let Err(err) = ui.client.run_status(&tenant, &run).await {
-        return trouble(&err);
-    }
+    let status = match ui.client.run_status(&tenant, &run).await {
+        Ok(status) => status,
+        Err(err) => return trouble(&err),
+    };
+    let open_below = status.tree.map_or(0, |t| t.open_below);
     page_response(
         StatusCode::OK,
-        actions_view::confirm_cancel(&tenant, &run, &ui.csrf, &ui.by(&caller)),
+        actions_view::confirm_cancel(&tenant, &run, open_below, &ui.csrf, &ui.by(&caller)),
     )
 }
 
@@ -329,8 +352,19 @@ async fn cancel(
     }
     let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
     let by = ui.by(&caller);
-    let outcome = ui.client.cancel(&tenant, &run, Some(&by), reason).await;
-    let (code, markup) = actions_view::answer("Cancel", &tenant, &run, &outcome);
+    let outcome = ui
+        .client
+        .cancel_subtree(&tenant, &run, Some(&by), reason)
+        .await;
+    let below = outcome.as_ref().ok().and_then(|c| c.open_below);
+    let outcome = outcome.map(|c| c.decision);
+    let (code, markup) = actions_view::answer(
+        "Cancel",
+        &tenant,
+        &run,
+        &outcome,
+        &actions_view::stopped_below(below),
+    );
     page_response(code, markup)
 }
 
@@ -394,7 +428,7 @@ async fn resume(
     };
     let by = ui.by(&caller);
     let outcome = ui.client.resume(&tenant, &run, Some(&by), evidence).await;
-    let (code, markup) = actions_view::answer("Resume", &tenant, &run, &outcome);
+    let (code, markup) = actions_view::answer("Resume", &tenant, &run, &outcome, &html! {});
     page_response(code, markup)
 }
 
@@ -457,6 +491,6 @@ async fn resolve(
         .client
         .resolve(&tenant, &run, &form.op_key, resolution, Some(&by), reason)
         .await;
-    let (code, markup) = actions_view::answer("Resolve", &tenant, &run, &outcome);
+    let (code, markup) = actions_view::answer("Resolve", &tenant, &run, &outcome, &html! {});
     page_response(code, markup)
 }

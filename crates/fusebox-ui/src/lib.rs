@@ -1,8 +1,9 @@
 //! # fusebox-ui
 //!
 //! The operator's page (`fusebox ui`): every run fuseboxd knows, live, with filters and
-//! counts per state; one run's timeline, stop report and op_key ledger entries; and the
-//! buttons to cancel, resume and resolve, each confirmed and sent through the daemon's
+//! counts per state; one run's timeline, stop report, op_key ledger entries and tree of
+//! runs; and the buttons to cancel (a run and its subtree), resume and resolve, each
+//! confirmed and sent through the daemon's
 //! control API with the operator recorded as `by`; the cloud watchdog's held instances
 //! with their deadlines, and its recent terminations. Server-rendered HTML (maud, escaped
 //! by construction) with one small inline script for live updates over SSE; no build

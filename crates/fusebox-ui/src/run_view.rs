@@ -1,14 +1,14 @@
 //! One run's page: what it is, its stop report, its timeline, its op_key ledger
 //! entries, and the actions an operator may take on it.
 
-use fusebox_client::LedgerItem;
+use fusebox_client::{LedgerItem, TreeView};
 use fusebox_core::decision::{ResumeCondition, StopReport};
 use fusebox_nats::wire::{HistoryEntry, RunHistory, RunStatusReply};
 use maud::{html, Markup};
 use serde_json::Value;
 
 use crate::layout::{folded, folded_json, page, state, time};
-use crate::runs_view::run_href;
+use crate::runs_view::{run_href, RunsParams};
 
 /// What the run page shows, as the daemon told it.
 pub struct RunPage<'a> {
@@ -19,6 +19,8 @@ pub struct RunPage<'a> {
     /// The position the timeline starts after (`?after=`), if not the first.
     pub after: Option<u64>,
     pub ledger: &'a [LedgerItem],
+    /// The run's tree of runs, when it is in one.
+    pub tree: Option<&'a TreeView>,
 }
 
 pub fn run_page(view: &RunPage<'_>) -> Markup {
@@ -79,6 +81,15 @@ pub fn run_live(view: &RunPage<'_>) -> Markup {
             dt { "Tool errors" } dd { (c.tool_errors) }
             dt { "Progress version" } dd { (view.status.progress_version.map_or("—".to_owned(), |v| v.to_string())) }
             dt { "Last activity" } dd { (time(s.last_ts_ms)) }
+            @if let Some(place) = view.status.tree.as_ref().filter(|_| view.tree.is_some()) {
+                @if let Some(parent) = &place.parent {
+                    dt { "Parent" } dd { a href=(run_href(view.tenant, parent)) { (parent) } }
+                }
+                dt { "Tree" } dd { "root " a href=(run_href(view.tenant, &place.root)) { (place.root) } ", depth " (place.depth) }
+                @if let Some(by) = &place.stopped_by {
+                    dt { "Stopped by" } dd { "the stop of " a href=(run_href(view.tenant, by)) { (by) } }
+                }
+            }
         }
         nav.actions aria-label="Actions" {
             @if s.open {
@@ -91,6 +102,9 @@ pub fn run_live(view: &RunPage<'_>) -> Markup {
         }
         @if let Some(report) = &view.status.report {
             (stop_report(report))
+        }
+        @if let Some(tree) = view.tree {
+            (tree_section(view, tree))
         }
         (timeline(view))
         (ledger(view))
@@ -121,6 +135,72 @@ fn stop_report(report: &StopReport) -> Markup {
                 dt { "Unmet precondition" } dd { (report.unmet_precondition.as_deref().unwrap_or("—")) }
                 dt { "Resume condition" } dd { code { (condition) } " — " (meaning) }
             }
+        }
+    }
+}
+
+/// The run's tree: every run of it under its parent, what each subtree spent, and for
+/// a run an ancestor's stop closed, whose stop that was.
+fn tree_section(view: &RunPage<'_>, tree: &TreeView) -> Markup {
+    let place = view.status.tree.as_ref();
+    let whole = RunsParams {
+        tenant: Some(view.tenant.to_owned()),
+        root: place.map(|p| p.root.clone()),
+        ..RunsParams::default()
+    };
+    html! {
+        section #tree aria-labelledby="tree-h" {
+            h2 #tree-h { "Tree of runs" }
+            @if let Some(place) = place {
+                p #tree-summary .muted {
+                    (place.spawned) " runs started below this one, " (place.open_below) " open now. "
+                    "The runs below spent " (place.below.steps) " steps, " (place.below.model_turns) " model turns, "
+                    (place.below.tokens) " tokens, " (format!("${:.4}", place.below.cost_usd))
+                    " since this run's task began: what its budgets count besides its own. Cancelling a run cancels every run below it."
+                }
+            }
+            div.scroll { table #tree-table {
+                thead { tr {
+                    th { "Run" } th { "Agent" } th { "State" } th { "Reason" } th { "Steps" }
+                    th title="the run's and every listed run's below it" { "Tree steps" }
+                    th title="the run's and every listed run's below it" { "Tree cost" }
+                    th { "Last activity" }
+                } }
+                tbody { @for node in &tree.nodes {
+                    @let row = &node.row;
+                    @let this = row.summary.run == view.run;
+                    tr data-run=(row.summary.run) data-depth=(row.depth) aria-current=[this.then_some("page")] {
+                        td style={"padding-left:" (0.5 + 1.5 * f64::from(row.depth)) "em"} {
+                            @if this { strong { (row.summary.run) } }
+                            @else { a href=(run_href(view.tenant, &row.summary.run)) { (row.summary.run) } }
+                            @if node.detached {
+                                " " span.muted { "(under " (row.parent.as_deref().unwrap_or("?")) ", not listed)" }
+                            }
+                        }
+                        td { (row.summary.agent.as_deref().unwrap_or("")) }
+                        td { (state(row.state())) }
+                        td.reason {
+                            (row.summary.reason.as_deref().unwrap_or(""))
+                            @if let Some(by) = &row.stopped_by {
+                                " from " a.stopped-by href=(run_href(view.tenant, by)) { (by) }
+                            }
+                        }
+                        td.n { (row.summary.steps) }
+                        td.n.tree-steps { (node.tree_steps) }
+                        td.n.tree-cost { (format!("{:.4}", node.tree_cost_usd)) }
+                        td { (time(row.summary.last_ts_ms)) }
+                    }
+                } }
+            } }
+            @if tree.unlisted > 0 {
+                p.muted { (tree.unlisted) " more runs of this tree are not listed (the most recently active are)." }
+            }
+            @if !tree.unanswered.is_empty() {
+                p.answer.refused role="alert" {
+                    "Partitions " (format!("{:?}", tree.unanswered)) " did not answer in time: their runs are missing."
+                }
+            }
+            nav.actions aria-label="Tree" { a href={"/" (whole.href())} { "All runs of this tree in the runs list" } }
         }
     }
 }

@@ -173,7 +173,7 @@ pub fn runs_live(params: &RunsParams, view: &RunsPage, unanswered: &[u32]) -> Ma
         div.scroll {
             table #runs-table {
                 thead { tr {
-                    th { "Tenant" } th { "Run" } th { "Agent" } th { "State" } th { "Reason" }
+                    th { "Tenant" } th { "Run" } th { "Parent" } th { "Agent" } th { "State" } th { "Reason" }
                     th { "Steps" } th { "Refused" } th { "Tokens" } th { "Cost" }
                     th { "Started" } th { "Last activity" }
                 } }
@@ -182,6 +182,7 @@ pub fn runs_live(params: &RunsParams, view: &RunsPage, unanswered: &[u32]) -> Ma
                         tr data-run={(row.summary.tenant) "/" (row.summary.run)} {
                             td { (row.summary.tenant) }
                             td { a href=(run_href(&row.summary.tenant, &row.summary.run)) { (row.summary.run) } }
+                            td { @if let Some(parent) = &row.parent { a href=(run_href(&row.summary.tenant, parent)) { (parent) } } }
                             td { (row.summary.agent.as_deref().unwrap_or("")) }
                             td { (state(row.state())) }
                             td { (row.summary.reason.as_deref().unwrap_or("")) }
@@ -194,7 +195,7 @@ pub fn runs_live(params: &RunsParams, view: &RunsPage, unanswered: &[u32]) -> Ma
                         }
                     }
                     @if view.runs.is_empty() {
-                        tr { td.muted colspan="11" { "No runs match." } }
+                        tr { td.muted colspan="12" { "No runs match." } }
                     }
                 }
             }
