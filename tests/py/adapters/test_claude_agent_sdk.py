@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from claude_agent_sdk import (
+    AgentDefinition,
     ClaudeAgentOptions,
     ClaudeSDKClient,
     ResultMessage,
@@ -24,6 +25,7 @@ from fusebox_guard.adapters.claude_agent_sdk import ClaudeAgentGuard
 from support.claude_code import fusebox
 from support.fake_anthropic import (
     FakeAnthropic,
+    ToolResult,
     Turn,
     is_after_compaction,
     text,
@@ -39,11 +41,21 @@ from support.guard import (
     fresh_run,
     list_issues_output,
     open_page_output,
+    run_status,
     search_output,
     send_email_output,
 )
 from support.scenarios import next_calls, op_key_for
 from support.stack import Stack
+from support.sub_agents import (
+    FOUND,
+    RUNAWAY_SEARCHES,
+    lead_calls,
+    researcher_answer,
+    researcher_calls,
+    topic_of,
+)
+from support.trees import children, tree
 
 pytestmark = pytest.mark.asyncio
 
@@ -291,3 +303,114 @@ async def test_a_loop_that_goes_on_after_a_compaction_is_stopped(
     assert report.reason == "compaction_loop_persisted", report
     assert log.count("open_page") == 1
     assert log.count("search") == 2
+
+
+# --- sub-agents (`agents`, started by the Agent tool) are child runs ----------------------
+
+#: In the researcher's system prompt: how the stand-in tells its requests apart.
+RESEARCHER = "You are the researcher sub-agent."
+
+
+def delegation() -> FakeAnthropic:
+    """The lead starts the researcher twice (in the foreground), then answers; the
+    researcher plays the shared sub-agent script for the topic it was given."""
+
+    def respond(body: dict[str, Any]) -> Turn:
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if RESEARCHER in json.dumps(body.get("system")):
+            topic = topic_of(json.dumps(body["messages"][0]["content"]))
+            calls = researcher_calls(topic, turn)
+            if calls is None:
+                return text(researcher_answer(topic))
+            return tool_uses(*((PREFIX + name, args) for name, args in calls))
+        calls = lead_calls(turn)
+        if calls is None:
+            return text("done")
+        return tool_uses(
+            *(
+                (
+                    "Agent",
+                    {
+                        "subagent_type": "researcher",
+                        "description": f"research {args['topic']}",
+                        "prompt": args["topic"],
+                        "run_in_background": False,
+                    },
+                )
+                for _, args in calls
+            )
+        )
+
+    return FakeAnthropic(respond=respond)
+
+
+def lead_options(api: FakeAnthropic, tmp_path: Path, server: Any) -> ClaudeAgentOptions:
+    researcher = AgentDefinition(
+        description="Researches one topic", prompt=RESEARCHER, tools=[PREFIX + "search"]
+    )
+    return dataclasses.replace(
+        options(api, tmp_path, server),
+        tools=["Agent"],
+        allowed_tools=[*(PREFIX + name for name in TOOLS), "Agent"],
+        agents={"researcher": researcher},
+    )
+
+
+def lead_read(api: FakeAnthropic) -> list[ToolResult]:
+    """What the lead read as its Agent calls' results, in order."""
+    lead = [b for b in api.message_requests() if RESEARCHER not in json.dumps(b.get("system"))]
+    agent_calls = [
+        block["id"]
+        for message in lead[-1]["messages"]
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_use"
+    ]
+    results = {r.tool_use_id: r for r in api.tool_results()}
+    return [results[call] for call in agent_calls]
+
+
+async def lead_session(
+    stack: Stack, tmp_path: Path, **start: Any
+) -> tuple[ClaudeAgentGuard, FakeAnthropic, ToolLog]:
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
+    guard = ClaudeAgentGuard(await fb.start_run(fresh_run("cas-lead"), agent="lead", **start))
+    log = ToolLog()
+    with delegation() as api:
+        opts = lead_options(api, tmp_path, make_server(log))
+        result = await guard.run_agent("weather report", opts)
+    assert isinstance(result, ResultMessage) and result.result == "done", result
+    return guard, api, log
+
+
+async def test_a_sub_agent_is_a_child_run_and_its_stop_is_its_report(
+    stack: Stack, tmp_path: Path
+) -> None:
+    guard, api, log = await lead_session(stack, tmp_path)
+    found, stopped = lead_read(api)
+    assert FOUND in found.content and "fusebox" not in found.content
+    # The stop is what the lead reads as the sub-agent's report.
+    assert "fusebox stopped the sub-agent researcher" in stopped.content, stopped
+    assert "consecutive_blocks" in stopped.content
+    assert log.count("search") == 1 + RUNAWAY_SEARCHES
+    nodes = await tree(stack, guard.run.id)
+    first, second = children(nodes, guard.run.id)
+    assert first.agent == second.agent == "researcher"
+    assert first.executed == [PREFIX + "search"] and first.stop_reason == "completed"
+    assert second.stop_reason == "consecutive_blocks"
+    assert len(second.executed) == RUNAWAY_SEARCHES
+    assert nodes[guard.run.id].executed == ["Agent", "Agent"]
+    # The sub-agent's model turns (its messages name the Agent call) are its own: those
+    # the CLI streams (a foreground sub-agent's last one comes only as the call's result).
+    status = await asyncio.to_thread(run_status, stack, first.run)
+    assert status["counters"]["model_turns"] >= 1
+    await asyncio.to_thread(assert_closed, stack, guard.run.id, "completed")
+
+
+async def test_a_sub_agent_past_the_caps_does_not_start_and_the_lead_reads_why(
+    stack: Stack, tmp_path: Path
+) -> None:
+    _, api, log = await lead_session(stack, tmp_path, policy={"max_children": 1})
+    refused = lead_read(api)[1]
+    assert refused.is_error and "spawn_limit" in refused.content, refused
+    assert log.count("search") == 1  # the second researcher never started

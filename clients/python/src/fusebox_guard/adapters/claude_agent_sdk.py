@@ -30,6 +30,30 @@ or, in one call, `await guard.run_agent("fix the failing test", options)` (raise
   cost since the previous one → a `model_turn` carrying `cost_usd`. A stop learned there
   (a budget, or `fusebox cancel` on the kill switch) interrupts the client.
 
+Sub-agents (`ClaudeAgentOptions(agents=...)`, started by the `Agent` tool, `Task` in
+older CLIs), each a child run of the session's run (guard contract §6):
+
+- The `Agent` call is gated as the session's call; once it may run, the sub-agent's
+  child run is started (its agent: the `subagent_type`), so the caps can refuse it: the
+  call is then denied with why, and the sub-agent never starts.
+- The CLI gives each sub-agent an `agent_id`, and every tool hook inside it carries it
+  (`PreToolUse`, `PostToolUse`, `PostToolUseFailure`), so its calls are gated and
+  reported in its own run; its messages name the `Agent` call (`parent_tool_use_id`),
+  so its model turns are its run's too (those the CLI streams: a foreground sub-agent's
+  last turn comes only as the call's result). The `SubagentStart` hook names the
+  `agent_id` but not the call: it is matched to the earliest `Agent` call of its type
+  not yet started, so two sub-agents of one type started at once may swap runs.
+- A sub-agent the guard stops: its call is denied with `continue: false`, which ends
+  that sub-agent only (the session goes on). For a foreground sub-agent the parent's
+  model reads the stop as the sub-agent's report (`PostToolUse` of the `Agent` call
+  replaces the report's text; the call is reported failed). A background one's report
+  reaches the parent later, as the CLI's notification, unchanged: the guard's
+  `child_stopped` warning at the parent's next call tells it.
+- Its run is closed when `observe` sees its task end (`TaskNotificationMessage`,
+  `TaskUpdatedMessage`: after its last streamed turn), or when the session ends.
+- Sub-agents do not start sub-agents in Claude Code; were one to, its run would be a
+  child of the session's run (the hooks do not say which sub-agent started another).
+
 A hook that errors or outlives its timeout is discarded by the SDK and the tool runs
 (fail-open). So the guard answers within its own deadline (`deadline_s`, below the
 hook's timeout, which `protect` sets), denies when the guard is silent (unless the run's
@@ -51,19 +75,40 @@ from claude_agent_sdk import (
     HookContext,
     HookMatcher,
     ResultMessage,
+    TaskNotificationMessage,
+    TaskUpdatedMessage,
 )
-from claude_agent_sdk.types import HookCallback, HookEvent, HookInput, HookJSONOutput
+from claude_agent_sdk.types import (
+    TERMINAL_TASK_STATUSES,
+    HookCallback,
+    HookEvent,
+    HookInput,
+    HookJSONOutput,
+)
 
 from ..errors import FuseboxError, GateTimeout
 from ..gate import Gate
 from ..run import Run
 from ..sync import SyncRun
 from ..types import Decision, Effect, ResultKind, Usage
-from ._common import Bridge, OpKeyFn, finish_run, is_stop, jsonable, log, report_failed
+from ._common import (
+    Bridge,
+    OpKeyFn,
+    finish_run,
+    is_stop,
+    jsonable,
+    log,
+    report_failed,
+    start_sub_agent,
+    sub_agent_stopped,
+)
 
 #: How much longer the SDK waits for a hook than the guard's own deadline: room for the
 #: answer to travel back before the SDK would give up and run the tool.
 HOOK_TIMEOUT_MARGIN_S = 5.0
+
+#: The tool that starts a sub-agent (`Task` is its older name).
+SUB_AGENT_TOOLS = frozenset({"Agent", "Task"})
 
 
 class ClaudeAgentGuard:
@@ -87,6 +132,13 @@ class ClaudeAgentGuard:
         self._interrupted = False
         self._turns_seen: set[str] = set()
         self._cost_reported = 0.0
+        #: Sub-agents' child runs, by the id of the call that started them (the
+        #: parent's `Agent` call; their messages carry it as `parent_tool_use_id`) …
+        self._by_call: dict[str, Bridge] = {}
+        #: … by the agent id the CLI gives them (their hooks carry it) …
+        self._by_agent: dict[str, Bridge] = {}
+        #: … and, between the `Agent` call and the sub-agent's start, by agent type.
+        self._starting: dict[str, list[Bridge]] = {}
 
     @property
     def run(self) -> Run:
@@ -115,6 +167,7 @@ class ClaudeAgentGuard:
             "PostToolUse": [matcher(self._post_tool_use)],
             "PostToolUseFailure": [matcher(self._post_tool_use)],
             "PreCompact": [matcher(self._pre_compact)],
+            "SubagentStart": [matcher(self._sub_agent_start)],
         }
 
     def protect(self, options: ClaudeAgentOptions) -> ClaudeAgentOptions:
@@ -163,13 +216,24 @@ class ClaudeAgentGuard:
                     await self.detach()
             self.run.raise_if_stopped()
         except Exception as err:
+            await self._close_sub_agents(err)
             if finish:
                 await finish_run(self._bridge, err)
             raise
+        failed = AgentFailed(result) if result is not None and result.is_error else None
+        await self._close_sub_agents(failed)
         if finish:
-            failed = AgentFailed(result) if result is not None and result.is_error else None
             await finish_run(self._bridge, failed)
         return result
+
+    async def _close_sub_agents(self, error: BaseException | None) -> None:
+        """Sub-agents still open when the session ended (background ones the CLI did
+        not see to their end) end with it."""
+        for child in {id(c): c for c in self._by_call.values()}.values():
+            await finish_run(child, error)
+        self._by_call.clear()
+        self._by_agent.clear()
+        self._starting.clear()
 
     # --- messages --------------------------------------------------------------------
 
@@ -182,11 +246,17 @@ class ClaudeAgentGuard:
                 if turn is None or turn not in self._turns_seen:
                     if turn is not None:
                         self._turns_seen.add(turn)
-                    decision = await self._bridge.acall(
-                        self.run.model_turn(
+                    # A sub-agent's turn (its messages name the call that started it)
+                    # is its own run's.
+                    bridge = self._by_call.get(message.parent_tool_use_id or "", self._bridge)
+                    reported = await bridge.acall(
+                        bridge.run.model_turn(
                             message.stop_reason or "tool_use", usage=_usage(message.usage)
                         )
                     )
+                    decision = reported if bridge is self._bridge else None
+            elif isinstance(message, TaskNotificationMessage | TaskUpdatedMessage):
+                await self._task_ended(message)
             elif isinstance(message, ResultMessage) and message.total_cost_usd:
                 spent = message.total_cost_usd - self._cost_reported
                 if spent > 0:
@@ -199,6 +269,21 @@ class ClaudeAgentGuard:
         if is_stop(decision) or self.run.stopped is not None:
             self._interrupt()
 
+    async def _task_ended(self, message: TaskNotificationMessage | TaskUpdatedMessage) -> None:
+        """A sub-agent's task reached its end: its run is closed. Read off the messages,
+        not the `SubagentStop` hook, so that its last model turn, which comes before
+        this in the same stream, is counted in its run first."""
+        if isinstance(message, TaskNotificationMessage):
+            status, call = str(message.status), message.tool_use_id
+        else:
+            status, call = str(message.patch.get("status") or ""), None
+        if status not in TERMINAL_TASK_STATUSES:
+            return
+        child = self._by_call.get(call or "") or self._by_agent.get(message.task_id)
+        if child is not None:
+            failed = None if status == "completed" else SubAgentEnded(status)
+            await finish_run(child, failed)
+
     # --- hooks -----------------------------------------------------------------------
 
     async def _pre_tool_use(
@@ -207,9 +292,14 @@ class ClaudeAgentGuard:
         data = cast(dict[str, Any], hook_input)
         tool = str(data.get("tool_name", ""))
         args = data.get("tool_input") or {}
-        call_id = tool_use_id or data.get("tool_use_id") or self.run.next_call_id()
-        gate = await self._ask(tool, args, str(call_id))
+        bridge = self._bridge_of(data)
+        call_id = str(tool_use_id or data.get("tool_use_id") or bridge.run.next_call_id())
+        gate = await self._ask(bridge, tool, args, call_id)
         if gate.may_run:
+            if tool in SUB_AGENT_TOOLS:
+                refused = await self._start_sub_agent(bridge, call_id, args)
+                if refused is not None:
+                    return refused
             if gate.warning:
                 return _output(_pre_tool({"additionalContext": f"fusebox: {gate.warning}"}))
             if gate.error is not None:  # unguarded by choice (gate_on_error=allow)
@@ -219,18 +309,69 @@ class ClaudeAgentGuard:
         reason = gate.model_text or f"fusebox refused {tool}."
         answer = _pre_tool({"permissionDecision": "deny", "permissionDecisionReason": reason})
         if gate.stopped:
+            # `continue: false` from a sub-agent's hook ends that sub-agent only (its
+            # parent goes on); the client is interrupted for the session's own stop.
             answer.update(_end(reason))
-            self._interrupt()
+            if bridge is self._bridge:
+                self._interrupt()
         return _output(answer)
 
-    async def _ask(self, tool: str, args: Any, call_id: str) -> Gate:
-        asked = self.run.tool_call(
-            tool, args, call_id=call_id, **self._bridge.call_fields(tool, args)
-        )
+    def _bridge_of(self, data: Mapping[str, Any]) -> Bridge:
+        """A sub-agent's run for its calls (the hook input's `agent_id`), else the
+        session's."""
+        return self._by_agent.get(str(data.get("agent_id") or ""), self._bridge)
+
+    async def _start_sub_agent(
+        self, parent: Bridge, call_id: str, args: Any
+    ) -> HookJSONOutput | None:
+        """The `Agent` call the gate let run starts a sub-agent: its child run, started
+        now, so the caps can refuse it before it runs (the call denied, with why)."""
+        agent_type = str(args.get("subagent_type") or "general-purpose")
         try:
-            return await asyncio.wait_for(self._bridge.acall(asked), self.deadline_s)
+            child = await asyncio.wait_for(start_sub_agent(parent, agent_type), self.deadline_s)
         except asyncio.TimeoutError:
-            error = GateTimeout(f"fusebox.gate.{self.run.tenant}.{self.run.id}", self.deadline_s)
+            # Its calls are still gated, in the parent's run.
+            log.warning("fusebox: the run of sub-agent %s was not started in time", agent_type)
+            return None
+        if child.run.stopped is not None:
+            text = sub_agent_stopped(agent_type, child.run)
+            await self._observed(
+                f"result of {call_id}",
+                parent.run.tool_result(
+                    call_id,
+                    "Agent",
+                    ResultKind.RETRYABLE,
+                    code="sub_agent_stopped",
+                    retry_after_ms=0,
+                    output=text,
+                ),
+            )
+            return _output(
+                _pre_tool({"permissionDecision": "deny", "permissionDecisionReason": text})
+            )
+        self._by_call[call_id] = child
+        self._starting.setdefault(agent_type, []).append(child)
+        return None
+
+    async def _sub_agent_start(
+        self, hook_input: HookInput, tool_use_id: str | None, context: HookContext
+    ) -> HookJSONOutput:
+        """The CLI names the sub-agent it starts (`agent_id`): the child run of the
+        `Agent` call of its type that came first. The CLI does not say which call
+        started it, so two sub-agents of one type started at once may swap runs."""
+        data = cast(dict[str, Any], hook_input)
+        waiting = self._starting.get(str(data.get("agent_type") or ""))
+        if waiting:
+            self._by_agent[str(data.get("agent_id"))] = waiting.pop(0)
+        return {}
+
+    async def _ask(self, bridge: Bridge, tool: str, args: Any, call_id: str) -> Gate:
+        asked = bridge.run.tool_call(tool, args, call_id=call_id, **bridge.call_fields(tool, args))
+        try:
+            return await asyncio.wait_for(bridge.acall(asked), self.deadline_s)
+        except asyncio.TimeoutError:
+            run = bridge.run
+            error = GateTimeout(f"fusebox.gate.{run.tenant}.{run.id}", self.deadline_s)
             # Beyond its own deadline the guard is silent, whatever gate_on_error says:
             # the hook must answer before the SDK discards it and runs the tool anyway.
             return Gate(call_id, tool, error=error, allowed_on_error=False)
@@ -242,9 +383,13 @@ class ClaudeAgentGuard:
         event = str(data.get("hook_event_name", "PostToolUse"))
         tool = str(data.get("tool_name", ""))
         call_id = str(tool_use_id or data.get("tool_use_id") or "")
+        bridge = self._bridge_of(data)
+        child = self._by_call.get(call_id) if tool in SUB_AGENT_TOOLS else None
+        if child is not None and child.run.stopped is not None:
+            return await self._sub_agent_stopped(bridge, call_id, tool, child, data)
         if event == "PostToolUseFailure":
             code = "interrupted" if data.get("is_interrupt") else "tool_error"
-            reported = self.run.tool_result(
+            reported = bridge.run.tool_result(
                 call_id,
                 tool,
                 ResultKind.RETRYABLE,
@@ -253,19 +398,45 @@ class ClaudeAgentGuard:
                 output=jsonable(data.get("error")),
             )
         else:
-            reported = self.run.tool_result(
+            reported = bridge.run.tool_result(
                 call_id, tool, ResultKind.SUCCESS, output=jsonable(data.get("tool_response"))
             )
         decision = await self._observed(f"result of {tool}", reported)
         if decision is None:
             return {}
         if is_stop(decision):
-            self._interrupt()
+            if bridge is self._bridge:
+                self._interrupt()
             return _output(_end(_text(decision)))
         context_text = _observe_context(decision)
         if context_text is None:
             return {}
         output: dict[str, Any] = {"hookEventName": event, "additionalContext": context_text}
+        return _output({"hookSpecificOutput": output})
+
+    async def _sub_agent_stopped(
+        self, parent: Bridge, call_id: str, tool: str, child: Bridge, data: Mapping[str, Any]
+    ) -> HookJSONOutput:
+        """The `Agent` call whose sub-agent the guard stopped: what the parent's model
+        reads as the sub-agent's report is the stop (`updatedToolOutput`, the call's
+        own output with its text replaced; the context says it too, should a CLI refuse
+        that shape), and the call is reported failed."""
+        text = sub_agent_stopped(child.run.agent, child.run)
+        await self._observed(
+            f"result of {tool}",
+            parent.run.tool_result(
+                call_id,
+                tool,
+                ResultKind.RETRYABLE,
+                code="sub_agent_stopped",
+                retry_after_ms=0,
+                output=text,
+            ),
+        )
+        output: dict[str, Any] = {"hookEventName": "PostToolUse", "additionalContext": text}
+        response = data.get("tool_response")
+        if isinstance(response, dict):
+            output["updatedToolOutput"] = {**response, "content": [{"type": "text", "text": text}]}
         return _output({"hookSpecificOutput": output})
 
     async def _pre_compact(
@@ -316,6 +487,13 @@ class ClaudeAgentGuard:
         await self._bridge.acall(self.run.wait_stopped())
         if self.run.stopped is not None:
             self._interrupt()
+
+
+class SubAgentEnded(Exception):
+    """How a sub-agent's run is closed when its task ended otherwise than completed."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(f"the sub-agent's task ended {status}")
 
 
 class AgentFailed(Exception):
