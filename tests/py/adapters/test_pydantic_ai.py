@@ -463,3 +463,32 @@ def test_a_sub_agent_past_the_caps_does_not_run_and_the_lead_reads_why(
     assert refused.outcome == "failed" and "spawn_limit" in str(refused.content)
     assert script.log.count("search") == 1  # the second researcher never ran
     assert len(children(asyncio.run(tree(stack, run_id)), run_id)) == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sub_agent_that_fails_is_closed_as_failed_not_told_as_stopped(
+    stack: Stack, mode: str
+) -> None:
+    script = Delegation()
+
+    def broken(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise RuntimeError("the researcher's model is gone")
+
+    script.researcher = broken  # type: ignore[method-assign]
+    run_id = fresh_run(f"pai-{mode}-broken")
+    with pytest.raises(RuntimeError, match="model is gone"):
+        if mode == "sync":
+            with SyncFusebox.connect(stack.nats_url, tenant=TENANT) as fb:
+                guard = FuseboxCapability(fb.start_run(run_id, agent="lead"))
+                guard.run_agent_sync(script.agents(guard), "weather report")
+        else:
+
+            async def main() -> None:
+                async with await Fusebox.connect(stack.nats_url, tenant=TENANT) as afb:
+                    guard = FuseboxCapability(await afb.start_run(run_id, agent="lead"))
+                    await guard.run_agent(script.agents(guard), "weather report")
+
+            asyncio.run(main())
+    (child,) = children(asyncio.run(tree(stack, run_id)), run_id)
+    assert_closed(stack, child.run, "failed: RuntimeError: the researcher's model is gone")
+    assert_closed(stack, run_id, "failed: RuntimeError: the researcher's model is gone")

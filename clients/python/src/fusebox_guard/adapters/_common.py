@@ -54,6 +54,12 @@ class Bridge:
     async def acall(self, coro: Coroutine[Any, Any, T]) -> T:
         return await await_on(self.run.loop, coro)
 
+    @property
+    def stopped_by_guard(self) -> bool:
+        """The guard stopped the run (a budget, a detector, a cap, an ancestor's stop):
+        not the stop a failed `run_finished` of the adapter's own is answered with."""
+        return self.run.stopped is not None and not self.finished
+
     def child(self, run: Run) -> Bridge:
         """The bridge of a sub-agent's run, with this one's `op_key` and `effects`."""
         return Bridge(run, op_key=self.op_key, effects=self.effects)
@@ -151,7 +157,7 @@ class Call:
     children: list[Bridge] = field(default_factory=list)
 
     def stopped_child(self) -> Bridge | None:
-        return next((c for c in self.children if c.run.stopped is not None), None)
+        return next((c for c in self.children if c.stopped_by_guard), None)
 
 
 class Tree:

@@ -385,7 +385,7 @@ class ClaudeAgentGuard:
         call_id = str(tool_use_id or data.get("tool_use_id") or "")
         bridge = self._bridge_of(data)
         child = self._by_call.get(call_id) if tool in SUB_AGENT_TOOLS else None
-        if child is not None and child.run.stopped is not None:
+        if child is not None and child.stopped_by_guard:
             return await self._sub_agent_stopped(bridge, call_id, tool, child, data)
         if event == "PostToolUseFailure":
             code = "interrupted" if data.get("is_interrupt") else "tool_error"

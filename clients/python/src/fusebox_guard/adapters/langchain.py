@@ -465,7 +465,7 @@ def _subgraph_output(state: Any, child: Bridge, agent: str | None) -> Any:
     """A subgraph's output as the parent's update: without the guard's keys (a child's
     stop is not the parent's), and, when the guard stopped it, an AI message saying so."""
     output = _without_keys(state)
-    if child.run.stopped is None or not isinstance(output, dict):
+    if not child.stopped_by_guard or not isinstance(output, dict):
         return output
     said = AIMessage(content=sub_agent_stopped(agent, child.run), name=agent)
     return {**output, "messages": [*output.get("messages", []), said]}

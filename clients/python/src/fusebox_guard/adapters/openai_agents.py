@@ -381,7 +381,7 @@ class _Scope:
     def stopped_run(self) -> Bridge | None:
         """The run of the chain the guard stopped (which ended the `Runner.run`)."""
         runs = [self.first, *(bridge for _, bridge in self.chain)]
-        return next((b for b in reversed(runs) if b.run.stopped is not None), None)
+        return next((b for b in reversed(runs) if b.stopped_by_guard), None)
 
     def stopped_below(self, *, include_first: bool = False) -> Exception | None:
         """Why the runs of the chain not stopped themselves did not finish, when a run
