@@ -227,10 +227,11 @@ class ClaudeAgentGuard:
         return result
 
     async def _close_sub_agents(self, error: BaseException | None) -> None:
-        """Sub-agents still open when the session ended (background ones the CLI did
-        not see to their end) end with it."""
+        """Sub-agents whose end was not seen when the session ended (background ones
+        the CLI cut short) end with it, as unfinished."""
+        unfinished = error or SubAgentEnded("unfinished when the session ended")
         for child in {id(c): c for c in self._by_call.values()}.values():
-            await finish_run(child, error)
+            await finish_run(child, unfinished)
         self._by_call.clear()
         self._by_agent.clear()
         self._starting.clear()

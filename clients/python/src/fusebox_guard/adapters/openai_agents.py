@@ -356,6 +356,9 @@ class _Scope:
         return self.chain[-1][1] if self.chain else self.first
 
     def restart(self) -> None:
+        """A new `Runner.run` in this scope: it may begin with another agent (the one
+        the last run ended with)."""
+        self.first_agent = None
         self.chain.clear()
         self.answered = False
 
