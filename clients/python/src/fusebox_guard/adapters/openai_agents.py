@@ -322,8 +322,8 @@ class _Running:
 
 
 class SubAgentFailed(Exception):
-    """How a sub-agent's run is closed when it ended without an answer of its own, or
-    because a run below it was stopped."""
+    """How a sub-agent's run is closed when it ended without an answer of its own (the
+    SDK answered its call with its failure message)."""
 
     def __init__(self, agent: str | None, why: Any) -> None:
         super().__init__(f"sub-agent {agent or ''} ended without an answer: {why}")
