@@ -3,7 +3,8 @@
 //! the `operator` user. A root with five sub-agents, two of which started one each;
 //! `fusebox run` prints the tree, and `fusebox cancel` of the root ends every descendant
 //! — each with a stop of its own on its own kill switch, naming the ancestor, and its
-//! next call refused by the daemon — and says how many were open.
+//! next call refused by the daemon — and says how many were open; the daemon's metrics
+//! count the open sub-agents by depth.
 
 use std::process::Command;
 use std::time::Duration;
@@ -44,6 +45,29 @@ fn operator(stack: &SecuredStack, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `fusebox_subagents_active` by depth bucket, once it reads `want` (the gauge is set
+/// on the daemon's timer).
+async fn wait_subagents(stack: &SecuredStack, want: [u64; 4]) {
+    let port = stack.daemon.as_ref().expect("the daemon runs").metrics_port;
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        let (_, text) = fusebox_e2e::http::http_get(port, "/metrics").expect("/metrics");
+        got = ["1", "2", "3", "4+"]
+            .map(|depth| {
+                let series = format!("fusebox_subagents_active{{depth=\"{depth}\"}} ");
+                text.lines()
+                    .find_map(|line| line.strip_prefix(&series)?.parse::<u64>().ok())
+                    .unwrap_or(u64::MAX)
+            })
+            .to_vec();
+        if got == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("fusebox_subagents_active: {got:?}, want {want:?}");
 }
 
 /// The tree table of `fusebox run`'s output: each row's name column (indented) and the
@@ -87,6 +111,9 @@ async fn cancelling_the_root_from_the_cli_ends_every_descendant() {
         }
         runs.push((run, parent, handle));
     }
+
+    // Sub-agents by depth, without a label per run.
+    wait_subagents(&stack, [5, 2, 0, 0]).await;
 
     // The tree, from any of its runs: the root, each run under its parent in the order
     // they started, with its own steps and its subtree's.
@@ -157,6 +184,8 @@ async fn cancelling_the_root_from_the_cli_ends_every_descendant() {
             other => panic!("{run}: {other:?}"),
         }
     }
+
+    wait_subagents(&stack, [0, 0, 0, 0]).await;
 
     // Each run's place, and whose stop closed it: the root's, also for a grandchild told
     // of it through its parent's.

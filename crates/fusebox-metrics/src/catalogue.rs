@@ -95,6 +95,13 @@ pub const RUNS_ACTIVE: MetricDef = def(
     false,
     "Runs currently open (started and not stopped, completed, cancelled or finished).",
 );
+pub const SUBAGENTS_ACTIVE: MetricDef = def(
+    "fusebox_subagents_active",
+    Gauge,
+    &["depth"],
+    false,
+    "Sub-agents open now (runs started with a parent, in a tree of runs), by depth below their root: 1, 2, 3, 4+.",
+);
 pub const RUNS_STOPPED: MetricDef = def(
     "fusebox_runs_stopped_total",
     Counter,
@@ -252,6 +259,7 @@ pub const CATALOGUE: &[&MetricDef] = &[
     &GATE_LATENCY,
     &LOG_COMMIT,
     &RUNS_ACTIVE,
+    &SUBAGENTS_ACTIVE,
     &RUNS_STOPPED,
     &REPLAY,
     &NATS_CONNECTED,

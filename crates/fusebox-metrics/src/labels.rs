@@ -103,6 +103,10 @@ pub const INSTANCE_STATES: &[&str] = &[
     "terminated",
 ];
 
+/// Depths of sub-agents below their tree's root (guard contract §6): runs deeper than the
+/// last are counted in it (the default `max_depth` is 3).
+pub const DEPTHS: &[&str] = &["1", "2", "3", "4+"];
+
 /// Termination reasons of watchdog.md "Termination".
 pub const TERMINATION_REASONS: &[&str] = &["deadline", "max_lifetime", "run_ended", "leftover"];
 

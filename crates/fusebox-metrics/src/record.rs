@@ -1,9 +1,10 @@
 //! The typed recording API. Callers pass spec vocabulary (event types, actions, reason
 //! codes …) as strings; each is bounded before it becomes a label value.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::labels::{INSTANCE_STATES, PARTITION_CHANGES, TERMINATION_REASONS};
+use crate::labels::{DEPTHS, INSTANCE_STATES, PARTITION_CHANGES, TERMINATION_REASONS};
 use crate::registry::Metrics;
 
 /// Gauges are i64 inside; a count beyond that is not a real count, so clamp.
@@ -70,6 +71,21 @@ impl Metrics {
 
     pub fn set_runs_active(&self, runs: u64) {
         self.runs_active.set(gauge_value(runs));
+    }
+
+    /// Open sub-agents by depth below their root (1, 2, …); every depth bucket is set, so
+    /// one that emptied shows 0, and depths past the last bucket count in it.
+    pub fn set_subagents_active(&self, by_depth: &BTreeMap<u32, u64>) {
+        let last = DEPTHS.len() - 1;
+        let mut buckets = vec![0u64; DEPTHS.len()];
+        for (&depth, &n) in by_depth.range(1..) {
+            buckets[(depth as usize - 1).min(last)] += n;
+        }
+        for (label, n) in DEPTHS.iter().zip(buckets) {
+            self.subagents_active
+                .with_label_values(&[*label])
+                .set(gauge_value(n));
+        }
     }
 
     /// How long the start-up rebuild (snapshot + log tail) took.

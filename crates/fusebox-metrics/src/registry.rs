@@ -63,6 +63,7 @@ pub struct Metrics {
     pub(crate) gate_latency: Histogram,
     pub(crate) log_commit: Histogram,
     pub(crate) runs_active: IntGauge,
+    pub(crate) subagents_active: IntGaugeVec,
     pub(crate) runs_stopped: IntCounterVec,
     pub(crate) replay: Gauge,
     pub(crate) nats_connected: IntGauge,
@@ -114,6 +115,7 @@ impl Metrics {
             gate_latency: b.histogram(&cat::GATE_LATENCY, GATE_LATENCY_BUCKETS)?,
             log_commit: b.histogram(&cat::LOG_COMMIT, LOG_COMMIT_BUCKETS)?,
             runs_active: b.int_gauge(&cat::RUNS_ACTIVE)?,
+            subagents_active: b.gauge_vec(&cat::SUBAGENTS_ACTIVE)?,
             runs_stopped: b.counter_vec(&cat::RUNS_STOPPED)?,
             replay: b.gauge(&cat::REPLAY)?,
             nats_connected: b.int_gauge(&cat::NATS_CONNECTED)?,
@@ -153,6 +155,9 @@ impl Metrics {
         }
         for state in labels::INSTANCE_STATES {
             self.watchdog_instances.with_label_values(&[*state]).set(0);
+        }
+        for depth in labels::DEPTHS {
+            self.subagents_active.with_label_values(&[*depth]).set(0);
         }
         for reason in labels::TERMINATION_REASONS {
             self.watchdog_held_total

@@ -172,6 +172,26 @@ fn watchdog_instance_states_are_replaced_not_accumulated() {
 }
 
 #[test]
+fn sub_agents_are_counted_in_bounded_depth_buckets() {
+    let m = Metrics::new("t", MetricsOptions::default()).unwrap();
+    // (open sub-agents by depth, the buckets 1, 2, 3, 4+)
+    let cases = [
+        (vec![], [0, 0, 0, 0]),
+        (vec![(1, 5), (2, 2), (3, 1), (4, 1), (9, 2)], [5, 2, 1, 3]),
+        // A bucket that emptied shows 0, not its last count.
+        (vec![(2, 1)], [0, 1, 0, 0]),
+    ];
+    for (by_depth, want) in cases {
+        m.set_subagents_active(&by_depth.iter().copied().collect());
+        let text = m.encode().unwrap();
+        for (depth, n) in ["1", "2", "3", "4+"].iter().zip(want) {
+            let line = format!("fusebox_subagents_active{{depth=\"{depth}\"}} {n}");
+            assert!(text.contains(&line), "{by_depth:?}: {line}\n{text}");
+        }
+    }
+}
+
+#[test]
 fn configured_regions_start_with_zeroed_termination_series() {
     let m = Metrics::new("t", MetricsOptions::default()).unwrap();
     m.init_watchdog_regions(&["us-east-1"]);

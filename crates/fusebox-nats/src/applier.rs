@@ -485,6 +485,7 @@ impl<S: GuardStore> Applier<S> {
             self.submit(events, touched)?;
         }
         self.observer.runs_active(self.wakes.open_runs() as u64);
+        self.observer.subagents_active(self.wakes.open_subagents());
         Ok(())
     }
 }

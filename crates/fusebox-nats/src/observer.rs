@@ -1,6 +1,7 @@
 //! What the service reports as it works. `fuseboxd` implements this over
 //! `fusebox-metrics`; keeping it a trait keeps this crate free of the metrics registry.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fusebox_core::Decision;
@@ -21,6 +22,8 @@ pub trait Observer: Send + Sync + 'static {
     /// One `submit_batch` (apply + flush).
     fn log_commit(&self, _elapsed: Duration) {}
     fn runs_active(&self, _runs: u64) {}
+    /// Open sub-agents (runs started with a parent) by their depth below the root.
+    fn subagents_active(&self, _by_depth: &BTreeMap<u32, u64>) {}
     fn nats_connected(&self, _connected: bool) {}
     /// The JetStream consumer is bound and pulling.
     fn consumer_bound(&self, _bound: bool) {}

@@ -12,7 +12,7 @@
 //! run at every timer: a daemon holds thousands of idle runs, and the timer runs on the
 //! thread that applies batches.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use fusebox_core::event::Tick;
@@ -37,12 +37,16 @@ pub(crate) struct Wakes {
     runs: HashMap<RunKey, Indexed>,
     /// The due instants, earliest first.
     queue: BTreeSet<(Instant, RunKey)>,
+    /// Open sub-agents (runs at depth 1 and below in a tree of runs) by depth, counted
+    /// with `runs` (a run's depth is set by its own `run_started`).
+    subagents: BTreeMap<u32, u64>,
 }
 
 #[derive(Clone, Copy)]
 struct Indexed {
     seen: Instant,
     due: Option<Instant>,
+    depth: u32,
 }
 
 impl Wakes {
@@ -70,6 +74,11 @@ impl Wakes {
         self.runs.len()
     }
 
+    /// Open sub-agents by depth (1, 2, …), as of the last [`Wakes::due`].
+    pub(crate) fn open_subagents(&self) -> &BTreeMap<u32, u64> {
+        &self.subagents
+    }
+
     /// The ticks due at `now`, one per run whose wake has come.
     pub(crate) fn due(&mut self, engine: &Engine, now: Instant) -> Vec<Event> {
         for (key, seen) in std::mem::take(&mut self.changed) {
@@ -90,7 +99,7 @@ impl Wakes {
             indexed.due = None;
             let seen = indexed.seen;
             let Some(run) = open(engine, &key) else {
-                self.runs.remove(&key);
+                self.forget(&key);
                 continue;
             };
             let (wake, at) = wake(engine, &key, run, seen);
@@ -105,12 +114,42 @@ impl Wakes {
 
     fn index(&mut self, engine: &Engine, key: RunKey, seen: Instant) {
         let Some(run) = open(engine, &key) else {
-            self.runs.remove(&key);
+            self.forget(&key);
             return;
         };
         let (_, at) = wake(engine, &key, run, seen);
-        self.runs.insert(key.clone(), Indexed { seen, due: None });
+        let depth = run.node.depth;
+        let indexed = Indexed {
+            seen,
+            due: None,
+            depth,
+        };
+        if let Some(old) = self.runs.insert(key.clone(), indexed) {
+            self.count(old.depth, false);
+        }
+        self.count(depth, true);
         self.enqueue(key, at);
+    }
+
+    fn forget(&mut self, key: &RunKey) {
+        if let Some(old) = self.runs.remove(key) {
+            self.count(old.depth, false);
+        }
+    }
+
+    fn count(&mut self, depth: u32, open: bool) {
+        if depth == 0 {
+            return;
+        }
+        let n = self.subagents.entry(depth).or_default();
+        if open {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.subagents.remove(&depth);
+            }
+        }
     }
 
     fn enqueue(&mut self, key: RunKey, at: Instant) {
@@ -292,5 +331,53 @@ mod tests {
         );
         assert_eq!(daemon.due(60_000), []);
         assert_eq!(daemon.wakes.open_runs(), 2);
+    }
+
+    #[test]
+    fn open_sub_agents_are_counted_by_depth() {
+        let mut daemon = Daemon::new();
+        let start = |run: &str, parent: &str| {
+            let parent = match parent {
+                "" => String::new(),
+                p => format!(r#","parent":"{p}""#),
+            };
+            format!(
+                r#"{{"v":1,"id":"s","tenant":"t","run":"{run}","ts_ms":1,"type":"run_started"{parent}}}"#
+            )
+        };
+        let finish = |run: &str| {
+            format!(
+                r#"{{"v":1,"id":"f","tenant":"t","run":"{run}","ts_ms":2,"type":"run_finished"}}"#
+            )
+        };
+        // (events applied, open sub-agents by depth after the next timer)
+        let steps = [
+            (
+                vec![
+                    start("root", ""),
+                    start("a", "root"),
+                    start("b", "root"),
+                    start("a1", "a"),
+                ],
+                vec![(1, 2), (2, 1)],
+            ),
+            (vec![start("lone", "")], vec![(1, 2), (2, 1)]),
+            (vec![finish("a1")], vec![(1, 2)]),
+            (vec![finish("a"), finish("b")], vec![]),
+        ];
+        for (events, want) in steps {
+            for event in &events {
+                daemon.apply(0, event);
+            }
+            daemon.due(0);
+            let got: Vec<(u32, u64)> = daemon
+                .wakes
+                .open_subagents()
+                .iter()
+                .map(|(d, n)| (*d, *n))
+                .collect();
+            assert_eq!(got, want, "after {events:?}");
+        }
+        assert_eq!(daemon.wakes.open_runs(), 2, "the root and the lone run");
     }
 }

@@ -1,5 +1,6 @@
 //! The service's observations, recorded in `fusebox-metrics` (and `/readyz`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +53,10 @@ impl Observer for MetricsObserver {
 
     fn runs_active(&self, runs: u64) {
         self.metrics.set_runs_active(runs);
+    }
+
+    fn subagents_active(&self, by_depth: &BTreeMap<u32, u64>) {
+        self.metrics.set_subagents_active(by_depth);
     }
 
     fn nats_connected(&self, connected: bool) {

@@ -13,6 +13,7 @@ pub fn metrics_with_every_metric_touched(options: MetricsOptions) -> Metrics {
     m.observe_gate_latency(Duration::from_micros(180));
     m.observe_log_commit(Duration::from_micros(900));
     m.set_runs_active(3);
+    m.set_subagents_active(&[(1, 2), (2, 1)].into());
     m.run_stopped("acme", "STOPPED_LOOP_GUARD", "no_progress");
     m.set_replay_duration(Duration::from_millis(40));
     m.set_nats_connected(true);

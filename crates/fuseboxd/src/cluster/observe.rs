@@ -15,9 +15,10 @@ pub struct Totals {
     partitions: Mutex<BTreeMap<u32, Gauges>>,
 }
 
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone)]
 struct Gauges {
     runs_active: u64,
+    subagents_active: BTreeMap<u32, u64>,
     consumer_lag: u64,
     consumer_bound: bool,
 }
@@ -39,6 +40,11 @@ impl PartitionObserver {
 
 fn report(inner: &dyn Observer, partitions: &BTreeMap<u32, Gauges>) {
     inner.runs_active(partitions.values().map(|g| g.runs_active).sum());
+    let mut subagents = BTreeMap::new();
+    for (depth, n) in partitions.values().flat_map(|g| &g.subagents_active) {
+        *subagents.entry(*depth).or_insert(0) += n;
+    }
+    inner.subagents_active(&subagents);
     inner.consumer_lag(partitions.values().map(|g| g.consumer_lag).sum());
     inner.consumer_bound(!partitions.is_empty() && partitions.values().all(|g| g.consumer_bound));
 }
@@ -80,6 +86,9 @@ impl Observer for PartitionObserver {
     fn runs_active(&self, runs: u64) {
         self.update(|g| g.runs_active = runs)
     }
+    fn subagents_active(&self, by_depth: &BTreeMap<u32, u64>) {
+        self.update(|g| g.subagents_active.clone_from(by_depth))
+    }
     fn consumer_lag(&self, messages: u64) {
         self.update(|g| g.consumer_lag = messages)
     }
@@ -93,11 +102,14 @@ mod tests {
     use super::*;
 
     #[derive(Default)]
-    struct Last(Mutex<(u64, bool)>);
+    struct Last(Mutex<(u64, bool)>, Mutex<BTreeMap<u32, u64>>);
 
     impl Observer for Last {
         fn runs_active(&self, runs: u64) {
             self.0.lock().unwrap().0 = runs;
+        }
+        fn subagents_active(&self, by_depth: &BTreeMap<u32, u64>) {
+            self.1.lock().unwrap().clone_from(by_depth);
         }
         fn consumer_bound(&self, bound: bool) {
             self.0.lock().unwrap().1 = bound;
@@ -117,11 +129,15 @@ mod tests {
         let (p0, p1) = (observer(0), observer(1));
         p0.runs_active(3);
         p1.runs_active(4);
+        p0.subagents_active(&[(1, 2)].into());
+        p1.subagents_active(&[(1, 1), (2, 1)].into());
         p0.consumer_bound(true);
         assert_eq!(*last.0.lock().unwrap(), (7, false), "p1 is not bound yet");
+        assert_eq!(*last.1.lock().unwrap(), [(1, 3), (2, 1)].into());
         p1.consumer_bound(true);
         assert_eq!(*last.0.lock().unwrap(), (7, true));
         totals.forget(&*inner, 1);
         assert_eq!(*last.0.lock().unwrap(), (3, true));
+        assert_eq!(*last.1.lock().unwrap(), [(1, 2)].into());
     }
 }
