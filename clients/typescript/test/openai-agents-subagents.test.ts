@@ -20,6 +20,7 @@ import { OpenAIAgentsGuard } from "../src/adapters/openai-agents.js";
 import { Fusebox, type RunOptions, RunStopped } from "../src/index.js";
 import {
   freshRun,
+  fuseboxCancel,
   listIssuesOutput,
   runStatus,
   searchOutput,
@@ -136,7 +137,8 @@ function taskOf(request: ModelRequest): string {
   return Array.isArray(content) ? content.map((c: { text?: string }) => c.text ?? "").join("") : "";
 }
 
-function tools(log: ToolLog) {
+/** The work tools; `onList` runs inside each `list_issues` execution. */
+function tools(log: ToolLog, onList?: () => Promise<void>) {
   return [
     tool({
       name: "search",
@@ -153,13 +155,14 @@ function tools(log: ToolLog) {
       parameters: z.object({ page: z.number() }),
       execute: async ({ page }) => {
         log.calls.push(["list_issues", page]);
+        await onList?.();
         return listIssuesOutput(page);
       },
     }),
   ];
 }
 
-function researcher(script: ResearcherScript, log: ToolLog): Agent {
+function researcher(script: ResearcherScript, log: ToolLog, onList?: () => Promise<void>): Agent {
   return new Agent({
     name: "researcher",
     instructions: "Research the topic you are given.",
@@ -167,7 +170,7 @@ function researcher(script: ResearcherScript, log: ToolLog): Agent {
       "res",
       (turn, task) => researcherCalls(script, turn) ?? reportOf(task),
     ),
-    tools: tools(log),
+    tools: tools(log, onList),
   });
 }
 
@@ -274,6 +277,66 @@ describe("OpenAI Agents JS sub-agents", () => {
       read[1] ?? "",
       /^fusebox stopped the sub-agent researcher \(run .*-researcher-2\): STOPPED_LOOP_GUARD \(spawn_limit\): sub-agent not started: run .* has started 1 sub-agents \(max_children 1\)\. Its task is not done/,
     );
+  });
+
+  test("agents shared by two runs at once: each call goes to its own run's tree", async () => {
+    const [first, second] = [await guarded("shared-a"), await guarded("shared-b")];
+    const log = new ToolLog();
+    // Made once, with the first guard: the SDK's objects serve every run.
+    const { agent } = lead("fan_out", log, researchTool(first, researcher("pages", log)));
+    const results = await Promise.all(
+      [first, second].map((guard) => guard.runAgent(agent, "triage the queue", { maxTurns: 10 })),
+    );
+    assert.deepEqual(
+      results.map((r) => r.finalOutput),
+      ["done", "done"],
+    );
+    for (const guard of [first, second]) {
+      const nodes = await tree(fb.nats, guard.run.id);
+      assert.equal(nodes.get(guard.run.id)?.calls.length, 2, guard.run.id);
+      const kids = children(nodes, guard.run.id);
+      assert.equal(kids.length, 2);
+      for (const kid of kids) assert.deepEqual(executed(kid), ["list_issues", "list_issues"]);
+    }
+  });
+
+  test("a cancel of the root through the operator API ends its sub-agents", async () => {
+    const guard = await guarded("cancel");
+    const log = new ToolLog();
+    // Both sub-agents inside their first call when the operator cancels the root.
+    let arrived = 0;
+    let release = () => {};
+    const released = new Promise<void>((done) => {
+      release = done;
+    });
+    const cancelWhenBothIn = async () => {
+      arrived += 1;
+      if (arrived === 2) {
+        await fuseboxCancel(stack, guard.run.id, "tree review");
+        release();
+      }
+      await released;
+    };
+    const research = researchTool(guard, researcher("pages", log, cancelWhenBothIn));
+    const { agent } = lead("fan_out", log, research);
+    const err = await guard.runAgent(agent, "triage the queue", { maxTurns: 10 }).then(
+      () => assert.fail("the run was not stopped"),
+      (e: unknown) => e,
+    );
+    assert.ok(err instanceof RunStopped, String(err));
+    assert.equal(err.report?.terminal_state, "CANCELLED");
+    const nodes = await tree(fb.nats, guard.run.id);
+    const kids = children(nodes, guard.run.id);
+    assert.equal(kids.length, 2);
+    for (const kid of kids) {
+      assert.equal(kid.reason, "ancestor_stopped", kid.run);
+      assert.equal(kid.stoppedBy, guard.run.id);
+    }
+    // No sub-agent went on after the cancel: each finished the call it was in, no more.
+    assert.deepEqual(log.calls, [
+      ["list_issues", 1],
+      ["list_issues", 1],
+    ]);
   });
 
   function triage(billing: Agent) {
