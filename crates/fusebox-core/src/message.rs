@@ -278,6 +278,17 @@ pub fn stop(report: &StopReport) -> String {
                 .unwrap_or("an operation never answered")
         ),
         Reason::Completed | Reason::RunClosed => "the run has finished".to_owned(),
+        Reason::AgentFailed => "the agent reported that it failed".to_owned(),
+        // The tree's stops say which run and which budget or cap: the detail is that.
+        Reason::AncestorStopped
+        | Reason::TreeBudget
+        | Reason::SpawnLimit
+        | Reason::ConcurrencyLimit
+        | Reason::DepthLimit
+        | Reason::SubtaskRepeat => report
+            .detail
+            .clone()
+            .unwrap_or_else(|| report.reason.as_str().to_owned()),
         other => format!("{} (a tool reported a fatal error)", other.as_str()),
     };
     let next = match report.terminal_state {

@@ -50,3 +50,38 @@ fn a_repeat_is_told_how_often_it_ran_and_how_often_it_was_refused() {
         "{message}"
     );
 }
+
+#[test]
+fn a_tree_stop_says_which_run_and_which_cap_or_budget() {
+    let mut engine = Engine::default();
+    let seq = &mut 0;
+    let start = |run: &str, parent: Option<&str>| {
+        let mut body = json!({"type":"run_started","policy":{"max_open_children":1}});
+        if let Some(parent) = parent {
+            body["parent"] = json!(parent);
+        }
+        (run.to_owned(), body)
+    };
+    let mut apply_to = |(run, body): (String, Value)| {
+        *seq += 1;
+        let mut event =
+            json!({"v":1,"id":format!("e{seq}"),"tenant":"t","run":run,"ts_ms":1000 + *seq});
+        event
+            .as_object_mut()
+            .unwrap()
+            .extend(body.as_object().unwrap().clone());
+        engine.apply(&parse_event(event.to_string().as_bytes()).expect("valid"))
+    };
+    apply_to(start("lead", None));
+    apply_to(start("first", Some("lead")));
+    let refused = apply_to(start("second", Some("lead")));
+    assert_eq!(refused.action, Action::Stop);
+    let message = refused.message.unwrap();
+    assert!(
+        message.contains(
+            "sub-agent not started: run lead has 1 sub-agents running (max_open_children 1)"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains("fatal"), "{message}");
+}
