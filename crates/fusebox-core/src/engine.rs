@@ -351,5 +351,12 @@ fn run_started(
         run.node.parent = Some(parent.id.clone());
         run.node.depth = depth;
     }
-    decision(event, None, Action::Continue)
+    let mut decided = decision(event, None, Action::Continue);
+    if let (Some(parent), None) = (&started.parent, &run.node.parent) {
+        // Not refused: the parent may live on another daemon of a cluster, or start late.
+        decided.message = Some(format!(
+            "run {parent}, named as this run's parent, is not known to this guard (not started, or served by another daemon): this run is a root, with budgets of its own"
+        ));
+    }
+    decided
 }
