@@ -10,6 +10,16 @@
 //!
 //! A prompt the user submits (UserPromptSubmit) is a `prompt` event: the session's next
 //! task. Its words never leave the hook — the guard needs the moment, not the text.
+//!
+//! A sub-agent (the Agent tool) is a child run of the session's run: every hook of a
+//! sub-agent carries its `agent_id` (the main agent's none; `agent_type` alone also marks
+//! a main agent run with `--agent`), and its events go to the sub-agent's run, which the
+//! caller resolves ([`crate::sub_agent_run`]) and opens with [`crate::sub_agent_started`]
+//! at its SubagentStart, or at its first call when that was missed. A stop of the
+//! sub-agent's run answers its call with a deny **and** `continue: false`, which ends the
+//! sub-agent alone (2.1.327: the main agent goes on, reading "Subagent completed but
+//! returned no output"), so the caller adds the stop to the sub-agent's result
+//! ([`sub_agent_stopped_context`]).
 
 use fusebox_core::event::hex_sha256;
 use fusebox_core::event::{
@@ -18,8 +28,8 @@ use fusebox_core::event::{
 use fusebox_core::{Action, Decision, Event, EventBody};
 
 use crate::common::{
-    checked, completed_reason, message_of, observe_context, prompt_refused, unasked_reason,
-    unguarded_note, Operations,
+    checked, completed_reason, message_of, observe_context, prompt_refused, sub_agent_refused,
+    sub_agent_stopped_note, unasked_reason, unguarded_note, Operations,
 };
 pub use crate::common::{run_id, Outcome};
 use serde::{Deserialize, Deserializer};
@@ -40,6 +50,13 @@ pub enum HookEvent {
     /// Fired at the end of every answer; an interactive session goes on with the next
     /// prompt under the same session id, so this does not close the run.
     Stop,
+    /// A sub-agent starts (again, when the main agent continues it with SendMessage):
+    /// its run is opened by the caller. Its answer can give the sub-agent words, not
+    /// prevent it.
+    SubagentStart,
+    /// A sub-agent ended: its run is finished. Never answered with a block, which would
+    /// make the sub-agent go on.
+    SubagentStop,
     SessionEnd,
     Other,
 }
@@ -54,6 +71,8 @@ impl HookEvent {
             "PreCompact" => HookEvent::PreCompact,
             "UserPromptSubmit" => HookEvent::UserPromptSubmit,
             "Stop" => HookEvent::Stop,
+            "SubagentStart" => HookEvent::SubagentStart,
+            "SubagentStop" => HookEvent::SubagentStop,
             "SessionEnd" => HookEvent::SessionEnd,
             _ => HookEvent::Other,
         }
@@ -129,6 +148,26 @@ impl Payload {
         self.event() == HookEvent::SessionStart && self.source.as_deref() == Some("resume")
     }
 
+    /// The sub-agent whose hook this is; `None` for the main agent's.
+    pub fn sub_agent(&self) -> Option<&str> {
+        self.agent_id.as_deref().filter(|id| !id.is_empty())
+    }
+
+    /// The sub-agent a main agent's Agent call ran, when its result is the sub-agent's
+    /// end (`tool_response.agentId`; not a background launch, whose end comes later).
+    pub fn ran_sub_agent(&self) -> Option<&str> {
+        let ran = self.event() == HookEvent::PostToolUse
+            && self.sub_agent().is_none()
+            && matches!(self.tool_name.as_deref(), Some("Agent" | "Task"));
+        let response = self.tool_response.as_ref().filter(|_| ran)?;
+        let launched = response.get("isAsync") == Some(&Value::Bool(true))
+            || response.get("status").and_then(Value::as_str) == Some("async_launched");
+        response
+            .get("agentId")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty() && !launched)
+    }
+
     /// A UserPromptSubmit of the user's: the main agent's, not a task's completion notice,
     /// and from the user where the payload says who wrote it.
     pub fn users_prompt(&self) -> bool {
@@ -156,7 +195,10 @@ impl Payload {
 
 /// The guard event for a payload; `None` for hook events fusebox has nothing to say
 /// about. `ts_ms` is the event time (the caller's clock); `operations` says which calls
-/// carry an op_key.
+/// carry an op_key. `run` is the run the payload is of: the session's, or for a
+/// sub-agent's payload the sub-agent's. A SubagentStart is `None`: the caller opens the
+/// sub-agent's run ([`crate::sub_agent_started`]), as it does when the first hook it sees
+/// of a sub-agent is another.
 pub fn event_for(
     payload: &Payload,
     operations: &Operations,
@@ -260,6 +302,9 @@ pub fn event_for(
                 .ok_or_else(|| format!("{} payload without prompt_id", payload.hook_event_name))?;
             envelope(format!("cc-prompt-{id}"), EventBody::Prompt(Prompt {}))
         }
+        HookEvent::SubagentStop => {
+            crate::sub_agent_finished("cc", tenant, run, "sub-agent ended", ts_ms)
+        }
         HookEvent::SessionEnd => envelope(
             "cc-session-end".to_owned(),
             EventBody::RunFinished(RunFinished {
@@ -269,7 +314,10 @@ pub fn event_for(
                 )),
             }),
         ),
-        HookEvent::UserPromptSubmit | HookEvent::Stop | HookEvent::Other => return Ok(None),
+        HookEvent::UserPromptSubmit
+        | HookEvent::Stop
+        | HookEvent::SubagentStart
+        | HookEvent::Other => return Ok(None),
     };
     // A payload the daemon would refuse is this hook's error, said here, not a refusal
     // from the guard.
@@ -300,6 +348,17 @@ pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
             json!({"decision": "block", "reason": prompt_refused(&message_of(decision))})
         }
         (HookEvent::UserPromptSubmit, _) => json!({}),
+        // The sub-agent's start, refused (a cap, a stopped session): the sub-agent is
+        // told at once; its calls are refused with the same report.
+        (HookEvent::SubagentStart, Outcome::Decided(decision))
+            if decision.action == Action::Stop =>
+        {
+            json!({"hookSpecificOutput": {
+                "hookEventName": "SubagentStart",
+                "additionalContext": sub_agent_refused(&message_of(decision)),
+            }})
+        }
+        (HookEvent::SubagentStart | HookEvent::SubagentStop, _) => json!({}),
         (_, Outcome::Decided(decision)) if decision.action == Action::Stop => json!({
             "continue": false,
             "stopReason": message_of(decision),
@@ -316,6 +375,25 @@ pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
         }
         _ => json!({}),
     }
+}
+
+/// `answer` with `words` added to what the model reads after the call (PostToolUse
+/// `additionalContext`), after the guard's own.
+pub fn with_context(mut answer: Value, event: HookEvent, words: &str) -> Value {
+    let specific = &mut answer["hookSpecificOutput"];
+    let context = match specific.get("additionalContext").and_then(Value::as_str) {
+        Some(said) => format!("{said}\n{words}"),
+        None => words.to_owned(),
+    };
+    specific["hookEventName"] = json!(name(event));
+    specific["additionalContext"] = json!(context);
+    answer
+}
+
+/// The words the main agent reads with the result of an Agent call whose sub-agent the
+/// guard stopped (`report`: what the sub-agent's refused call was told).
+pub fn sub_agent_stopped_context(agent_id: &str, report: &str) -> String {
+    sub_agent_stopped_note(agent_id, report)
 }
 
 fn pre_tool_use(decision: &Decision) -> Value {
@@ -363,6 +441,8 @@ fn name(event: HookEvent) -> &'static str {
         HookEvent::PreCompact => "PreCompact",
         HookEvent::UserPromptSubmit => "UserPromptSubmit",
         HookEvent::Stop => "Stop",
+        HookEvent::SubagentStart => "SubagentStart",
+        HookEvent::SubagentStop => "SubagentStop",
         HookEvent::SessionEnd => "SessionEnd",
         HookEvent::Other => "Other",
     }

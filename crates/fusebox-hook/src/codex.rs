@@ -14,6 +14,12 @@
 //! A prompt the user submits (UserPromptSubmit) is a `prompt` event, without its words;
 //! a stopped session's prompt is blocked. Codex fires the hook in every sub-agent too,
 //! with the spawn message as the prompt: that one is not the user's.
+//!
+//! A sub-agent (`spawn_agent`) is a child run of the session's run, as for Claude Code:
+//! its hooks carry its `agent_id` (its thread id; `session_id` is the parent's, while
+//! `transcript_path` and `turn_id` are the sub-agent's own), SubagentStart opens its run
+//! and SubagentStop finishes it (the caller resolves which run). A stopped sub-agent's
+//! later calls are denied with its kept stop report, as a session's are.
 
 use fusebox_core::event::hex_sha256;
 use fusebox_core::event::{
@@ -25,7 +31,7 @@ use serde_json::{json, Value};
 
 use crate::common::{
     checked, completed_reason, lines_in_one_order, message_of, observe_context, prompt_refused,
-    unasked_reason, unguarded_note, Operations,
+    sub_agent_refused, unasked_reason, unguarded_note, Operations,
 };
 
 /// Codex's shell tool, as its hooks name it.
@@ -45,6 +51,12 @@ pub enum HookEvent {
     /// A compaction. Its PostCompact twin is not counted again (one compaction, one
     /// event).
     PreCompact,
+    /// A sub-agent starts: the caller opens its run. Its answer can give the sub-agent
+    /// words (`additionalContext`), not prevent it (0.171 ignores `continue: false`).
+    SubagentStart,
+    /// A sub-agent ended (in place of its Stop): its run is finished. Never answered with
+    /// a block, which would make the sub-agent go on.
+    SubagentStop,
     /// Not Stop: that fires at the end of every turn of an interactive session.
     SessionEnd,
     Other,
@@ -58,6 +70,8 @@ impl HookEvent {
             "PreToolUse" => HookEvent::PreToolUse,
             "PostToolUse" => HookEvent::PostToolUse,
             "PreCompact" => HookEvent::PreCompact,
+            "SubagentStart" => HookEvent::SubagentStart,
+            "SubagentStop" => HookEvent::SubagentStop,
             "SessionEnd" => HookEvent::SessionEnd,
             _ => HookEvent::Other,
         }
@@ -106,6 +120,11 @@ impl Payload {
         self.event() == HookEvent::SessionStart && self.source.as_deref() == Some("resume")
     }
 
+    /// The sub-agent whose hook this is; `None` for the main agent's.
+    pub fn sub_agent(&self) -> Option<&str> {
+        self.agent_id.as_deref().filter(|id| !id.is_empty())
+    }
+
     /// A UserPromptSubmit of the user's, not a sub-agent's.
     pub fn users_prompt(&self) -> bool {
         self.event() == HookEvent::UserPromptSubmit && self.agent_id.is_none()
@@ -128,7 +147,10 @@ impl Payload {
 /// The guard event for a payload; `None` for hook events fusebox has nothing to say
 /// about. Ids come from the payload (`tool_use_id`, `turn_id`), so a hook run twice is
 /// applied once. `transcript_len` is the size of the payload's `transcript_path` when
-/// the hook ran: it tells one compaction from the next (see PreCompact below).
+/// the hook ran: it tells one compaction from the next (see PreCompact below). `run` is
+/// the run the payload is of: the session's, or for a sub-agent's payload the
+/// sub-agent's. A SubagentStart is `None`: the caller opens the sub-agent's run
+/// ([`crate::sub_agent_started`]).
 pub fn event_for(
     payload: &Payload,
     operations: &Operations,
@@ -225,6 +247,9 @@ pub fn event_for(
                 }),
             )
         }
+        HookEvent::SubagentStop => {
+            crate::sub_agent_finished("cx", tenant, run, "sub-agent ended", ts_ms)
+        }
         HookEvent::SessionEnd => envelope(
             "cx-session-end".to_owned(),
             EventBody::RunFinished(RunFinished {
@@ -234,7 +259,9 @@ pub fn event_for(
                 )),
             }),
         ),
-        HookEvent::UserPromptSubmit | HookEvent::Other => return Ok(None),
+        HookEvent::UserPromptSubmit | HookEvent::SubagentStart | HookEvent::Other => {
+            return Ok(None)
+        }
     };
     checked(event, &payload.hook_event_name).map(Some)
 }
@@ -252,18 +279,41 @@ pub fn stop_kept(outcome: &Outcome) -> Option<String> {
 /// stop report without asking the daemon again: a call is denied, the user's prompt
 /// blocked; `None` for the hooks a stop does not answer.
 pub fn kept_stop_answer(payload: &Payload, report: &str) -> Option<Value> {
+    let whose = Whose::of(payload);
     match payload.event() {
-        HookEvent::PreToolUse => Some(call_stopped(report)),
+        HookEvent::PreToolUse => Some(call_stopped(report, whose)),
         HookEvent::UserPromptSubmit if payload.users_prompt() => Some(prompt_blocked(report)),
         _ => None,
     }
 }
 
-fn call_stopped(report: &str) -> Value {
-    deny(&format!(
-        "{report}\nThis session's run is stopped: every further tool call is refused. \
-         End the turn and tell the user."
-    ))
+/// Whose run a hook's payload is of: the words of a stop say what to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whose {
+    Session,
+    SubAgent,
+}
+
+impl Whose {
+    pub fn of(payload: &Payload) -> Whose {
+        match payload.sub_agent() {
+            Some(_) => Whose::SubAgent,
+            None => Whose::Session,
+        }
+    }
+}
+
+fn call_stopped(report: &str, whose: Whose) -> Value {
+    deny(&match whose {
+        Whose::Session => format!(
+            "{report}\nThis session's run is stopped: every further tool call is refused. \
+             End the turn and tell the user."
+        ),
+        Whose::SubAgent => format!(
+            "{report}\nThis sub-agent's run is stopped: every further tool call is refused. \
+             End now, and say in your answer that the guard stopped you and why."
+        ),
+    })
 }
 
 /// The turn ends before the model is asked (`codex exec` 0.171 prints only
@@ -272,10 +322,15 @@ fn prompt_blocked(report: &str) -> Value {
     json!({"decision": "block", "reason": prompt_refused(report)})
 }
 
-/// The hook's answer on stdout for `event`.
+/// The hook's answer on stdout for `event` of the session's run.
 pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
+    answer_as(event, outcome, Whose::Session)
+}
+
+/// The hook's answer on stdout for `event` of a run of `whose`.
+pub fn answer_as(event: HookEvent, outcome: &Outcome, whose: Whose) -> Value {
     match (event, outcome) {
-        (HookEvent::PreToolUse, Outcome::Decided(decision)) => pre_tool_use(decision),
+        (HookEvent::PreToolUse, Outcome::Decided(decision)) => pre_tool_use(decision, whose),
         (HookEvent::PreToolUse, Outcome::Failed { allowed: true, why }) => {
             context("PreToolUse", &unguarded_note(why))
         }
@@ -293,6 +348,13 @@ pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
         {
             prompt_blocked(&message_of(decision))
         }
+        // The sub-agent's start, refused (a cap, a stopped session): the sub-agent is told
+        // at once; its calls are refused with the same report.
+        (HookEvent::SubagentStart, Outcome::Decided(decision))
+            if decision.action == Action::Stop =>
+        {
+            context("SubagentStart", &sub_agent_refused(&message_of(decision)))
+        }
         // The model goes on after a result whatever the hook says; the stop report is
         // what it reads, and the next call is denied with it.
         (HookEvent::PostToolUse, Outcome::Decided(decision)) => match observe_context(decision) {
@@ -303,14 +365,14 @@ pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
     }
 }
 
-fn pre_tool_use(decision: &Decision) -> Value {
+fn pre_tool_use(decision: &Decision, whose: Whose) -> Value {
     let message = message_of(decision);
     match decision.action {
         // Nothing: "allow" would skip the user's own approval policy.
         Action::Execute => json!({}),
         Action::Warn => context("PreToolUse", &message),
         Action::UseCompletedResult => deny(&completed_reason(decision)),
-        Action::Stop => call_stopped(&message),
+        Action::Stop => call_stopped(&message, whose),
         // Block, and any action that does not let the tool run.
         _ => deny(&message),
     }

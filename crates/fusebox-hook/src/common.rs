@@ -27,6 +27,77 @@ pub fn run_id(session_id: &str) -> String {
     format!("{cleaned}-{suffix}")
 }
 
+/// The first run of sub-agent `agent_id` of the session run `session_run`:
+/// `<session run>-<agent id>`, in the run id charset (see [`run_id`]). The run is a
+/// child of the session's run (guard contract §6); a sub-agent continued after it ended
+/// goes on in `<that>-2`, `-3` … (the caller keeps which).
+pub fn sub_agent_run(session_run: &str, agent_id: &str) -> String {
+    run_id(&format!("{session_run}-{agent_id}"))
+}
+
+/// A sub-agent's `run_started`: a child of the session's run, with the session's agent
+/// name, so its tool knowledge and policy apply to the sub-agent's calls too. `prefix`
+/// names the protocol in the event id (`cc`, `cx`); one id per run, so a start sent
+/// twice (its SubagentStart, and the first call of a sub-agent whose start was not seen)
+/// is applied once.
+pub fn sub_agent_started(
+    prefix: &str,
+    tenant: &str,
+    run: &str,
+    parent: &str,
+    agent: &str,
+    ts_ms: u64,
+) -> Event {
+    Event {
+        v: 1,
+        id: format!("{prefix}-subagent-start"),
+        tenant: tenant.to_owned(),
+        run: run.to_owned(),
+        seq: None,
+        ts_ms,
+        body: EventBody::RunStarted(fusebox_core::event::RunStarted {
+            agent: Some(agent.to_owned()),
+            tools: None,
+            policy: None,
+            parent: Some(parent.to_owned()),
+        }),
+    }
+}
+
+/// A sub-agent's `run_finished`: it ended (its SubagentStop), or its session did while
+/// it was still open.
+pub fn sub_agent_finished(prefix: &str, tenant: &str, run: &str, why: &str, ts_ms: u64) -> Event {
+    Event {
+        v: 1,
+        id: format!("{prefix}-subagent-stop"),
+        tenant: tenant.to_owned(),
+        run: run.to_owned(),
+        seq: None,
+        ts_ms,
+        body: EventBody::RunFinished(fusebox_core::event::RunFinished {
+            status: Some(why.to_owned()),
+        }),
+    }
+}
+
+/// What a sub-agent the guard refused to start is told before its first call (the
+/// agents let a sub-agent's start hook add context, not prevent the start).
+pub fn sub_agent_refused(report: &str) -> String {
+    format!(
+        "{report}\nThe guard did not let this sub-agent start: every tool call it makes is \
+         refused. End now, and say in your answer that the guard refused to start you and why."
+    )
+}
+
+/// What the agent that started a sub-agent reads with the sub-agent's result when the
+/// guard stopped the sub-agent (its own answer does not say so).
+pub fn sub_agent_stopped_note(agent_id: &str, report: &str) -> String {
+    format!(
+        "fusebox: the guard stopped sub-agent {agent_id} before it finished; it was told: \
+         {report}"
+    )
+}
+
 /// Which tool calls name a business operation, and how much of such a call's result
 /// goes to the daemon: for the hooks what the MCP gateway's `op_key_arg` and
 /// `max_stored_result_bytes` are. The hook only names the operation and sends what it
@@ -212,5 +283,22 @@ mod tests {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
         }
+    }
+
+    #[test]
+    fn a_sub_agents_run_extends_its_sessions() {
+        let session = "418b4508-5f3f-48e9-adee-d7dbaac95e56";
+        assert_eq!(
+            sub_agent_run(session, "a34c78a2a729c0ecf"),
+            format!("{session}-a34c78a2a729c0ecf")
+        );
+        // Codex names a sub-agent by its thread id; anything else is made safe.
+        let codex = sub_agent_run(session, "01a24223-b348-77c3-8a39-9996fb074da6");
+        assert_eq!(codex.len(), 73);
+        let odd = sub_agent_run(session, "agent/1");
+        assert!(odd.starts_with(&format!("{session}-agent_1-")), "{odd}");
+        let long = sub_agent_run(&"s".repeat(120), "a34c78a2a729c0ecf");
+        assert_eq!(long.len(), 128);
+        assert_ne!(long, sub_agent_run(&"s".repeat(120), "b34c78a2a729c0ecf"));
     }
 }
