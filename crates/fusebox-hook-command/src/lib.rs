@@ -9,20 +9,23 @@
 //! agent's answer on stdout. Nothing is decided here. Closed on failure (`reply.rs`):
 //! whatever goes wrong, the agent gets an answer that refuses the call, in time, unless
 //! `--on-error allow` says otherwise. What outlives one process is kept in the state
-//! directory (`state_dir.rs`): a resumed session's run, Codex's kept stops, Gemini CLI's
-//! call numbering.
+//! directory (`state_dir.rs`): a resumed session's run, its sub-agents' runs
+//! (`sub_agents.rs`, routed by `routes.rs`), Codex's kept stops, Gemini CLI's call
+//! numbering.
 
 mod call_books;
-mod claude_code;
+pub mod claude_code;
 mod codex;
 pub mod connection;
 mod gemini_cli;
 mod kept_stops;
 pub mod operations;
 mod reply;
+pub mod routes;
 pub mod session_runs;
 pub mod settings;
 pub mod state_dir;
+pub mod sub_agents;
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -37,6 +40,7 @@ use fusebox_hook::{with_result_hashed, Operations};
 use connection::Connection;
 use operations::OperationArgs;
 use session_runs::SessionRuns;
+use sub_agents::SubAgents;
 
 /// The lean binary's name: what the printed settings run.
 pub const HOOK_BINARY: &str = "fusebox-hook";
@@ -46,26 +50,29 @@ pub const HOOK_BINARY: &str = "fusebox-hook";
 #[derive(Subcommand)]
 pub enum Agent {
     /// Claude Code's hook protocol (SessionStart, UserPromptSubmit, PreToolUse,
-    /// PostToolUse, PostToolUseFailure, PreCompact, SessionEnd).
+    /// PostToolUse, PostToolUseFailure, PreCompact, SubagentStart, SubagentStop,
+    /// SessionEnd).
     ///
     /// Setup: `fusebox hook claude-code --print-settings` prints the block for
     /// ~/.claude/settings.json (or a project's .claude/settings.json); merge its "hooks"
     /// into yours. Each tool call is then asked of fuseboxd first: a block or stop denies
     /// it with the guard's message as the reason, a warn reaches the model as context, a
     /// stop also ends the session, and a stopped session's next prompt is blocked. One
-    /// session is one run (tenant from --tenant), each prompt a task of it.
+    /// session is one run (tenant from --tenant), each prompt a task of it, each
+    /// sub-agent a child run of it (a stop of the sub-agent's run ends the sub-agent
+    /// alone).
     /// See docs/agents/claude-code.md.
     #[command(verbatim_doc_comment)]
     ClaudeCode(ClaudeCodeArgs),
     /// OpenAI Codex CLI's hook protocol (SessionStart, UserPromptSubmit, PreToolUse,
-    /// PostToolUse, PreCompact, SessionEnd).
+    /// PostToolUse, PreCompact, SubagentStart, SubagentStop, SessionEnd).
     ///
     /// Setup: `fusebox hook codex --print-config` prints the block for
     /// ~/.codex/config.toml; trust the hooks once (Codex skips untrusted hooks silently).
     /// A block or stop denies the call with the guard's message as the reason, a warn
     /// reaches the model as context. No hook answer can end a Codex turn, so after a stop
     /// every later call of the session is denied, and its prompts blocked, with the stop
-    /// report.
+    /// report. Each sub-agent is a child run of the session's run.
     /// See docs/agents/codex.md.
     #[command(verbatim_doc_comment)]
     Codex(CodexArgs),
@@ -260,10 +267,25 @@ impl<'a> Hook<'a> {
         outcome_of(gate, self.allowed())
     }
 
+    fn sub_agents(&self) -> SubAgents {
+        SubAgents::new(self.state_dir.clone())
+    }
+
     /// Connect and ask, the two together within `--timeout`. For a resumed session,
     /// first whether its run was closed by its end; then the session goes on in its next
     /// run (`session` names it).
     fn ask(&self, event: &mut fusebox_core::Event, resumed: Option<&str>) -> Gate {
+        let mut events = vec![event.clone()];
+        let gate = self.ask_in_order(&mut events, resumed).pop();
+        *event = events.pop().expect("one event");
+        gate.expect("one gate at least")
+    }
+
+    /// [`Hook::ask`] for several events of one hook, in order (a sub-agent's start, then
+    /// its call): each is sent once the one before was decided, all within `--timeout`.
+    /// Their gates as far as they went, never none: the last is what the hook answers.
+    /// `resumed` applies to the first event.
+    fn ask_in_order(&self, events: &mut [fusebox_core::Event], resumed: Option<&str>) -> Vec<Gate> {
         let args = self.args;
         let unanswered = |error| Gate::Unanswered {
             error,
@@ -274,7 +296,7 @@ impl<'a> Hook<'a> {
             .build()
         {
             Ok(runtime) => runtime,
-            Err(e) => return unanswered(ClientError::Usage(e.to_string())),
+            Err(e) => return vec![unanswered(ClientError::Usage(e.to_string()))],
         };
         let options = ClientOptions {
             timeout: args.timeout,
@@ -284,26 +306,32 @@ impl<'a> Hook<'a> {
             },
         };
         let runs = self.runs();
+        let mut gates = Vec::new();
         runtime.block_on(async {
             let asked = async {
                 let client = match args.connection.connect(&args.tenant, options).await {
                     Ok(client) => client,
-                    Err(error) => return unanswered(error),
+                    Err(error) => return gates.push(unanswered(error)),
                 };
-                if let Some(session) = resumed {
-                    continue_resumed(&client, &runs, event, session).await;
+                if let (Some(session), Some(first)) = (resumed, events.first_mut()) {
+                    continue_resumed(&client, &runs, first, session).await;
                 }
-                gate_result_fitted(&client, event).await
+                gate_in_order(&client, events, &mut gates).await;
             };
-            tokio::time::timeout(args.timeout, asked)
-                .await
-                .unwrap_or_else(|_| {
-                    unanswered(ClientError::Timeout {
-                        subject: format!("{} (connect + answer)", args.connection.nats_url),
-                        timeout_ms: args.timeout.as_millis() as u64,
-                    })
-                })
-        })
+            if tokio::time::timeout(args.timeout, asked).await.is_err() {
+                gates.push(unanswered(ClientError::Timeout {
+                    subject: format!("{} (connect + answer)", args.connection.nats_url),
+                    timeout_ms: args.timeout.as_millis() as u64,
+                }));
+            }
+        });
+        if gates.is_empty() {
+            // Nothing to ask: the hook has nothing to say either.
+            gates.push(unanswered(ClientError::Usage(
+                "no event to send".to_owned(),
+            )));
+        }
+        gates
     }
 }
 
@@ -321,6 +349,24 @@ pub async fn continue_resumed(
         match runs.advance(&event.tenant, session) {
             Ok(next) => event.run = next,
             Err(e) => eprintln!("fusebox: cannot record the session's next run: {e}"),
+        }
+    }
+}
+
+/// Asks the daemon about `events` in order, each once the one before was decided (a
+/// sub-agent's start before its call: a call of a run that was never started would make
+/// it a root), pushing each gate onto `gates`; stops at the first not decided.
+pub async fn gate_in_order(
+    client: &fusebox_client::FuseboxClient,
+    events: &[fusebox_core::Event],
+    gates: &mut Vec<Gate>,
+) {
+    for event in events {
+        let gate = gate_result_fitted(client, event).await;
+        let decided = matches!(gate, Gate::Decided(_));
+        gates.push(gate);
+        if !decided {
+            return;
         }
     }
 }

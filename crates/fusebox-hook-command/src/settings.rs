@@ -3,7 +3,8 @@
 //! sets the agent's hook timeout well beyond the command's own deadline, so the guard's
 //! answer — or the command's deny when the guard is silent — always arrives before the
 //! agent gives up on the hook and runs the tool anyway. Each listens to the agent's prompt
-//! hook too: a prompt starts the session's next task.
+//! hook too: a prompt starts the session's next task; and Claude Code's and Codex's to
+//! their sub-agents' start and end: each sub-agent is a child run of the session's.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,16 +13,25 @@ use serde_json::{json, Value};
 
 use crate::HOOK_BINARY;
 
-/// Claude Code's hook events fusebox listens to, and whether they take a tool matcher.
-const EVENTS: [(&str, bool); 7] = [
+/// Claude Code's hook events fusebox listens to, and whether they take a tool matcher
+/// (SubagentStart/SubagentStop would match agent types: none, every sub-agent).
+const EVENTS: [(&str, bool); 9] = [
     ("SessionStart", false),
     ("UserPromptSubmit", false),
     ("PreToolUse", true),
     ("PostToolUse", true),
     ("PostToolUseFailure", true),
     ("PreCompact", false),
+    ("SubagentStart", false),
+    ("SubagentStop", false),
     ("SessionEnd", false),
 ];
+
+/// The HTTP hooks that keep Claude Code's default `onFailure` (go on): a prompt (an
+/// endpoint that is down must not block the user; the calls after it are blocked), and
+/// a sub-agent's start and end (a blocked SubagentStop would make the sub-agent go on; a
+/// start cannot be blocked, and the sub-agent's calls are).
+const HTTP_GOES_ON: [&str; 3] = ["UserPromptSubmit", "SubagentStart", "SubagentStop"];
 
 /// The lean hook binary with `args`, as one shell command line (Claude Code runs hook
 /// commands through a shell). The absolute path keeps the hook working whatever PATH
@@ -102,8 +112,8 @@ fn hooks_block(events: &[(&str, bool)], matcher: &str, hook: impl Fn(&str) -> Va
 /// `onFailure: "block"` (the default, `continue`, runs the tool when the request fails,
 /// is refused or times out), and the bearer token from `token_env` if given. SessionStart
 /// stays the `command` hook: Claude Code (2.1.327) does not send it to an HTTP hook, and
-/// it runs once per session. UserPromptSubmit keeps the default: an endpoint that is
-/// down must not block the user's prompt (the calls after it are blocked as ever).
+/// it runs once per session (it does send SubagentStart and SubagentStop). The hooks of
+/// [`HTTP_GOES_ON`] keep the default.
 pub fn claude_code_http(
     url: &str,
     token_env: Option<&str>,
@@ -129,7 +139,7 @@ pub fn claude_code_http(
             return json!({"type": "command", "command": command, "timeout": timeout_s});
         }
         let mut hook = json!({"type": "http", "url": url, "timeout": timeout_s});
-        if event != "UserPromptSubmit" {
+        if !HTTP_GOES_ON.contains(&event) {
             hook["onFailure"] = json!("block");
         }
         if let Some(var) = token_env {
@@ -142,12 +152,14 @@ pub fn claude_code_http(
 
 /// Codex's hook events fusebox listens to. Not Stop (the end of every turn), not
 /// PostCompact (PreCompact already counts the compaction).
-const CODEX_EVENTS: [&str; 6] = [
+const CODEX_EVENTS: [&str; 8] = [
     "SessionStart",
     "UserPromptSubmit",
     "PreToolUse",
     "PostToolUse",
     "PreCompact",
+    "SubagentStart",
+    "SubagentStop",
     "SessionEnd",
 ];
 
@@ -274,8 +286,9 @@ mod tests {
         for (event, _) in EVENTS.iter().filter(|(e, _)| *e != "SessionStart") {
             let hook = &block["hooks"][event][0]["hooks"][0];
             assert_eq!(hook["type"], "http");
-            // A prompt goes on when the endpoint fails; everything else is blocked.
-            let on_failure = (*event != "UserPromptSubmit").then_some("block");
+            // A prompt and a sub-agent's start and end go on when the endpoint fails;
+            // everything else is blocked.
+            let on_failure = (!HTTP_GOES_ON.contains(event)).then_some("block");
             assert_eq!(hook["onFailure"].as_str(), on_failure, "{event}");
             assert_eq!(
                 hook["headers"]["Authorization"],

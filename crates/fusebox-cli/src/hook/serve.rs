@@ -10,8 +10,8 @@
 //! it is blocked only by a stopped run, never for want of an answer. On a loopback
 //! address any local process may ask (as with the command hook); on any other address
 //! every request needs a bearer token that names its tenant. What must outlive the
-//! endpoint — a resumed session's run — is kept in the same state files as the
-//! command's; a stopped session stays stopped in the daemon.
+//! endpoint — a resumed session's run, its sub-agents' runs — is kept in the same state
+//! files as the command's; a stopped session stays stopped in the daemon.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -27,12 +27,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use fusebox_client::{ClientError, ClientOptions, FuseboxClient, Gate, GateOnError};
-use fusebox_hook::claude_code::{self, HookEvent, Outcome, Payload};
+use fusebox_hook::claude_code::{HookEvent, Outcome, Payload};
 use fusebox_hook::Operations;
 
+use fusebox_hook_command::claude_code::{answer_for, plan, Planned};
 use fusebox_hook_command::session_runs::SessionRuns;
+use fusebox_hook_command::sub_agents::SubAgents;
 use fusebox_hook_command::{
-    continue_resumed, gate_result_fitted, now_ms, outcome_of, state_dir, transcript_len, GuardArgs,
+    continue_resumed, gate_in_order, now_ms, outcome_of, state_dir, transcript_len, GuardArgs,
     OnError,
 };
 
@@ -62,6 +64,7 @@ struct Endpoint {
     timeout: Duration,
     allowed: bool,
     runs: SessionRuns,
+    sub_agents: SubAgents,
     operations: Operations,
 }
 
@@ -110,6 +113,7 @@ async fn serve(
         timeout: guard.timeout,
         allowed: guard.on_error == OnError::Allow,
         runs: SessionRuns::new(state_dir::resolve(guard.state_dir.clone(), "claude-code")),
+        sub_agents: SubAgents::new(state_dir::resolve(guard.state_dir.clone(), "claude-code")),
         operations: guard.operations.operations(),
     });
     let app = Router::new()
@@ -202,51 +206,74 @@ async fn claude_code_hook(
     // Claude Code runs on this machine for a loopback endpoint; elsewhere the transcript
     // is not readable and a compaction is named by its trigger alone.
     let transcript_len = transcript_len(payload.transcript_path.as_deref());
-    let run = endpoint.runs.current(&tenant, &payload.session_id);
-    let event = claude_code::event_for(
+    let session_run = endpoint.runs.current(&tenant, &payload.session_id);
+    let planned = plan(
         &payload,
         &endpoint.operations,
+        &endpoint.sub_agents,
         &tenant,
-        &run,
+        &session_run,
         &endpoint.agent,
         transcript_len,
         now_ms(),
     );
-    let mut event = match event {
-        Ok(Some(event)) => event,
-        Ok(None) => return json_response(&serde_json::json!({})),
-        Err(why) if payload.event() == HookEvent::UserPromptSubmit => {
+    let Planned {
+        mut route,
+        mut events,
+    } = match planned {
+        Ok(planned) if planned.events.is_empty() => return json_response(&serde_json::json!({})),
+        Ok(planned) => planned,
+        // Neither a prompt nor a sub-agent's end is blocked for the hook's own trouble (a
+        // blocked SubagentStop would make the sub-agent go on).
+        Err(why)
+            if matches!(
+                payload.event(),
+                HookEvent::UserPromptSubmit | HookEvent::SubagentStop
+            ) =>
+        {
             eprintln!("fusebox: {why}");
             return json_response(&serde_json::json!({}));
         }
         Err(why) => return (StatusCode::BAD_REQUEST, format!("fusebox: {why}")).into_response(),
     };
+    let mut gates = Vec::new();
     let asked = async {
         if payload.resumes() {
             continue_resumed(
                 &endpoint.client,
                 &endpoint.runs,
-                &mut event,
+                &mut events[0],
                 &payload.session_id,
             )
             .await;
         }
-        gate_result_fitted(&endpoint.client, &event).await
+        gate_in_order(&endpoint.client, &events, &mut gates).await;
     };
-    let gate = tokio::time::timeout(endpoint.timeout, asked)
-        .await
-        .unwrap_or_else(|_| Gate::Unanswered {
+    if tokio::time::timeout(endpoint.timeout, asked).await.is_err() {
+        gates.push(Gate::Unanswered {
             error: ClientError::Timeout {
-                subject: format!("fusebox.gate.{tenant}.{run}"),
+                subject: format!("fusebox.gate.{tenant}.{}", route.run),
                 timeout_ms: endpoint.timeout.as_millis() as u64,
             },
             allowed: endpoint.allowed,
         });
-    let outcome = outcome_of(&gate, endpoint.allowed);
-    if let Outcome::Failed { why, .. } = &outcome {
-        eprintln!("fusebox: {} {}: {why}", payload.hook_event_name, event.id);
     }
-    json_response(&claude_code::answer(payload.event(), &outcome))
+    route.settle(&endpoint.sub_agents, &tenant, &events, &gates);
+    let last = gates.len() - 1;
+    let outcome = outcome_of(&gates[last], endpoint.allowed);
+    if let Outcome::Failed { why, .. } = &outcome {
+        eprintln!(
+            "fusebox: {} {}: {why}",
+            payload.hook_event_name, events[last].id
+        );
+    }
+    json_response(&answer_for(
+        &payload,
+        &outcome,
+        &endpoint.sub_agents,
+        &tenant,
+        &session_run,
+    ))
 }
 
 fn json_response(answer: &serde_json::Value) -> Response {
