@@ -43,6 +43,7 @@ impl Agent {
                 "prompts",
                 "rerun",
                 "runaway",
+                "sub_agents",
             ],
             Agent::GeminiCli => &[
                 "bad_input",
@@ -51,6 +52,7 @@ impl Agent {
                 "prompts",
                 "rerun",
                 "runaway",
+                "sub_agents",
             ],
         }
     }
@@ -63,8 +65,10 @@ fn hook(agent: Agent, args: &[&str], stdin: &[u8], state_dir: &Path) -> Output {
     run_hook(agent.protocol(), &all, stdin)
 }
 
-/// A payload fixture with its placeholders filled: the session, the tool use id (Codex),
-/// the event's timestamp (Gemini CLI: a fresh one per line unless the case names one).
+/// A payload fixture with `set` laid over it and its placeholders filled (in `set` too):
+/// the session, the tool use id (Codex), the event's timestamp (Gemini CLI: a fresh one
+/// per line unless the case names one), the sub-agent whose hook it is (Codex: `agent`,
+/// `AGENT_ID`; added with its `agent_type` to a payload of the main agent's shape).
 fn payload(agent: Agent, step: &Value, session: &str, line: usize) -> Value {
     let event = step["hook"].as_str().expect("a hook line names its event");
     let path = agent
@@ -72,23 +76,31 @@ fn payload(agent: Agent, step: &Value, session: &str, line: usize) -> Value {
         .join("payloads")
         .join(format!("{event}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    let fresh = format!("2026-12-01T19:22:{:02}.{:03}Z", line / 1000, line % 1000);
-    let text = text
-        .replace("SESSION", session)
-        .replace("TOOL_USE_ID", step["id"].as_str().unwrap_or("TOOL_USE_ID"))
-        .replace("TURN_ID", step["turn"].as_str().unwrap_or("TURN_ID"))
-        .replace("TIMESTAMP", step["at"].as_str().unwrap_or(&fresh));
     let mut payload: Value = serde_json::from_str(&text).expect("payload fixtures are JSON");
     if let Some(Value::Object(fields)) = step.get("set") {
         for (key, value) in fields {
             payload[key] = value.clone();
         }
     }
-    payload
+    let sub_agent = step["agent"].as_str();
+    if let (Some(_), None) = (sub_agent, payload.get("agent_id")) {
+        payload["agent_id"] = json!("AGENT_ID");
+        payload["agent_type"] = json!("default");
+    }
+    let fresh = format!("2026-12-01T19:22:{:02}.{:03}Z", line / 1000, line % 1000);
+    let text = payload
+        .to_string()
+        .replace("SESSION", session)
+        .replace("TOOL_USE_ID", step["id"].as_str().unwrap_or("TOOL_USE_ID"))
+        .replace("TURN_ID", step["turn"].as_str().unwrap_or("TURN_ID"))
+        .replace("TIMESTAMP", step["at"].as_str().unwrap_or(&fresh))
+        .replace("AGENT_ID", sub_agent.unwrap_or("AGENT_ID"));
+    serde_json::from_str(&text).expect("still JSON")
 }
 
 /// The answer's text the case's `reason` is looked for in, after the protocol checks.
-fn check_codex(expect: &str, out: &Output, at: &str) -> Option<String> {
+/// `event` is the hook's: a `context` is its own (after a result; a sub-agent's start).
+fn check_codex(expect: &str, event: &str, out: &Output, at: &str) -> Option<String> {
     let specific = |answer: &Value| answer["hookSpecificOutput"].clone();
     let answer = json_answer(out, at)?;
     match expect {
@@ -100,7 +112,7 @@ fn check_codex(expect: &str, out: &Output, at: &str) -> Option<String> {
             let event = if expect == "warn" {
                 "PreToolUse"
             } else {
-                "PostToolUse"
+                event
             };
             let s = specific(&answer);
             assert_eq!(s["hookEventName"], event, "{at}: {answer}");
@@ -206,11 +218,8 @@ fn run_case(stack: &HookStack, agent: Agent, name: &str) {
         }
         let at = format!("{}/{name}.jsonl:{}", agent.protocol(), number + 1);
         let step: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{at}: {e}"));
-        if let Some(Value::Object(fields)) = step.get("status") {
-            let summary = stack.run_summary(TENANT, &session);
-            for (key, value) in fields {
-                assert_eq!(&summary[key], value, "{at}: {key} in {summary}");
-            }
+        if step.get("status").is_some() {
+            check_status(stack, &session, &step, &at);
             continue;
         }
         let stdin = match step.get("stdin") {
@@ -222,13 +231,54 @@ fn run_case(stack: &HookStack, agent: Agent, name: &str) {
             .as_str()
             .expect("every hook line has an expect");
         let said = match agent {
-            Agent::Codex => check_codex(expect, &out, &at),
+            Agent::Codex => check_codex(expect, step["hook"].as_str().unwrap_or(""), &out, &at),
             Agent::GeminiCli => check_gemini(expect, &out, &at),
         };
         if let Some(phrase) = step["reason"].as_str() {
             let said = said.unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned());
             assert!(said.contains(phrase), "{at}: {said:?} lacks {phrase:?}");
         }
+    }
+}
+
+/// A `status` line: the fields of `fusebox run --json`'s summary (`status`) and of its
+/// place in the tree of runs (`tree`; `SESSION` stands for the session's run) of the
+/// session's run, or with `run` of its sub-agent's run `<session>-<run>`.
+fn check_status(stack: &HookStack, session: &str, step: &Value, at: &str) {
+    let run = match step["run"].as_str() {
+        Some(agent) => format!("{session}-{agent}"),
+        None => session.to_owned(),
+    };
+    let out = std::process::Command::new(fusebox_e2e::bin("fusebox"))
+        .args(["run", &format!("{TENANT}/{run}"), "--json"])
+        .args(["--nats-url", &stack.nats_url])
+        .output()
+        .expect("fusebox run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status is JSON");
+    let expected = |key: &str| match step.get(key) {
+        Some(Value::Object(fields)) => fields.clone(),
+        _ => serde_json::Map::new(),
+    };
+    for (key, value) in expected("status") {
+        let got = &status["summary"][&key];
+        assert_eq!(got, &value, "{at}: {key} of {run} in {}", status["summary"]);
+    }
+    for (key, value) in expected("tree") {
+        let value = match value {
+            Value::String(text) => json!(text.replace("SESSION", session)),
+            other => other,
+        };
+        let got = &status["tree"][&key];
+        assert_eq!(
+            got, &value,
+            "{at}: tree.{key} of {run} in {}",
+            status["tree"]
+        );
     }
 }
 
@@ -293,7 +343,7 @@ fn guard_down_denies_within_the_deadline_and_allow_lets_calls_run() {
             serde_json::to_vec(&payload(agent, &step, "down", 1)).expect("JSON")
         };
         let check = |expect: &str, out: &Output, at: &str| match agent {
-            Agent::Codex => check_codex(expect, out, at),
+            Agent::Codex => check_codex(expect, result, out, at),
             Agent::GeminiCli => check_gemini(expect, out, at),
         };
 
@@ -364,7 +414,7 @@ fn a_hung_hook_refuses_before_the_agents_timeout() {
             Agent::GeminiCli => "unreadable",
         };
         let said = match agent {
-            Agent::Codex => check_codex(expect, &out, "hung"),
+            Agent::Codex => check_codex(expect, "PreToolUse", &out, "hung"),
             Agent::GeminiCli => check_gemini(expect, &out, "hung"),
         };
         let said = said.unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned());

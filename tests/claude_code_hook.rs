@@ -19,13 +19,15 @@ use serde_json::{json, Value};
 const TENANT: &str = "hooks";
 
 /// Every file of tests/fixtures/claude-code-hooks/cases, run each way.
-const CASES: [&str; 6] = [
+const CASES: [&str; 8] = [
     "runaway",
     "legitimate",
     "rerun",
     "compaction",
     "bad_input",
     "prompts",
+    "sub_agents",
+    "sub_agent_caps",
 ];
 
 fn fixtures() -> PathBuf {
@@ -46,17 +48,37 @@ fn hook(args: &[&str], stdin: &[u8], state_dir: &Path) -> Output {
 }
 
 fn payload(hook: &str, session: &str, id: Option<&str>, set: Option<&Value>) -> Value {
+    sub_agent_payload(hook, session, id, set, None)
+}
+
+/// A payload fixture with `set` laid over it, then its placeholders filled (in `set`
+/// too); for a hook of sub-agent `agent`, with its `agent_id` (`AGENT_ID`), which a
+/// payload of the main agent's does not carry.
+fn sub_agent_payload(
+    hook: &str,
+    session: &str,
+    id: Option<&str>,
+    set: Option<&Value>,
+    agent: Option<&str>,
+) -> Value {
     let path = fixtures().join("payloads").join(format!("{hook}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    let text = text.replace("SESSION", session);
-    let text = text.replace("TOOL_USE_ID", id.unwrap_or("TOOL_USE_ID"));
     let mut payload: Value = serde_json::from_str(&text).expect("payload fixtures are JSON");
     if let Some(Value::Object(fields)) = set {
         for (key, value) in fields {
             payload[key] = value.clone();
         }
     }
-    payload
+    if let (Some(_), None) = (agent, payload.get("agent_id")) {
+        payload["agent_id"] = json!("AGENT_ID");
+        payload["agent_type"] = json!("general-purpose");
+    }
+    let text = payload
+        .to_string()
+        .replace("SESSION", session)
+        .replace("TOOL_USE_ID", id.unwrap_or("TOOL_USE_ID"))
+        .replace("AGENT_ID", agent.unwrap_or("AGENT_ID"));
+    serde_json::from_str(&text).expect("still JSON")
 }
 
 /// Checks one answer against the protocol shape `expect` names.
@@ -82,6 +104,16 @@ fn check_answer(expect: &str, event: &str, out: &Output, phrase: Option<&str>, a
         "nothing" => {
             assert_eq!(answer, json!({}), "{at}");
             return;
+        }
+        "context" => {
+            assert_ne!(event, "PreToolUse", "{at}: a PreToolUse context is a warn");
+            assert_eq!(specific["hookEventName"], event, "{at}: {answer}");
+            assert!(
+                specific.get("permissionDecision").is_none(),
+                "{at}: {answer}"
+            );
+            assert!(answer.get("continue").is_none(), "{at}: {answer}");
+            specific["additionalContext"].as_str()
         }
         "warn" => {
             assert_eq!(specific["hookEventName"], "PreToolUse", "{at}: {answer}");
@@ -186,19 +218,17 @@ fn run_case_through(stack: &HookStack, transport: &Transport, name: &str) {
         }
         let at = format!("{name}.jsonl:{}", number + 1);
         let step: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{at}: {e}"));
-        if let Some(Value::Object(fields)) = step.get("status") {
-            let summary = stack.run_summary(TENANT, &session);
-            for (key, value) in fields {
-                assert_eq!(&summary[key], value, "{at}: {key} in {summary}");
-            }
+        if step.get("status").is_some() {
+            check_status(stack, &session, &step, &at);
             continue;
         }
         let event = step["hook"].as_str().unwrap_or("");
         let stdin = match step.get("stdin") {
             Some(Value::String(raw)) => raw.clone().into_bytes(),
             _ => {
-                let id = step["id"].as_str();
-                serde_json::to_vec(&payload(event, &session, id, step.get("set"))).unwrap()
+                let (id, agent) = (step["id"].as_str(), step["agent"].as_str());
+                let body = sub_agent_payload(event, &session, id, step.get("set"), agent);
+                serde_json::to_vec(&body).unwrap()
             }
         };
         let out = deliver(transport, &url, &stdin, state.path());
@@ -207,6 +237,52 @@ fn run_case_through(stack: &HookStack, transport: &Transport, name: &str) {
             .expect("every hook line has an expect");
         check_answer(expect, event, &out, step["reason"].as_str(), &at);
     }
+}
+
+/// A `status` line: the fields of `fusebox run --json`'s summary (`status`) and of its
+/// place in the tree of runs (`tree`; `SESSION` stands for the session's run) of the
+/// session's run, or with `run` of its sub-agent's run `<session>-<run>`.
+fn check_status(stack: &HookStack, session: &str, step: &Value, at: &str) {
+    let run = match step["run"].as_str() {
+        Some(agent) => format!("{session}-{agent}"),
+        None => session.to_owned(),
+    };
+    let status = run_status(&stack.nats_url, &run);
+    let expected = |key: &str| match step.get(key) {
+        Some(Value::Object(fields)) => fields.clone(),
+        _ => serde_json::Map::new(),
+    };
+    for (key, value) in expected("status") {
+        let got = &status["summary"][&key];
+        assert_eq!(got, &value, "{at}: {key} of {run} in {}", status["summary"]);
+    }
+    for (key, value) in expected("tree") {
+        let value = match value {
+            Value::String(text) => json!(text.replace("SESSION", session)),
+            other => other,
+        };
+        let got = &status["tree"][&key];
+        assert_eq!(
+            got, &value,
+            "{at}: tree.{key} of {run} in {}",
+            status["tree"]
+        );
+    }
+}
+
+/// `fusebox run TENANT/RUN --json`: the run as the operator sees it.
+fn run_status(nats_url: &str, run: &str) -> Value {
+    let out = Command::new(bin("fusebox"))
+        .args(["run", &format!("{TENANT}/{run}"), "--json"])
+        .args(["--nats-url", nats_url])
+        .output()
+        .expect("fusebox run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status is JSON")
 }
 
 #[tokio::test]
