@@ -247,3 +247,43 @@ def test_a_non_loopback_endpoint_refuses_a_call_without_the_token(
         with FakeAnthropic([ws.bash("echo two"), text("done")]) as api:
             claude(ws, api, with_token, FUSEBOX_HOOK_TOKEN=token)
         assert ws.executions() == 1
+
+
+def test_a_sub_agent_is_a_child_run_over_http(stack: Stack, tmp_path: Path) -> None:
+    # SubagentStart and SubagentStop reach the endpoint too (2.1.327 sends them over
+    # HTTP): the sub-agent's run is a child of the session's; its loop is stopped there,
+    # which ends the sub-agent alone, and the main agent reads why and finishes.
+    ws = Workspace(tmp_path)
+    sub_prompt = "SUB-AGENT: look around"
+
+    def respond(body: dict[str, Any]) -> Turn:
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if sub_prompt in json.dumps(body["messages"][:1]):
+            return ws.bash("cat status.txt || echo running")
+        task = {"description": "Look around", "prompt": sub_prompt, "run_in_background": False}
+        return [tool_use("Agent", task), text("done")][min(turn, 1)]
+
+    with endpoint(stack, ws.state) as ep:
+        settings = http_settings(stack, ep.url)
+        with FakeAnthropic(respond=respond) as api:
+            run = run_claude(
+                api,
+                "do the task",
+                home=ws.home,
+                cwd=ws.cwd,
+                settings=settings,
+                allowed_tools=("Bash", "Agent"),
+            )
+            result = run.result()
+            main_read = json.dumps(api.message_requests()[-1])
+
+    assert ws.executions() == RUNAWAY_EXECUTIONS
+    assert result["terminal_reason"] == "completed" and result["result"] == "done", result
+    assert "the guard stopped sub-agent" in main_read, main_read[-3000:]
+    session = result["session_id"]
+    [child] = run_status(stack, session)["tree"]["children"]
+    assert child["terminal_state"] == "STOPPED_LOOP_GUARD", child
+    sub = run_status(stack, child["run"])
+    assert sub["tree"]["parent"] == session and sub["summary"]["agent"] == "claude-code", sub
+    assert sub["summary"]["steps"] == RUNAWAY_EXECUTIONS, sub
+    assert run_status(stack, session)["summary"]["terminal_state"] == "COMPLETED"
