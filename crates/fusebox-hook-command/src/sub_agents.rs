@@ -16,7 +16,7 @@
 
 use std::fs;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use fusebox_hook::{run_id, sub_agent_run};
 
@@ -61,15 +61,7 @@ impl SubAgents {
         let dir = self.session_dir(tenant, session_run);
         let base = sub_agent_run(session_run, agent_id);
         let file = dir.as_ref().map(|dir| dir.join(&base));
-        let recorded = file
-            .as_ref()
-            .and_then(|file| fs::read_to_string(file).ok())
-            .and_then(|text| {
-                let mut lines = text.lines();
-                let run = lines.next()?.trim().to_owned();
-                let finished = lines.next().is_some_and(|l| l.trim() == FINISHED);
-                (run == run_id(&run) && run.starts_with(&base)).then_some((run, finished))
-            });
+        let recorded = file.as_deref().and_then(read_record);
         SubAgent {
             dir,
             file,
@@ -79,7 +71,7 @@ impl SubAgents {
     }
 
     /// The session's sub-agents whose run is open as far as the hooks know (started, not
-    /// finished): what the session's end finishes.
+    /// finished, not stopped): what the session's end finishes.
     pub fn open(&self, tenant: &str, session_run: &str) -> Vec<String> {
         let Some(dir) = self.session_dir(tenant, session_run) else {
             return Vec::new();
@@ -89,22 +81,11 @@ impl SubAgents {
         };
         let mut open: Vec<String> = entries
             .filter_map(Result::ok)
-            .filter_map(|entry| {
-                let name = entry.file_name().into_string().ok()?;
-                (!name.contains('.')).then_some(name)
-            })
-            .filter_map(|base| {
-                let prefix = format!("{session_run}-");
-                let agent = base.strip_prefix(&prefix)?;
-                let sub_agent = self.of(tenant, session_run, agent);
-                // A name that is not its own base was made safe with a hash: skip it
-                // rather than guess its agent id.
-                (sub_agent.base == base).then_some(sub_agent)
-            })
-            .filter_map(|sub_agent| match sub_agent.recorded {
-                Some((run, false)) if sub_agent.stop_of(&run).is_none() => Some(run),
-                _ => None,
-            })
+            // Records only: stop reports and half-written files have a dot in their name.
+            .filter(|entry| !entry.file_name().to_string_lossy().contains('.'))
+            .filter_map(|entry| read_record(&entry.path()))
+            .filter(|(run, finished)| !finished && read_stop(&dir, run).is_none())
+            .map(|(run, _)| run)
             .collect();
         open.sort();
         open
@@ -196,7 +177,16 @@ impl SubAgents {
     }
 }
 
-fn read_stop(dir: &std::path::Path, run: &str) -> Option<String> {
+/// A sub-agent's record: its latest run, and whether that finished.
+fn read_record(file: &Path) -> Option<(String, bool)> {
+    let text = fs::read_to_string(file).ok()?;
+    let mut lines = text.lines();
+    let run = lines.next()?.trim().to_owned();
+    let finished = lines.next().is_some_and(|l| l.trim() == FINISHED);
+    (run == run_id(&run)).then_some((run, finished))
+}
+
+fn read_stop(dir: &Path, run: &str) -> Option<String> {
     let text = fs::read_to_string(dir.join(format!("{run}.stop"))).ok()?;
     (!text.trim().is_empty()).then_some(text)
 }
@@ -288,11 +278,28 @@ mod tests {
             agents.of("t", SESSION, "a1").to_start(),
             Some(format!("{SESSION}-a1"))
         );
-        // Nor another sub-agent's run.
-        fs::write(session_dir.join(format!("{SESSION}-a1")), "other-run\n").unwrap();
-        assert_eq!(
-            agents.of("t", SESSION, "a1").current(),
-            format!("{SESSION}-a1")
-        );
+        assert!(agents.open("t", SESSION).is_empty());
+    }
+
+    #[test]
+    fn the_sessions_end_finds_every_open_sub_agent_by_its_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let agents = SubAgents::new(Some(dir.path().to_owned()));
+        // A session run long enough that its sub-agents' runs are shortened and hashed.
+        let session = "s".repeat(120);
+        let mut long = agents.of("t", &session, "a34c78a2a729c0ecf");
+        let run = long.to_start().unwrap();
+        assert_eq!(run.len(), 128);
+        long.started(&run).unwrap();
+        let mut done = agents.of("t", &session, "b1");
+        let first = done.to_start().unwrap();
+        done.started(&first).unwrap();
+        done.finished().unwrap();
+        let next = agents.of("t", &session, "b1").to_start().unwrap();
+        assert_ne!(next, first);
+        agents.of("t", &session, "b1").started(&next).unwrap();
+        let mut expected = vec![run, next];
+        expected.sort();
+        assert_eq!(agents.open("t", &session), expected);
     }
 }
