@@ -297,6 +297,36 @@ async fn every_dashboard_and_alert_expression_has_data_after_demo_load() {
     }
     assert!(thrashed, "the compaction-only worker was never stopped");
 
+    // A tree of runs: a planner that may start one sub-agent starts two — the second is
+    // refused (spawn_limit) — and is cancelled, which stops the first with it
+    // (ancestor_stopped): the dashboard's "Run trees" panel.
+    let t = now_ms();
+    let starts = [
+        ("planner-1", json!({"policy": {"max_children": 1}})),
+        ("helper-1", json!({"parent": "planner-1"})),
+        ("helper-2", json!({"parent": "planner-1"})),
+    ];
+    let mut refused = None;
+    for (run, fields) in starts {
+        let mut e = json!({"v":1,"id":format!("{run}-1"),"tenant":"demo","run":run,"seq":1,"ts_ms":t,"type":"run_started"});
+        e.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        refused = client
+            .gate(&event(e))
+            .await
+            .decision()
+            .and_then(|d| d.reason);
+    }
+    assert_eq!(refused, Some(fusebox_core::Reason::SpawnLimit));
+    let cancel = client
+        .cancel("demo", "planner-1", Some("ops"), None)
+        .await
+        .expect("cancel");
+    assert_eq!(cancel.action, Action::Stop);
+    let helper = client.run_status("demo", "helper-1").await.expect("status");
+    assert_eq!(helper.summary.reason.as_deref(), Some("ancestor_stopped"));
+
     // A legitimate agent paging through a listing and finishing.
     for e in fixture("pagination-ok.jsonl") {
         assert!(
