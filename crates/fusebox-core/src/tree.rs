@@ -87,10 +87,21 @@ impl Lineage {
 
     /// An ancestor that was stopped or cancelled: the run is over too.
     pub fn stopped(&self) -> Option<Closing> {
-        let (ancestor, report) = self.ancestors.iter().find_map(|a| {
+        let closed = |a: &'_ Ancestor| {
             let report = a.report.as_ref()?;
-            (report.terminal_state != TerminalState::Completed).then_some((a, report))
-        })?;
+            (report.terminal_state != TerminalState::Completed).then_some(report.clone())
+        };
+        // Named: the run whose own stop it was, not one that only passed it on.
+        let (ancestor, report) = self
+            .ancestors
+            .iter()
+            .filter_map(|a| closed(a).map(|r| (a, r)))
+            .find(|(_, r)| r.reason != Reason::AncestorStopped)
+            .or_else(|| {
+                self.ancestors
+                    .iter()
+                    .find_map(|a| closed(a).map(|r| (a, r)))
+            })?;
         Some(Closing::new(
             TerminalState::Cancelled,
             Reason::AncestorStopped,

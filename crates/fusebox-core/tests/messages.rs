@@ -85,3 +85,31 @@ fn a_tree_stop_says_which_run_and_which_cap_or_budget() {
     );
     assert!(!message.contains("fatal"), "{message}");
 }
+
+#[test]
+fn a_stop_that_reached_a_run_through_its_parent_names_where_it_began() {
+    let mut engine = Engine::default();
+    let mut seq = 0;
+    let mut apply = |run: &str, body: Value| {
+        seq += 1;
+        let mut event =
+            json!({"v":1,"id":format!("e{seq}"),"tenant":"t","run":run,"ts_ms":1000 + seq});
+        event
+            .as_object_mut()
+            .unwrap()
+            .extend(body.as_object().unwrap().clone());
+        engine.apply(&parse_event(event.to_string().as_bytes()).expect("valid"))
+    };
+    apply("root", json!({"type":"run_started"}));
+    apply("mid", json!({"type":"run_started","parent":"root"}));
+    apply("leaf", json!({"type":"run_started","parent":"mid"}));
+    apply("root", json!({"type":"cancel","by":"oncall"}));
+    // The daemon's tick reaches the middle run first; the leaf's stop names the root.
+    apply("mid", json!({"type":"tick"}));
+    let stop = apply(
+        "leaf",
+        json!({"type":"tool_call","call_id":"c1","tool":"t","args":{}}),
+    );
+    let detail = stop.report.unwrap().detail.clone().unwrap();
+    assert!(detail.starts_with("run root above this one"), "{detail}");
+}
