@@ -5,47 +5,34 @@
 //! and side effects over 1,000 interleaved runs, so every layer is exercised.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use fusebox_core::{parse_event, Engine, Event, Policy, PolicySet};
+use fusebox_core::{Engine, Event, Policy, PolicySet};
 
+#[path = "support/interleaved.rs"]
+mod interleaved;
+
+/// The mixed trace: pagination, a runaway repeat and side effects.
 fn trace(events: usize) -> Vec<Event> {
-    let runs = 1000;
-    let mut out = Vec::with_capacity(events);
-    let mut seq = vec![0u64; runs];
-    let mut i = 0usize;
-    while out.len() < events {
-        let run = (i * 7919) % runs;
-        seq[run] += 1;
-        let n = seq[run];
-        let call = n.div_ceil(2);
-        let body = match (run % 3, n % 2 == 1) {
-            (0, true) => format!(
-                r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":"nats","page":{call}}}"#
-            ),
-            (0, false) => format!(
-                r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["a{call}","b"],"took_ms":3}}"#
-            ),
-            (1, true) => format!(
-                r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":" weather tokyo"}}"#
-            ),
-            (1, false) => format!(
-                r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["jma"]}}"#
-            ),
-            (_, true) => format!(
-                r#""type":"tool_call","call_id":"c{call}","tool":"send_email","op_key":"k{run}-{}","args":{{"to":"x","n":{call}}}"#,
-                call % 4
-            ),
-            (_, false) => format!(
-                r#""type":"tool_result","call_id":"c{call}","tool":"send_email","kind":"SUCCESS","output":{{"sent":true}}"#
-            ),
-        };
-        let line = format!(
-            r#"{{"v":1,"id":"e{i}","tenant":"t","run":"r{run}","seq":{n},"ts_ms":{},{body}}}"#,
-            1_000_000 + i
-        );
-        out.push(parse_event(line.as_bytes()).expect("valid"));
-        i += 1;
-    }
-    out
+    interleaved::interleaved(events, 1, |run, n, call| match (run % 3, n % 2 == 1) {
+        (0, true) => format!(
+            r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":"nats","page":{call}}}"#
+        ),
+        (0, false) => format!(
+            r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["a{call}","b"],"took_ms":3}}"#
+        ),
+        (1, true) => format!(
+            r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":" weather tokyo"}}"#
+        ),
+        (1, false) => format!(
+            r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["jma"]}}"#
+        ),
+        (_, true) => format!(
+            r#""type":"tool_call","call_id":"c{call}","tool":"send_email","op_key":"k{run}-{}","args":{{"to":"x","n":{call}}}"#,
+            call % 4
+        ),
+        (_, false) => format!(
+            r#""type":"tool_result","call_id":"c{call}","tool":"send_email","kind":"SUCCESS","output":{{"sent":true}}"#
+        ),
+    })
 }
 
 fn gate_and_observe(c: &mut Criterion) {
@@ -71,16 +58,8 @@ fn gate_and_observe(c: &mut Criterion) {
 /// Exec-style polls whose output text carries pids, session ids, timestamps and
 /// durations (what `volatile_text` masks), over 1,000 interleaved runs.
 fn exec_trace(events: usize) -> Vec<Event> {
-    let runs = 1000;
-    let mut out = Vec::with_capacity(events);
-    let mut seq = vec![0u64; runs];
-    let mut i = 0usize;
-    while out.len() < events {
-        let run = (i * 7919) % runs;
-        seq[run] += 1;
-        let n = seq[run];
-        let call = n.div_ceil(2);
-        let body = if n % 2 == 1 {
+    interleaved::interleaved(events, 1, |_, n, call| {
+        if n % 2 == 1 {
             format!(
                 r#""type":"tool_call","call_id":"c{call}","tool":"exec","args":{{"cmd":"make","step":{}}}"#,
                 call / 4
@@ -98,15 +77,8 @@ fn exec_trace(events: usize) -> Vec<Event> {
                 step % 60,
                 step
             )
-        };
-        let line = format!(
-            r#"{{"v":1,"id":"e{i}","tenant":"t","run":"r{run}","seq":{n},"ts_ms":{},{body}}}"#,
-            1_000_000 + i
-        );
-        out.push(parse_event(line.as_bytes()).expect("valid"));
-        i += 1;
-    }
-    out
+        }
+    })
 }
 
 /// The cost of masking volatile tokens in text: the same exec trace with the built-in

@@ -15,61 +15,48 @@
 
 use fusebox_core::{parse_event, Engine, Event};
 
+#[path = "../benches/support/interleaved.rs"]
+mod interleaved;
+
+/// The engine bench's mixed trace over 1,000 runs, with two more shapes.
 fn trace(events: usize) -> Vec<Event> {
-    let runs = 1000;
-    let mut out = Vec::with_capacity(events);
-    let mut seq = vec![0u64; runs];
-    let mut i = 0usize;
-    while out.len() < events {
-        let run = (i * 7919) % runs;
-        seq[run] += 1;
-        let n = seq[run];
-        let call = n.div_ceil(2);
-        let body = match (run % 5, n % 2 == 1) {
-            (0, true) => format!(
-                r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":"nats","page":{call}}}"#
-            ),
-            (0, false) => format!(
-                r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["a{call}","b"],"took_ms":3}}"#
-            ),
-            (1, true) => format!(
-                r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":" weather tokyo"}}"#
-            ),
-            (1, false) => format!(
-                r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["jma"]}}"#
-            ),
-            (2, true) => format!(
-                r#""type":"tool_call","call_id":"c{call}","tool":"send_email","op_key":"k{run}-{}","args":{{"to":"x","n":{call}}}"#,
-                call % 4
-            ),
-            (2, false) => format!(
-                r#""type":"tool_result","call_id":"c{call}","tool":"send_email","kind":"SUCCESS","output":{{"sent":true}}"#
-            ),
-            (3, true) => format!(
-                r#""type":"tool_call","call_id":"c{call}","tool":"kb_search","args":{{"question":"how do I change the billing address on invoice {}","limit":5}}"#,
-                call % 7
-            ),
-            (3, false) => format!(
-                r#""type":"tool_result","call_id":"c{call}","tool":"kb_search","kind":"SUCCESS","output":{{"articles":[]}}"#
-            ),
-            (_, true) => format!(
-                r#""type":"tool_call","call_id":"c{call}","tool":"Bash","args":{{"command":"cargo test -p crate_{}","description":"Run the tests of crate {} again"}}"#,
-                call % 9,
-                call % 9
-            ),
-            (_, false) => format!(
-                r#""type":"tool_result","call_id":"c{call}","tool":"Bash","kind":"SUCCESS","output":{{"stdout":"test result: ok. {} passed","stderr":""}}"#,
-                call % 3
-            ),
-        };
-        let line = format!(
-            r#"{{"v":1,"id":"e{i}","tenant":"t","run":"r{run}","seq":{n},"ts_ms":{},{body}}}"#,
-            1_000_000 + i * 50
-        );
-        out.push(parse_event(line.as_bytes()).expect("valid"));
-        i += 1;
-    }
-    out
+    interleaved::interleaved(events, 50, |run, n, call| match (run % 5, n % 2 == 1) {
+        (0, true) => format!(
+            r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":"nats","page":{call}}}"#
+        ),
+        (0, false) => format!(
+            r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["a{call}","b"],"took_ms":3}}"#
+        ),
+        (1, true) => format!(
+            r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":" weather tokyo"}}"#
+        ),
+        (1, false) => format!(
+            r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["jma"]}}"#
+        ),
+        (2, true) => format!(
+            r#""type":"tool_call","call_id":"c{call}","tool":"send_email","op_key":"k{run}-{}","args":{{"to":"x","n":{call}}}"#,
+            call % 4
+        ),
+        (2, false) => format!(
+            r#""type":"tool_result","call_id":"c{call}","tool":"send_email","kind":"SUCCESS","output":{{"sent":true}}"#
+        ),
+        (3, true) => format!(
+            r#""type":"tool_call","call_id":"c{call}","tool":"kb_search","args":{{"question":"how do I change the billing address on invoice {}","limit":5}}"#,
+            call % 7
+        ),
+        (3, false) => format!(
+            r#""type":"tool_result","call_id":"c{call}","tool":"kb_search","kind":"SUCCESS","output":{{"articles":[]}}"#
+        ),
+        (_, true) => format!(
+            r#""type":"tool_call","call_id":"c{call}","tool":"Bash","args":{{"command":"cargo test -p crate_{}","description":"Run the tests of crate {} again"}}"#,
+            call % 9,
+            call % 9
+        ),
+        (_, false) => format!(
+            r#""type":"tool_result","call_id":"c{call}","tool":"Bash","kind":"SUCCESS","output":{{"stdout":"test result: ok. {} passed","stderr":""}}"#,
+            call % 3
+        ),
+    })
 }
 
 /// What callgrind counts: every event through `Engine::apply`, nothing else.

@@ -265,6 +265,16 @@ fn ledger_resolve(ledger: &mut Ledger, event: &Event, resolve: &LedgerResolve) -
 /// The ancestors of the event's run, for the events the tree bears on (a call, a model
 /// turn, a tick, a start that names a parent). Empty for a root.
 fn lineage(runs: &TenantRuns, event: &Event) -> Lineage {
+    let bears = matches!(
+        event.body,
+        EventBody::ToolCall(_)
+            | EventBody::ModelTurn(_)
+            | EventBody::Tick(_)
+            | EventBody::RunStarted(_)
+    );
+    if !bears {
+        return Lineage::default();
+    }
     let known = runs.get(event.run.as_str());
     let parent = match (&event.body, known) {
         (_, Some(run)) if run.node.parent.is_some() => run.node.parent.as_deref(),
@@ -277,15 +287,8 @@ fn lineage(runs: &TenantRuns, event: &Event) -> Lineage {
         }
         _ => None,
     };
-    let bears = matches!(
-        event.body,
-        EventBody::ToolCall(_)
-            | EventBody::ModelTurn(_)
-            | EventBody::Tick(_)
-            | EventBody::RunStarted(_)
-    );
     match parent {
-        Some(parent) if bears => {
+        Some(parent) => {
             // The parent's memory of sub-task outcomes matters only before the run's
             // first call names its sub-task.
             let first_call = known.is_none_or(|run| run.node.subtask.is_none());
