@@ -4,33 +4,28 @@
  * (`MockLanguageModelV4`: no LLM, no network), a real nats-server and fuseboxd.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import type { LanguageModelV4CallOptions, LanguageModelV4GenerateResult } from "@ai-sdk/provider";
 import { stepCountIs, ToolLoopAgent, type ToolSet, tool } from "ai";
 import { MockLanguageModelV4 } from "ai/test";
 import { z } from "zod";
 import { AiSdkGuard } from "../src/adapters/ai.js";
-import { Fusebox, type RunOptions } from "../src/index.js";
-import {
-  freshRun,
-  listIssuesOutput,
-  runStatus,
-  searchOutput,
-  TENANT,
-  ToolLog,
-} from "./support/guard.js";
+import type { RunOptions } from "../src/index.js";
+import { generateResult, makeTools } from "./support/ai.js";
+import { connectedStack, ToolLog } from "./support/guard.js";
 import type { Call } from "./support/scenarios.js";
-import { type Stack, startStack } from "./support/stack.js";
 import {
+  assertFanOutTree,
+  assertLeadClosed,
+  assertStepBudgetStopTold,
   type LeadScript,
-  leadCalls,
-  leadTasks,
+  leadReply,
   type ResearcherScript,
   reportOf,
-  researcherCalls,
+  researcherReply,
+  startLead,
   TOPICS,
 } from "./support/subagents.js";
-import { children, executed, tree } from "./support/trees.js";
 
 type Part = { type: string; text?: string; output?: { type: string; value?: unknown } };
 
@@ -48,30 +43,7 @@ function conversation(respond: (turn: number, task: string) => Call[] | string) 
       const task = partsOf(call, "user")
         .map((p) => p.text ?? "")
         .join("");
-      const reply = respond(turn, task);
-      const usage = {
-        inputTokens: { total: 120, noCache: 120, cacheRead: undefined, cacheWrite: undefined },
-        outputTokens: { total: 30, text: 30, reasoning: undefined },
-      };
-      if (typeof reply === "string") {
-        return {
-          content: [{ type: "text", text: reply }],
-          finishReason: { unified: "stop", raw: "stop" },
-          usage,
-          warnings: [],
-        };
-      }
-      return {
-        content: reply.map(([name, args]) => ({
-          type: "tool-call" as const,
-          toolCallId: `call_${ids++}`,
-          toolName: name,
-          input: JSON.stringify(args),
-        })),
-        finishReason: { unified: "tool-calls", raw: "tool_calls" },
-        usage,
-        warnings: [],
-      };
+      return generateResult(respond(turn, task), () => `call_${ids++}`);
     },
   });
 }
@@ -88,36 +60,16 @@ function reads(model: MockLanguageModelV4): string[] {
     });
 }
 
+/** The tools the lead and its researchers work with. */
 function workTools(log: ToolLog) {
-  return {
-    search: tool({
-      description: "Search the web.",
-      inputSchema: z.object({ query: z.string() }),
-      execute: async ({ query }) => {
-        log.calls.push(["search", query]);
-        return searchOutput(query);
-      },
-    }),
-    list_issues: tool({
-      description: "List one page of issues.",
-      inputSchema: z.object({ page: z.number() }),
-      execute: async ({ page }) => {
-        log.calls.push(["list_issues", page]);
-        return listIssuesOutput(page);
-      },
-    }),
-  };
+  const { search, list_issues } = makeTools(log);
+  return { search, list_issues };
 }
 
 const researcherModel = (script: ResearcherScript) =>
-  conversation((turn, task) => researcherCalls(script, turn) ?? reportOf(task));
+  conversation((turn, task) => researcherReply(script, turn, task));
 
-const leadModel = (script: LeadScript) =>
-  conversation((turn) => {
-    const tasks = leadTasks(script, turn);
-    if (tasks === null) return "done";
-    return [...tasks.map((topic): Call => ["research", { topic }]), ...leadCalls(script, turn)];
-  });
+const leadModel = (script: LeadScript) => conversation((turn) => leadReply(script, turn));
 
 /** How the research tool runs its sub-agent: the child guard's `generateText`, or a
  * `ToolLoopAgent` given the child guard's pieces. */
@@ -144,17 +96,7 @@ const viaToolLoopAgent: Runner = async (child, topic, tools) => {
 };
 
 describe("AI SDK sub-agents", () => {
-  let stack: Stack;
-  let fb: Fusebox;
-
-  before(async () => {
-    stack = await startStack();
-    fb = await Fusebox.connect(stack.natsUrl, { tenant: TENANT });
-  });
-  after(async () => {
-    await fb.close();
-    await stack.stop();
-  });
+  const live = connectedStack();
 
   /** The lead, whose `research` tool runs the researcher as a sub-agent. */
   async function lead(
@@ -162,9 +104,7 @@ describe("AI SDK sub-agents", () => {
     script: LeadScript,
     opts: { root?: RunOptions; child?: RunOptions; runner?: Runner } = {},
   ) {
-    const guard = new AiSdkGuard(
-      await fb.startRun(freshRun(`ai-${name}`), { agent: "lead", ...opts.root }),
-    );
+    const guard = new AiSdkGuard(await startLead(live.fb, `ai-${name}`, opts.root));
     const log = new ToolLog();
     const runner = opts.runner ?? viaGenerateText;
     const research = tool({
@@ -194,23 +134,10 @@ describe("AI SDK sub-agents", () => {
       const { guard, log, model, result } = await lead("fan-out", "fan_out", { runner });
       assert.equal(result.text, "done");
       assert.deepEqual(reads(model).sort(), TOPICS.map(reportOf).sort());
-      const nodes = await tree(fb.nats, guard.run.id);
-      assert.deepEqual(nodes.get(guard.run.id)?.calls, [
-        ["research", "execute"],
-        ["research", "execute"],
-      ]);
-      const kids = children(nodes, guard.run.id);
-      assert.equal(kids.length, 2);
-      for (const kid of kids) {
-        assert.equal(kid.agent, "researcher");
-        assert.deepEqual(executed(kid), ["list_issues", "list_issues"]);
-        assert.equal(kid.reason, "completed");
-      }
+      await assertFanOutTree(live.fb.nats, guard.run.id);
       assert.equal(log.count("list_issues"), 4);
       // The sub-agents' model turns are theirs.
-      const status = await runStatus(stack, guard.run.id);
-      assert.equal((status.counters as Record<string, number>).model_turns, 2);
-      assert.equal((status.summary as { open: boolean }).open, false);
+      await assertLeadClosed(live.stack, guard.run.id);
     });
   }
 
@@ -220,16 +147,8 @@ describe("AI SDK sub-agents", () => {
     });
     assert.equal(result.text, "done");
     assert.equal(log.count("list_issues"), 1);
-    const [research, search] = reads(model);
-    const kid = children(await tree(fb.nats, guard.run.id), guard.run.id)[0];
-    assert.equal(kid?.reason, "step_budget");
-    assert.equal(
-      research,
-      `fusebox stopped the sub-agent researcher (run ${kid?.run}): STOPPED_LOOP_GUARD (step_budget). Its task is not done: do it another way or report that it could not be done, rather than starting the same sub-agent again.`,
-    );
     // The lead's next call ran, with the daemon's word that its sub-agent was stopped.
-    assert.match(search ?? "", /\[fusebox warning\] a sub-agent of this run was stopped/);
-    assert.equal(guard.run.stopped, null);
+    await assertStepBudgetStopTold(live.fb.nats, guard.run, reads(model));
   });
 
   test("a sub-agent past a cap never starts; the lead reads the refusal", async () => {

@@ -6,23 +6,19 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import type { LanguageModelV4CallOptions, LanguageModelV4GenerateResult } from "@ai-sdk/provider";
-import { stepCountIs, tool } from "ai";
+import { stepCountIs } from "ai";
 import { MockLanguageModelV4 } from "ai/test";
-import { z } from "zod";
 import { AiSdkGuard } from "../src/adapters/ai.js";
 import { Fusebox, type FuseboxOptions } from "../src/index.js";
+import { generateResult, makeTools } from "./support/ai.js";
 import {
   bareNats,
   freshRun,
   fuseboxCancel,
-  listIssuesOutput,
-  openPageOutput,
   PAGES,
   PING_PONG_EXECUTIONS,
   RUNAWAY_EXECUTIONS,
   runStatus,
-  searchOutput,
-  sendEmailOutput,
   TENANT,
   ToolLog,
 } from "./support/guard.js";
@@ -35,69 +31,9 @@ function scripted(scenario: Scenario): MockLanguageModelV4 {
     doGenerate: async (): Promise<LanguageModelV4GenerateResult> => {
       const calls = nextCalls(scenario, turn);
       const k = turn++;
-      const usage = {
-        inputTokens: { total: 120, noCache: 120, cacheRead: undefined, cacheWrite: undefined },
-        outputTokens: { total: 30, text: 30, reasoning: undefined },
-      };
-      if (calls === null) {
-        return {
-          content: [{ type: "text", text: "done" }],
-          finishReason: { unified: "stop", raw: "stop" },
-          usage,
-          warnings: [],
-        };
-      }
-      return {
-        content: calls.map(([name, args], i) => ({
-          type: "tool-call" as const,
-          toolCallId: `call_${k}_${i}`,
-          toolName: name,
-          input: JSON.stringify(args),
-        })),
-        finishReason: { unified: "tool-calls", raw: "tool_calls" },
-        usage,
-        warnings: [],
-      };
+      return generateResult(calls ?? "done", (i) => `call_${k}_${i}`);
     },
   });
-}
-
-function makeTools(log: ToolLog, onTool?: (executions: number) => Promise<void>) {
-  return {
-    search: tool({
-      description: "Search the web.",
-      inputSchema: z.object({ query: z.string() }),
-      execute: async ({ query }) => {
-        log.calls.push(["search", query]);
-        return searchOutput(query);
-      },
-    }),
-    open_page: tool({
-      description: "Open a page.",
-      inputSchema: z.object({ url: z.string() }),
-      execute: async ({ url }) => {
-        log.calls.push(["open_page", url]);
-        return openPageOutput(url);
-      },
-    }),
-    list_issues: tool({
-      description: "List one page of issues.",
-      inputSchema: z.object({ page: z.number() }),
-      execute: async ({ page }) => {
-        log.calls.push(["list_issues", page]);
-        await onTool?.(log.calls.length);
-        return listIssuesOutput(page);
-      },
-    }),
-    send_email: tool({
-      description: "Notify someone about an incident.",
-      inputSchema: z.object({ to: z.string(), incident: z.string() }),
-      execute: async ({ to }) => {
-        log.calls.push(["send_email", to]);
-        return sendEmailOutput(to);
-      },
-    }),
-  };
 }
 
 type Part = {

@@ -5,55 +5,25 @@
  * fuseboxd.
  */
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { after, before, describe, test } from "node:test";
-import { createSdkMcpServer, type Options, tool } from "@anthropic-ai/claude-agent-sdk";
-import { z } from "zod";
+import { after, describe, test } from "node:test";
+import type { Options } from "@anthropic-ai/claude-agent-sdk";
 import { ClaudeAgentGuard } from "../src/adapters/claude-agent-sdk.js";
-import { Fusebox, type RunOptions } from "../src/index.js";
+import type { RunOptions } from "../src/index.js";
+import { makeServer, PREFIX, SERVER, toolUses, workspace } from "./support/claude-agent-sdk.js";
 import { type Body, FakeAnthropic, type Turn, text } from "./support/fake-anthropic.js";
+import { connectedStack, counters, runStatus, ToolLog } from "./support/guard.js";
 import {
-  freshRun,
-  listIssuesOutput,
-  runStatus,
-  searchOutput,
-  TENANT,
-  ToolLog,
-} from "./support/guard.js";
-import type { Call } from "./support/scenarios.js";
-import { type Stack, startStack } from "./support/stack.js";
-import {
+  assertFanOutTree,
+  assertLeadClosed,
   type LeadScript,
   leadCalls,
   leadTasks,
   reportOf,
   researcherCalls,
+  startLead,
   TOPICS,
 } from "./support/subagents.js";
 import { children, executed, tree } from "./support/trees.js";
-
-const SERVER = "tools";
-const PREFIX = `mcp__${SERVER}__`;
-
-function makeServer(log: ToolLog) {
-  const ran = async (name: string, args: unknown, output: unknown) => {
-    log.calls.push([name, args]);
-    return { content: [{ type: "text" as const, text: JSON.stringify(output) }] };
-  };
-  return createSdkMcpServer({
-    name: SERVER,
-    tools: [
-      tool("search", "Search the web", { query: z.string() }, (a) =>
-        ran("search", a, searchOutput(a.query)),
-      ),
-      tool("list_issues", "List issues, one page at a time", { page: z.number() }, (a) =>
-        ran("list_issues", a, listIssuesOutput(a.page)),
-      ),
-    ],
-  });
-}
 
 type Block = { type?: string; text?: string; content?: unknown };
 
@@ -72,9 +42,6 @@ const taskOf = (body: Body): string =>
   textOf(body.messages?.find((m) => m.role === "user")?.content)
     .split("\n")
     .at(-1) ?? "";
-
-const asTurn = (calls: Call[]): Turn =>
-  calls.map(([name, input]) => ({ type: "tool_use" as const, name: PREFIX + name, input }));
 
 /**
  * The lead and its researchers, on one scripted API: the lead hands each task to the
@@ -96,10 +63,10 @@ function scripted(
       if (researcher === "runaway") {
         return last.includes("fusebox stopped this run")
           ? text("stopped before the end")
-          : asTurn(researcherCalls("runaway", turn) ?? []);
+          : toolUses(researcherCalls("runaway", turn) ?? []);
       }
       const calls = researcherCalls("pages", turn);
-      return calls === null ? text(reportOf(task)) : asTurn(calls);
+      return calls === null ? text(reportOf(task)) : toolUses(calls);
     }
     const tasks = leadTasks(script, turn);
     if (tasks === null) return text("done");
@@ -114,20 +81,17 @@ function scripted(
           ...(background ? {} : { run_in_background: false }),
         },
       })),
-      ...asTurn(leadCalls(script, turn)),
+      ...toolUses(leadCalls(script, turn)),
     ];
   });
 }
 
 function options(api: FakeAnthropic, log: ToolLog): Options {
-  const dir = mkdtempSync(join(tmpdir(), "fusebox-ts-claude-sub-"));
-  const home = join(dir, "home");
-  const work = join(dir, "work");
-  mkdirSync(home);
-  mkdirSync(work);
-  const mcp = ["search", "list_issues"].map((name) => PREFIX + name);
+  const { home, work } = workspace("fusebox-ts-claude-sub-");
+  const tools = ["search", "list_issues"];
+  const mcp = tools.map((name) => PREFIX + name);
   return {
-    mcpServers: { [SERVER]: makeServer(log) },
+    mcpServers: { [SERVER]: makeServer(log, undefined, tools) },
     tools: ["Agent"],
     allowedTools: ["Agent", ...mcp],
     agents: {
@@ -158,19 +122,11 @@ function agentAnswers(api: FakeAnthropic): string[] {
 }
 
 describe("Claude Agent SDK sub-agents", () => {
-  let stack: Stack;
-  let fb: Fusebox;
   const apis: FakeAnthropic[] = [];
-
-  before(async () => {
-    stack = await startStack();
-    fb = await Fusebox.connect(stack.natsUrl, { tenant: TENANT });
-  });
   after(async () => {
-    await fb.close();
     for (const api of apis) await api.stop();
-    await stack.stop();
   });
+  const live = connectedStack();
 
   async function lead(
     name: string,
@@ -179,7 +135,7 @@ describe("Claude Agent SDK sub-agents", () => {
     root: RunOptions = {},
     background = false,
   ) {
-    const run = await fb.startRun(freshRun(`cas-${name}`), { agent: "lead", ...root });
+    const run = await startLead(live.fb, `cas-${name}`, root);
     const guard = new ClaudeAgentGuard(run);
     const api = await scripted(script, researcher, background).start();
     apis.push(api);
@@ -199,25 +155,16 @@ describe("Claude Agent SDK sub-agents", () => {
         `${topic}: ${JSON.stringify(answers)}`,
       );
     }
-    const nodes = await tree(fb.nats, guard.run.id);
-    assert.deepEqual(nodes.get(guard.run.id)?.calls, [
-      ["Agent", "execute"],
-      ["Agent", "execute"],
-    ]);
-    const kids = children(nodes, guard.run.id);
-    assert.equal(kids.length, 2);
+    const kids = await assertFanOutTree(live.fb.nats, guard.run.id, {
+      delegate: "Agent",
+      listed: `${PREFIX}list_issues`,
+    });
+    // Their final turns, which a foreground sub-agent reports only in its call's output.
     for (const kid of kids) {
-      assert.equal(kid.agent, "researcher");
-      assert.deepEqual(executed(kid), [`${PREFIX}list_issues`, `${PREFIX}list_issues`]);
-      assert.equal(kid.reason, "completed");
-      // Its final turn, which a foreground sub-agent reports only in its call's output.
-      const counters = (await runStatus(stack, kid.run)).counters as Record<string, number>;
-      assert.equal(counters.model_turns, 3, kid.run);
+      assert.equal((await counters(live.stack, kid.run)).model_turns, 3, kid.run);
     }
     assert.equal(log.count("list_issues"), 4);
-    const status = await runStatus(stack, guard.run.id);
-    assert.equal((status.counters as Record<string, number>).model_turns, 2);
-    assert.equal((status.summary as { open: boolean }).open, false);
+    await assertLeadClosed(live.stack, guard.run.id);
   });
 
   test("a background sub-agent is a child run too, closed when its final turn is in", async () => {
@@ -225,13 +172,12 @@ describe("Claude Agent SDK sub-agents", () => {
     assert.equal(result?.subtype, "success");
     assert.equal(log.count("list_issues"), 4);
     assert.ok(agentAnswers(api).every((a) => a.includes("Async agent launched")));
-    const kids = children(await tree(fb.nats, guard.run.id), guard.run.id);
+    const kids = children(await tree(live.fb.nats, guard.run.id), guard.run.id);
     assert.equal(kids.length, 2);
     for (const kid of kids) {
       assert.deepEqual(executed(kid), [`${PREFIX}list_issues`, `${PREFIX}list_issues`]);
       assert.equal(kid.reason, "completed");
-      const counters = (await runStatus(stack, kid.run)).counters as Record<string, number>;
-      assert.equal(counters.model_turns, 3, kid.run);
+      assert.equal((await counters(live.stack, kid.run)).model_turns, 3, kid.run);
     }
   });
 
@@ -239,7 +185,7 @@ describe("Claude Agent SDK sub-agents", () => {
     const { guard, api, log, result } = await lead("child-stop", "then_search", "runaway");
     assert.equal(result?.subtype, "success");
     assert.equal(guard.run.stopped, null);
-    const kid = children(await tree(fb.nats, guard.run.id), guard.run.id)[0];
+    const kid = children(await tree(live.fb.nats, guard.run.id), guard.run.id)[0];
     assert.equal(kid?.reason, "consecutive_blocks");
     const [answer] = agentAnswers(api);
     assert.match(
@@ -250,7 +196,7 @@ describe("Claude Agent SDK sub-agents", () => {
     );
     // The lead's own next call ran.
     assert.equal(log.count("search"), 3 + 1);
-    const status = await runStatus(stack, guard.run.id);
+    const status = await runStatus(live.stack, guard.run.id);
     assert.equal((status.summary as { reason?: string }).reason, "completed");
   });
 
@@ -267,8 +213,8 @@ describe("Claude Agent SDK sub-agents", () => {
       /fusebox stopped the sub-agent researcher \(run .*-researcher-2\): STOPPED_LOOP_GUARD \(spawn_limit\): sub-agent not started: .*\(max_children 1\)\. Its task is not done/,
     );
     // The refused one never joined the tree: its own run says why.
-    assert.equal(children(await tree(fb.nats, guard.run.id), guard.run.id).length, 1);
-    const refused = await runStatus(stack, `${guard.run.id}-researcher-2`);
+    assert.equal(children(await tree(live.fb.nats, guard.run.id), guard.run.id).length, 1);
+    const refused = await runStatus(live.stack, `${guard.run.id}-researcher-2`);
     assert.equal((refused.summary as { reason?: string }).reason, "spawn_limit");
   });
 });

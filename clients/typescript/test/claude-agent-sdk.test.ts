@@ -5,61 +5,32 @@
  * in-process SDK MCP tools that log what they really executed.
  */
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { createSdkMcpServer, type Options, tool } from "@anthropic-ai/claude-agent-sdk";
-import { z } from "zod";
+import type { Options } from "@anthropic-ai/claude-agent-sdk";
 import { ClaudeAgentGuard } from "../src/adapters/claude-agent-sdk.js";
 import { Fusebox, RunStopped } from "../src/index.js";
+import {
+  makeServer,
+  PREFIX,
+  SERVER,
+  TOOLS,
+  toolUses,
+  workspace,
+} from "./support/claude-agent-sdk.js";
 import { FakeAnthropic, type Turn, text } from "./support/fake-anthropic.js";
 import {
   bareNats,
   freshRun,
   fuseboxCancel,
-  listIssuesOutput,
-  openPageOutput,
   PAGES,
   PING_PONG_EXECUTIONS,
   RUNAWAY_EXECUTIONS,
   runStatus,
-  searchOutput,
-  sendEmailOutput,
   TENANT,
   ToolLog,
 } from "./support/guard.js";
 import { nextCalls, opKeyFor, type Scenario } from "./support/scenarios.js";
 import { type Stack, startStack } from "./support/stack.js";
-
-const SERVER = "tools";
-const PREFIX = `mcp__${SERVER}__`;
-const TOOLS = ["search", "open_page", "list_issues", "send_email"];
-
-function makeServer(log: ToolLog, onTool?: (executions: number) => Promise<void>) {
-  const ran = async (name: string, args: unknown, output: unknown) => {
-    log.calls.push([name, args]);
-    await onTool?.(log.calls.length);
-    return { content: [{ type: "text" as const, text: JSON.stringify(output) }] };
-  };
-  return createSdkMcpServer({
-    name: SERVER,
-    tools: [
-      tool("search", "Search the web", { query: z.string() }, (a) =>
-        ran("search", a, searchOutput(a.query)),
-      ),
-      tool("open_page", "Open a web page", { url: z.string() }, (a) =>
-        ran("open_page", a, openPageOutput(a.url)),
-      ),
-      tool("list_issues", "List issues, one page at a time", { page: z.number() }, (a) =>
-        ran("list_issues", a, listIssuesOutput(a.page)),
-      ),
-      tool("send_email", "Send an email", { to: z.string(), incident: z.string() }, (a) =>
-        ran("send_email", a, sendEmailOutput(a.to)),
-      ),
-    ],
-  });
-}
 
 /** The shared scenario script, turn by turn, as Claude tool uses. */
 function scripted(scenario: Scenario): FakeAnthropic {
@@ -67,20 +38,12 @@ function scripted(scenario: Scenario): FakeAnthropic {
     const turn = (body.messages ?? []).filter((m) => m.role === "assistant").length;
     const calls = nextCalls(scenario, turn);
     if (calls === null) return text("done");
-    return calls.map(([name, input]) => ({
-      type: "tool_use" as const,
-      name: PREFIX + name,
-      input,
-    }));
+    return toolUses(calls);
   });
 }
 
 function options(api: FakeAnthropic, server: ReturnType<typeof makeServer>): Options {
-  const dir = mkdtempSync(join(tmpdir(), "fusebox-ts-claude-"));
-  const home = join(dir, "home");
-  const work = join(dir, "work");
-  mkdirSync(home);
-  mkdirSync(work);
+  const { home, work } = workspace("fusebox-ts-claude-");
   return {
     mcpServers: { [SERVER]: server },
     allowedTools: TOOLS.map((name) => PREFIX + name),

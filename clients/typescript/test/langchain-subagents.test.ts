@@ -4,73 +4,30 @@
  * the scripted `fakeModel()` (no LLM, no network), a real nats-server and fuseboxd.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
-import { AIMessage, type BaseMessage, HumanMessage } from "@langchain/core/messages";
-import { type FakeBuiltModel, fakeModel } from "@langchain/core/testing";
+import { describe, test } from "node:test";
+import { type BaseMessage, HumanMessage } from "@langchain/core/messages";
 import { tool } from "@langchain/core/tools";
 import { createAgent } from "langchain";
 import { z } from "zod";
 import { fuseboxMiddleware } from "../src/adapters/langchain.js";
-import { Fusebox, type RunOptions } from "../src/index.js";
-import { freshRun, runStatus, TENANT, ToolLog } from "./support/guard.js";
-import { makeTools, reads } from "./support/langchain.js";
-import type { Call } from "./support/scenarios.js";
-import { type Stack, startStack } from "./support/stack.js";
+import type { RunOptions } from "../src/index.js";
+import { connectedStack, counters, ToolLog } from "./support/guard.js";
+import { conversation, makeTools, reads } from "./support/langchain.js";
 import {
+  assertFanOutTree,
+  assertLeadClosed,
   type LeadScript,
-  leadCalls,
-  leadTasks,
+  leadReply,
   type ResearcherScript,
   reportOf,
-  researcherCalls,
+  researcherReply,
+  startLead,
   TOPICS,
 } from "./support/subagents.js";
-import { children, executed, tree } from "./support/trees.js";
-
-let callIds = 0;
-
-/** A scripted model that answers from its conversation (sub-agents share one model and
- * run at once): its turn is the number of AI messages so far, its task the first human
- * message. */
-function conversation(respond: (turn: number, task: string) => Call[] | string): FakeBuiltModel {
-  const model = fakeModel();
-  for (let i = 0; i < 100; i++) {
-    model.respond((messages: BaseMessage[]) => {
-      const turn = messages.filter((m) => AIMessage.isInstance(m)).length;
-      const task = String(messages.find((m) => HumanMessage.isInstance(m))?.content ?? "");
-      const reply = respond(turn, task);
-      const usage_metadata = { input_tokens: 120, output_tokens: 30, total_tokens: 150 };
-      const fields =
-        typeof reply === "string"
-          ? { content: reply, usage_metadata }
-          : {
-              content: "",
-              tool_calls: reply.map(([name, args]) => ({
-                name,
-                args,
-                id: `call_${callIds++}`,
-                type: "tool_call" as const,
-              })),
-              usage_metadata,
-            };
-      return new AIMessage(fields as ConstructorParameters<typeof AIMessage>[0] & object);
-    });
-  }
-  return model;
-}
+import { children, tree } from "./support/trees.js";
 
 describe("LangChain.js createAgent sub-agents", () => {
-  let stack: Stack;
-  let fb: Fusebox;
-
-  before(async () => {
-    stack = await startStack();
-    fb = await Fusebox.connect(stack.natsUrl, { tenant: TENANT });
-  });
-  after(async () => {
-    await fb.close();
-    await stack.stop();
-  });
+  const live = connectedStack();
 
   /** A lead agent whose `research` tool invokes a researcher agent, both built with the
    * same middleware. */
@@ -79,13 +36,11 @@ describe("LangChain.js createAgent sub-agents", () => {
     script: LeadScript,
     opts: { root?: RunOptions; researcher?: ResearcherScript } = {},
   ) {
-    const run = await fb.startRun(freshRun(`lc-${name}`), { agent: "lead", ...opts.root });
+    const run = await startLead(live.fb, `lc-${name}`, opts.root);
     const middleware = fuseboxMiddleware(run);
     const log = new ToolLog();
     const researcher = createAgent({
-      model: conversation(
-        (turn, task) => researcherCalls(opts.researcher ?? "pages", turn) ?? reportOf(task),
-      ),
+      model: conversation((turn, task) => researcherReply(opts.researcher ?? "pages", turn, task)),
       tools: makeTools(log),
       middleware: [middleware],
     });
@@ -101,11 +56,7 @@ describe("LangChain.js createAgent sub-agents", () => {
       },
     );
     const agent = createAgent({
-      model: conversation((turn) => {
-        const tasks = leadTasks(script, turn);
-        if (tasks === null) return "done";
-        return [...tasks.map((topic): Call => ["research", { topic }]), ...leadCalls(script, turn)];
-      }),
+      model: conversation((turn) => leadReply(script, turn)),
       tools: [research, ...makeTools(log)],
       middleware: [middleware],
     });
@@ -117,24 +68,10 @@ describe("LangChain.js createAgent sub-agents", () => {
     const { run, log, messages } = await lead("fan-out", "fan_out");
     assert.equal(String(messages.at(-1)?.content), "done");
     assert.deepEqual(reads(messages).sort(), TOPICS.map(reportOf).sort());
-    const nodes = await tree(fb.nats, run.id);
-    assert.deepEqual(nodes.get(run.id)?.calls, [
-      ["research", "execute"],
-      ["research", "execute"],
-    ]);
-    const kids = children(nodes, run.id);
-    assert.equal(kids.length, 2);
-    for (const kid of kids) {
-      assert.equal(kid.agent, "research");
-      assert.deepEqual(executed(kid), ["list_issues", "list_issues"]);
-      assert.equal(kid.reason, "completed");
-      const counters = (await runStatus(stack, kid.run)).counters as Record<string, number>;
-      assert.equal(counters.model_turns, 3);
-    }
+    const kids = await assertFanOutTree(live.fb.nats, run.id, { agent: "research" });
+    for (const kid of kids) assert.equal((await counters(live.stack, kid.run)).model_turns, 3);
     assert.equal(log.count("list_issues"), 4);
-    const status = await runStatus(stack, run.id);
-    assert.equal((status.counters as Record<string, number>).model_turns, 2);
-    assert.equal((status.summary as { open: boolean }).open, false);
+    await assertLeadClosed(live.stack, run.id);
   });
 
   test("a sub-agent the guard stops ends there; the lead reads why and goes on", async () => {
@@ -143,7 +80,7 @@ describe("LangChain.js createAgent sub-agents", () => {
     });
     assert.equal(String(messages.at(-1)?.content), "done");
     const [research, search] = reads(messages);
-    const kid = children(await tree(fb.nats, run.id), run.id)[0];
+    const kid = children(await tree(live.fb.nats, run.id), run.id)[0];
     assert.equal(kid?.reason, "consecutive_blocks");
     assert.match(
       research ?? "",

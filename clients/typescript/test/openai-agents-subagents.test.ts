@@ -4,7 +4,7 @@
  * `guard.asTool` (agents as tools, several at once) and handoffs.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import {
   Agent,
   type AgentInputItem,
@@ -12,30 +12,23 @@ import {
   type ModelRequest,
   type ModelResponse,
   setTracingDisabled,
-  tool,
-  Usage,
 } from "@openai/agents";
-import { z } from "zod";
 import { OpenAIAgentsGuard } from "../src/adapters/openai-agents.js";
-import { Fusebox, type RunOptions, RunStopped } from "../src/index.js";
-import {
-  freshRun,
-  fuseboxCancel,
-  listIssuesOutput,
-  runStatus,
-  searchOutput,
-  TENANT,
-  ToolLog,
-} from "./support/guard.js";
+import { type RunOptions, RunStopped } from "../src/index.js";
+import { connectedStack, fuseboxCancel, ToolLog } from "./support/guard.js";
+import { makeTools, modelResponse } from "./support/openai-agents.js";
 import type { Call } from "./support/scenarios.js";
-import { type Stack, startStack } from "./support/stack.js";
 import {
+  assertFanOutTree,
+  assertLeadClosed,
+  assertStepBudgetStopTold,
   type LeadScript,
-  leadCalls,
-  leadTasks,
+  leadReply,
   type ResearcherScript,
   reportOf,
   researcherCalls,
+  researcherReply,
+  startLead,
   TOPICS,
 } from "./support/subagents.js";
 import { children, executed, tree } from "./support/trees.js";
@@ -77,31 +70,10 @@ class ConversationModel implements Model {
         .filter((i) => i.type === "function_call" && i.callId?.startsWith(`${this.prefix}_`))
         .map((i) => i.callId?.split("_")[1]),
     );
-    const reply = this.respond(turns.size, taskOf(request));
-    const usage = new Usage({ requests: 1, inputTokens: 120, outputTokens: 30, totalTokens: 150 });
-    if (typeof reply === "string") {
-      return {
-        usage,
-        output: [
-          {
-            type: "message",
-            role: "assistant",
-            status: "completed",
-            content: [{ type: "output_text", text: reply }],
-          },
-        ],
-      };
-    }
-    return {
-      usage,
-      output: reply.map(([name, args], i) => ({
-        type: "function_call" as const,
-        callId: `${this.prefix}_${turns.size}_${i}_${callIds++}`,
-        name,
-        arguments: JSON.stringify(args),
-        status: "completed" as const,
-      })),
-    };
+    return modelResponse(
+      this.respond(turns.size, taskOf(request)),
+      (i) => `${this.prefix}_${turns.size}_${i}_${callIds++}`,
+    );
   }
 
   // biome-ignore lint/correctness/useYield: the scripted model never streams
@@ -139,48 +111,22 @@ function taskOf(request: ModelRequest): string {
 
 /** The work tools; `onList` runs inside each `list_issues` execution. */
 function tools(log: ToolLog, onList?: () => Promise<void>) {
-  return [
-    tool({
-      name: "search",
-      description: "Search the web.",
-      parameters: z.object({ query: z.string() }),
-      execute: async ({ query }) => {
-        log.calls.push(["search", query]);
-        return searchOutput(query);
-      },
-    }),
-    tool({
-      name: "list_issues",
-      description: "List one page of issues.",
-      parameters: z.object({ page: z.number() }),
-      execute: async ({ page }) => {
-        log.calls.push(["list_issues", page]);
-        await onList?.();
-        return listIssuesOutput(page);
-      },
-    }),
-  ];
+  return makeTools(log, onList).filter((t) => t.name === "search" || t.name === "list_issues");
 }
 
 function researcher(script: ResearcherScript, log: ToolLog, onList?: () => Promise<void>): Agent {
   return new Agent({
     name: "researcher",
     instructions: "Research the topic you are given.",
-    model: new ConversationModel(
-      "res",
-      (turn, task) => researcherCalls(script, turn) ?? reportOf(task),
-    ),
+    model: new ConversationModel("res", (turn, task) => researcherReply(script, turn, task)),
     tools: tools(log, onList),
   });
 }
 
 function lead(script: LeadScript, log: ToolLog, research: ReturnType<OpenAIAgentsGuard["asTool"]>) {
-  const model = new ConversationModel("lead", (turn) => {
-    const tasks = leadTasks(script, turn);
-    if (tasks === null) return "done";
-    const research: Call[] = tasks.map((topic) => ["research", { input: topic }]);
-    return [...research, ...leadCalls(script, turn)];
-  });
+  const model = new ConversationModel("lead", (turn) =>
+    leadReply(script, turn, (topic) => ({ input: topic })),
+  );
   const agent = new Agent({
     name: "lead",
     instructions: "Hand research to the researcher.",
@@ -191,22 +137,10 @@ function lead(script: LeadScript, log: ToolLog, research: ReturnType<OpenAIAgent
 }
 
 describe("OpenAI Agents JS sub-agents", () => {
-  let stack: Stack;
-  let fb: Fusebox;
-
-  before(async () => {
-    stack = await startStack();
-    fb = await Fusebox.connect(stack.natsUrl, { tenant: TENANT });
-  });
-  after(async () => {
-    await fb.close();
-    await stack.stop();
-  });
+  const live = connectedStack();
 
   async function guarded(name: string, opts: RunOptions = {}) {
-    return new OpenAIAgentsGuard(
-      await fb.startRun(freshRun(`oai-${name}`), { agent: "lead", ...opts }),
-    );
+    return new OpenAIAgentsGuard(await startLead(live.fb, `oai-${name}`, opts));
   }
 
   const researchTool = (guard: OpenAIAgentsGuard, agent: Agent, policy?: Record<string, unknown>) =>
@@ -224,23 +158,10 @@ describe("OpenAI Agents JS sub-agents", () => {
     assert.equal(result.finalOutput, "done");
     // The lead read each sub-agent's report as the tool's output.
     assert.deepEqual([...model.reads().values()].sort(), TOPICS.map(reportOf).sort());
-    const nodes = await tree(fb.nats, guard.run.id);
-    assert.deepEqual(nodes.get(guard.run.id)?.calls, [
-      ["research", "execute"],
-      ["research", "execute"],
-    ]);
-    const kids = children(nodes, guard.run.id);
-    assert.equal(kids.length, 2);
-    for (const kid of kids) {
-      assert.equal(kid.agent, "researcher");
-      assert.deepEqual(executed(kid), ["list_issues", "list_issues"]);
-      assert.equal(kid.reason, "completed");
-    }
+    await assertFanOutTree(live.fb.nats, guard.run.id);
     assert.equal(log.count("list_issues"), 4);
     // The sub-agents' model turns are theirs: the lead's run holds its own two.
-    const status = await runStatus(stack, guard.run.id);
-    assert.equal((status.counters as Record<string, number>).model_turns, 2);
-    assert.equal((status.summary as { open: boolean }).open, false);
+    await assertLeadClosed(live.stack, guard.run.id);
   });
 
   test("a sub-agent the guard stops ends there; the lead reads why and goes on", async () => {
@@ -251,17 +172,9 @@ describe("OpenAI Agents JS sub-agents", () => {
     const result = await guard.runAgent(agent, "triage the queue", { maxTurns: 10 });
     assert.equal(result.finalOutput, "done");
     assert.equal(log.count("list_issues"), 1);
-    const read = [...model.reads().values()];
-    const kid = children(await tree(fb.nats, guard.run.id), guard.run.id)[0];
-    assert.equal(kid?.reason, "step_budget");
-    assert.equal(
-      read[0],
-      `fusebox stopped the sub-agent researcher (run ${kid?.run}): STOPPED_LOOP_GUARD (step_budget). Its task is not done: do it another way or report that it could not be done, rather than starting the same sub-agent again.`,
-    );
     // The lead's next call ran, with the daemon's word that its sub-agent was stopped.
-    assert.match(read[1] ?? "", /\[fusebox warning\] a sub-agent of this run was stopped/);
+    await assertStepBudgetStopTold(live.fb.nats, guard.run, [...model.reads().values()]);
     assert.equal(log.count("search"), 1);
-    assert.equal(guard.run.stopped, null);
   });
 
   test("a sub-agent past a cap never starts; the lead reads the refusal", async () => {
@@ -292,7 +205,7 @@ describe("OpenAI Agents JS sub-agents", () => {
       ["done", "done"],
     );
     for (const guard of [first, second]) {
-      const nodes = await tree(fb.nats, guard.run.id);
+      const nodes = await tree(live.fb.nats, guard.run.id);
       assert.equal(nodes.get(guard.run.id)?.calls.length, 2, guard.run.id);
       const kids = children(nodes, guard.run.id);
       assert.equal(kids.length, 2);
@@ -312,7 +225,7 @@ describe("OpenAI Agents JS sub-agents", () => {
     const cancelWhenBothIn = async () => {
       arrived += 1;
       if (arrived === 2) {
-        await fuseboxCancel(stack, guard.run.id, "tree review");
+        await fuseboxCancel(live.stack, guard.run.id, "tree review");
         release();
       }
       await released;
@@ -325,7 +238,7 @@ describe("OpenAI Agents JS sub-agents", () => {
     );
     assert.ok(err instanceof RunStopped, String(err));
     assert.equal(err.report?.terminal_state, "CANCELLED");
-    const nodes = await tree(fb.nats, guard.run.id);
+    const nodes = await tree(live.fb.nats, guard.run.id);
     const kids = children(nodes, guard.run.id);
     assert.equal(kids.length, 2);
     for (const kid of kids) {
@@ -339,7 +252,15 @@ describe("OpenAI Agents JS sub-agents", () => {
     ]);
   });
 
-  function triage(billing: Agent) {
+  /** The triage agent, which hands billing questions off to the billing agent; that one
+   * makes the calls of a researcher of `script`, then answers `answer`. */
+  function triage(script: ResearcherScript, answer: string, log: ToolLog) {
+    const billing = new Agent({
+      name: "billing",
+      instructions: "Answer billing questions.",
+      model: new ConversationModel("billing", (turn) => researcherCalls(script, turn) ?? answer),
+      tools: tools(log),
+    });
     return new Agent({
       name: "triage",
       instructions: "Hand billing questions to billing.",
@@ -352,21 +273,10 @@ describe("OpenAI Agents JS sub-agents", () => {
 
   test("a handoff is a child run of the agent that handed off", async () => {
     const guard = await guarded("handoff", { agent: "triage" });
-    const log = new ToolLog();
-    const billing = new Agent({
-      name: "billing",
-      instructions: "Answer billing questions.",
-      model: new ConversationModel(
-        "billing",
-        (turn) => researcherCalls("pages", turn) ?? "billing done",
-      ),
-      tools: tools(log),
-    });
-    const result = await guard.runAgent(triage(billing), "why was I charged twice?", {
-      maxTurns: 10,
-    });
+    const triaged = triage("pages", "billing done", new ToolLog());
+    const result = await guard.runAgent(triaged, "why was I charged twice?", { maxTurns: 10 });
     assert.equal(result.finalOutput, "billing done");
-    const nodes = await tree(fb.nats, guard.run.id);
+    const nodes = await tree(live.fb.nats, guard.run.id);
     const [kid] = children(nodes, guard.run.id);
     assert.equal(kid?.agent, "billing");
     assert.deepEqual(kid && executed(kid), ["list_issues", "list_issues"]);
@@ -377,22 +287,17 @@ describe("OpenAI Agents JS sub-agents", () => {
 
   test("a stop of a run handed off to ends runAgent with that run's RunStopped", async () => {
     const guard = await guarded("handoff-stop", { agent: "triage" });
-    const log = new ToolLog();
-    const billing = new Agent({
-      name: "billing",
-      instructions: "Answer billing questions.",
-      model: new ConversationModel("billing", (turn) => researcherCalls("runaway", turn) ?? "x"),
-      tools: tools(log),
-    });
     const err = await guard
-      .runAgent(triage(billing), "why was I charged twice?", { maxTurns: 20 })
+      .runAgent(triage("runaway", "x", new ToolLog()), "why was I charged twice?", {
+        maxTurns: 20,
+      })
       .then(
         () => assert.fail("the run was not stopped"),
         (e: unknown) => e,
       );
     assert.ok(err instanceof RunStopped, String(err));
     assert.equal(err.report?.terminal_state, "STOPPED_LOOP_GUARD");
-    const nodes = await tree(fb.nats, guard.run.id);
+    const nodes = await tree(live.fb.nats, guard.run.id);
     const [kid] = children(nodes, guard.run.id);
     assert.equal(err.decision?.run, kid?.run);
     assert.equal(kid?.agent, "billing");

@@ -11,27 +11,21 @@ import {
   type ModelRequest,
   type ModelResponse,
   setTracingDisabled,
-  tool,
-  Usage,
 } from "@openai/agents";
-import { z } from "zod";
 import { OpenAIAgentsGuard } from "../src/adapters/openai-agents.js";
 import { Fusebox, type FuseboxOptions, RunStopped } from "../src/index.js";
 import {
   bareNats,
   freshRun,
   fuseboxCancel,
-  listIssuesOutput,
-  openPageOutput,
   PAGES,
   PING_PONG_EXECUTIONS,
   RUNAWAY_EXECUTIONS,
   runStatus,
-  searchOutput,
-  sendEmailOutput,
   TENANT,
   ToolLog,
 } from "./support/guard.js";
+import { makeTools, modelResponse } from "./support/openai-agents.js";
 import { nextCalls, opKeyFor, type Scenario } from "./support/scenarios.js";
 import { type Stack, startStack } from "./support/stack.js";
 
@@ -46,31 +40,7 @@ class ScriptedModel implements Model {
   async getResponse(request: ModelRequest): Promise<ModelResponse> {
     this.requests.push(request);
     const k = this.turn++;
-    const calls = nextCalls(this.scenario, k);
-    const usage = new Usage({ requests: 1, inputTokens: 120, outputTokens: 30, totalTokens: 150 });
-    if (calls === null) {
-      return {
-        usage,
-        output: [
-          {
-            type: "message",
-            role: "assistant",
-            status: "completed",
-            content: [{ type: "output_text", text: "done" }],
-          },
-        ],
-      };
-    }
-    return {
-      usage,
-      output: calls.map(([name, args], i) => ({
-        type: "function_call" as const,
-        callId: `call_${k}_${i}`,
-        name,
-        arguments: JSON.stringify(args),
-        status: "completed" as const,
-      })),
-    };
+    return modelResponse(nextCalls(this.scenario, k) ?? "done", (i) => `call_${k}_${i}`);
   }
 
   // biome-ignore lint/correctness/useYield: the scripted model never streams
@@ -84,45 +54,7 @@ function makeAgent(model: Model, log: ToolLog, onTool?: (executions: number) => 
     name: "researcher",
     instructions: "Answer the question.",
     model,
-    tools: [
-      tool({
-        name: "search",
-        description: "Search the web.",
-        parameters: z.object({ query: z.string() }),
-        execute: async ({ query }) => {
-          log.calls.push(["search", query]);
-          return searchOutput(query);
-        },
-      }),
-      tool({
-        name: "open_page",
-        description: "Open a page.",
-        parameters: z.object({ url: z.string() }),
-        execute: async ({ url }) => {
-          log.calls.push(["open_page", url]);
-          return openPageOutput(url);
-        },
-      }),
-      tool({
-        name: "list_issues",
-        description: "List one page of issues.",
-        parameters: z.object({ page: z.number() }),
-        execute: async ({ page }) => {
-          log.calls.push(["list_issues", page]);
-          await onTool?.(log.calls.length);
-          return listIssuesOutput(page);
-        },
-      }),
-      tool({
-        name: "send_email",
-        description: "Notify someone about an incident.",
-        parameters: z.object({ to: z.string(), incident: z.string() }),
-        execute: async ({ to }) => {
-          log.calls.push(["send_email", to]);
-          return sendEmailOutput(to);
-        },
-      }),
-    ],
+    tools: makeTools(log, onTool),
   });
 }
 

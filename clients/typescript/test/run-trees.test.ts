@@ -5,10 +5,9 @@
  * and the parent told of a stopped child.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
-import { type Action, Fusebox, type Run } from "../src/index.js";
-import { freshRun, fuseboxCancel, TENANT } from "./support/guard.js";
-import { type Stack, startStack } from "./support/stack.js";
+import { describe, test } from "node:test";
+import type { Action, Run } from "../src/index.js";
+import { connectedStack, freshRun, fuseboxCancel } from "./support/guard.js";
 import { children, executed, tree } from "./support/trees.js";
 
 /** `calls` distinct calls of one run, each executed only when the guard lets it (`log`
@@ -27,30 +26,20 @@ async function work(run: Run, calls: number, log: string[] = []): Promise<Array<
 }
 
 describe("run trees against fuseboxd", () => {
-  let stack: Stack;
-  let fb: Fusebox;
-
-  before(async () => {
-    stack = await startStack();
-    fb = await Fusebox.connect(stack.natsUrl, { tenant: TENANT });
-  });
-  after(async () => {
-    await fb.close();
-    await stack.stop();
-  });
+  const live = connectedStack();
 
   test("a child run names its parent and has its own calls, ids and kill switch", async () => {
-    const root = await fb.startRun(freshRun("tree-root"), { agent: "lead" });
+    const root = await live.fb.startRun(freshRun("tree-root"), { agent: "lead" });
     const child = await root.startChild({ agent: "Web Researcher" });
     assert.equal(child.parent, root.id);
     assert.equal(child.id, `${root.id}-Web_Researcher-1`);
     assert.equal(child.stopped, null);
     assert.deepEqual(await work(child, 2), ["execute", "execute"]);
     // An explicit parent, and a grandchild of it.
-    const named = await fb.startRun(freshRun("tree-named"), { parent: child.id });
+    const named = await live.fb.startRun(freshRun("tree-named"), { parent: child.id });
     const grandchild = await named.startChild();
     assert.equal(grandchild.id, `${named.id}-sub-1`);
-    const nodes = await tree(fb.nats, root.id);
+    const nodes = await tree(live.fb.nats, root.id);
     const node = nodes.get(child.id);
     assert.equal(node?.parent, root.id);
     assert.equal(node?.agent, "Web Researcher");
@@ -63,11 +52,11 @@ describe("run trees against fuseboxd", () => {
 
   test("a child's start waits for its parent's, and child ids stay run ids", async () => {
     // The parent is not started: its child starts it first, so the daemon knows it.
-    const root = fb.run(freshRun("tree-lazy"), { policy: { max_steps: 1 } });
+    const root = live.fb.run(freshRun("tree-lazy"), { policy: { max_steps: 1 } });
     const child = await root.startChild({ agent: "helper" });
     assert.equal((await work(child, 2))[1], "stop");
     assert.equal(child.stopped?.reason, "tree_budget");
-    const long = fb.run(`${"a".repeat(120)}-${freshRun("x").slice(-6)}`);
+    const long = live.fb.run(`${"a".repeat(120)}-${freshRun("x").slice(-6)}`);
     const ids = [long.child({ agent: "research er" }).id, long.child().id];
     assert.ok(
       ids.every((id) => id.length <= 128 && id.startsWith("a".repeat(40))),
@@ -80,7 +69,7 @@ describe("run trees against fuseboxd", () => {
   });
 
   test("thirty children at once under a tree budget of 100 steps execute exactly 100 calls", async () => {
-    const root = await fb.startRun(freshRun("fanout"), {
+    const root = await live.fb.startRun(freshRun("fanout"), {
       policy: { max_steps: 100, max_open_children: 30, max_children: 30 },
     });
     const kids = await Promise.all(
@@ -102,7 +91,7 @@ describe("run trees against fuseboxd", () => {
     assert.equal(gate.stopped, true);
     assert.equal(gate.report?.reason, "step_budget");
     // The daemon's view: thirty children under the root, 100 executions in all.
-    const nodes = await tree(fb.nats, root.id);
+    const nodes = await tree(live.fb.nats, root.id);
     assert.equal(children(nodes, root.id).length, 30);
     assert.equal(
       [...nodes.values()].reduce((sum, node) => sum + executed(node).length, 0),
@@ -112,11 +101,11 @@ describe("run trees against fuseboxd", () => {
   });
 
   test("a cancel of the root through the operator API ends every descendant", async () => {
-    const root = await fb.startRun(freshRun("cancel-tree"));
+    const root = await live.fb.startRun(freshRun("cancel-tree"));
     const mid = await root.startChild({ agent: "planner" });
     const leaves = [await mid.startChild({ agent: "fetcher" }), await mid.startChild()];
     for (const run of [mid, ...leaves]) assert.deepEqual(await work(run, 1), ["execute"]);
-    await fuseboxCancel(stack, root.id, "tree review");
+    await fuseboxCancel(live.stack, root.id, "tree review");
     assert.equal((await root.waitStopped(10_000))?.reason, "cancelled");
     for (const run of [mid, ...leaves]) {
       // Each descendant's own kill switch fired, before any call of its own asked.
@@ -128,7 +117,7 @@ describe("run trees against fuseboxd", () => {
       assert.equal(gate.stopped, true);
       assert.equal(gate.mayRun, false);
     }
-    const nodes = await tree(fb.nats, root.id);
+    const nodes = await tree(live.fb.nats, root.id);
     assert.deepEqual(
       Object.fromEntries([...nodes.values()].map((n) => [n.run, [n.reason, n.stoppedBy]])),
       {
@@ -142,7 +131,7 @@ describe("run trees against fuseboxd", () => {
   });
 
   test("one child's loop stops that child only, and the parent is told", async () => {
-    const boss = await fb.startRun(freshRun("loop-boss"));
+    const boss = await live.fb.startRun(freshRun("loop-boss"));
     const looper = await boss.startChild({ agent: "searcher" });
     const sibling = await boss.startChild({ agent: "searcher" });
     for (let i = 0; i < 10 && looper.stopped === null; i++) {
@@ -197,7 +186,7 @@ describe("run trees against fuseboxd", () => {
   ];
   for (const [reason, policy, build, says] of caps) {
     test(`a cap refuses the spawn with a reason the model can act on: ${reason}`, async () => {
-      const root = await fb.startRun(freshRun(`cap-${reason}`), { policy });
+      const root = await live.fb.startRun(freshRun(`cap-${reason}`), { policy });
       const refused = await build(root);
       assert.equal(refused.stopped?.reason, reason);
       assert.match(refused.stopped?.detail ?? "", /sub-agent not started/);
@@ -210,7 +199,7 @@ describe("run trees against fuseboxd", () => {
   }
 
   test("a finished child frees its place among the open ones", async () => {
-    const root = await fb.startRun(freshRun("cap-free"), { policy: { max_open_children: 1 } });
+    const root = await live.fb.startRun(freshRun("cap-free"), { policy: { max_open_children: 1 } });
     const first = await root.startChild();
     assert.notEqual((await root.startChild()).stopped, null);
     await first.finish("completed");

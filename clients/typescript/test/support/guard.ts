@@ -1,16 +1,18 @@
 /**
- * Shared pieces of the TypeScript suites: fresh run ids, a NATS server with no fuseboxd
- * behind it (the "daemon down" case), `fusebox cancel` / `fusebox run` from another
- * process, and the tools every scenario uses (the same outputs in every framework).
+ * Shared pieces of the TypeScript suites: fresh run ids, a stack and a client of it for a
+ * whole suite, a NATS server with no fuseboxd behind it (the "daemon down" case), `fusebox
+ * cancel` / `fusebox run` from another process, and the tools every scenario uses (the
+ * same outputs in every framework).
  */
 import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { createServer, Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { after, before } from "node:test";
 import { promisify } from "node:util";
-import { newRunId } from "../../src/index.js";
-import type { Stack } from "./stack.js";
+import { Fusebox, newRunId } from "../../src/index.js";
+import { type Stack, startStack } from "./stack.js";
 
 const run = promisify(execFile);
 
@@ -30,6 +32,27 @@ export const PING_PONG_EXECUTIONS = 5;
 export const PAGES = 12;
 
 export const freshRun = (prefix: string): string => newRunId(prefix);
+
+/** A suite's stack and its one client (tenant `TENANT`). */
+export interface Connected {
+  stack: Stack;
+  fb: Fusebox;
+}
+
+/** A stack started before the suite it is called in, with a client connected to it, both
+ * closed after the suite's last test; read them inside the tests. */
+export function connectedStack(): Connected {
+  const live = {} as Connected;
+  before(async () => {
+    live.stack = await startStack();
+    live.fb = await Fusebox.connect(live.stack.natsUrl, { tenant: TENANT });
+  });
+  after(async () => {
+    await live.fb.close();
+    await live.stack.stop();
+  });
+  return live;
+}
 
 export function freePort(): Promise<number> {
   return new Promise((done, fail) => {
@@ -113,6 +136,11 @@ export async function runStatus(stack: Stack, runId: string): Promise<Record<str
     { timeout: 30_000 },
   );
   return JSON.parse(stdout.split("\n")[0] ?? "{}") as Record<string, unknown>;
+}
+
+/** The daemon's counters for the run (`model_turns`, …), from `runStatus`. */
+export async function counters(stack: Stack, runId: string): Promise<Record<string, number>> {
+  return (await runStatus(stack, runId)).counters as Record<string, number>;
 }
 
 /** What the fake tools really executed (the guard's decisions are judged by it). */

@@ -1,10 +1,10 @@
 /**
  * The LangChain.js pieces the `createAgent` and LangGraph.js suites share: the scripted
- * `fakeModel()` (no LLM, no network), the scenario tools as LangChain tools, and the
- * checks on a message history.
+ * `fakeModel()`s (no LLM, no network: a scenario's, and the sub-agents' conversation),
+ * the scenario tools as LangChain tools, and the checks on a message history.
  */
 import assert from "node:assert/strict";
-import { AIMessage, type BaseMessage, ToolMessage } from "@langchain/core/messages";
+import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langchain/core/messages";
 import { type FakeBuiltModel, fakeModel } from "@langchain/core/testing";
 import { tool } from "@langchain/core/tools";
 import { z } from "zod";
@@ -15,12 +15,29 @@ import {
   sendEmailOutput,
   type ToolLog,
 } from "./guard.js";
-import { nextCalls, type Scenario } from "./scenarios.js";
+import { type Call, nextCalls, type Scenario } from "./scenarios.js";
 
 /** An AI message with usage: @langchain/core's types infer `usage_metadata` as
  * `undefined` for the default message structure, though the runtime reads it. */
 const aiMessage = (fields: Record<string, unknown>): AIMessage =>
   new AIMessage(fields as ConstructorParameters<typeof AIMessage>[0] & object);
+
+/** A scripted model's answer: its final text, or a call of each of `answer`'s tools (the
+ * call ids from `callId`). */
+function reply(answer: Call[] | string, callId: (index: number) => string): AIMessage {
+  const usage_metadata = { input_tokens: 120, output_tokens: 30, total_tokens: 150 };
+  if (typeof answer === "string") return aiMessage({ content: answer, usage_metadata });
+  return aiMessage({
+    content: "",
+    tool_calls: answer.map(([name, args], j) => ({
+      name,
+      args,
+      id: callId(j),
+      type: "tool_call" as const,
+    })),
+    usage_metadata,
+  });
+}
 
 export function scripted(scenario: Scenario): FakeBuiltModel {
   const model = fakeModel();
@@ -28,19 +45,26 @@ export function scripted(scenario: Scenario): FakeBuiltModel {
   for (let i = 0; i < 100; i++) {
     model.respond(() => {
       const k = turn++;
-      const calls = nextCalls(scenario, k);
-      const usage_metadata = { input_tokens: 120, output_tokens: 30, total_tokens: 150 };
-      if (calls === null) return aiMessage({ content: "done", usage_metadata });
-      return aiMessage({
-        content: "",
-        tool_calls: calls.map(([name, args], j) => ({
-          name,
-          args,
-          id: `call_${k}_${j}`,
-          type: "tool_call" as const,
-        })),
-        usage_metadata,
-      });
+      return reply(nextCalls(scenario, k) ?? "done", (j) => `call_${k}_${j}`);
+    });
+  }
+  return model;
+}
+
+let callIds = 0;
+
+/** A scripted model that answers from its conversation (sub-agents share one model and
+ * run at once): its turn is the number of AI messages so far, its task the first human
+ * message. */
+export function conversation(
+  respond: (turn: number, task: string) => Call[] | string,
+): FakeBuiltModel {
+  const model = fakeModel();
+  for (let i = 0; i < 100; i++) {
+    model.respond((messages: BaseMessage[]) => {
+      const turn = messages.filter((m) => AIMessage.isInstance(m)).length;
+      const task = String(messages.find((m) => HumanMessage.isInstance(m))?.content ?? "");
+      return reply(respond(turn, task), () => `call_${callIds++}`);
     });
   }
   return model;
