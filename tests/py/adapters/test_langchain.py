@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import pytest
 from fusebox_guard import Fusebox, GateOnError, SyncFusebox
@@ -53,7 +53,27 @@ from support.trees import children, tree
 MODES = ["sync", "async"]
 
 
-class ScriptedChatModel(BaseChatModel):
+class OfflineChatModel(BaseChatModel):
+    """A chat model with no LLM behind it: the tools bound to it change nothing, and it
+    answers each call with the one message :meth:`answer` makes of the messages."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Self:
+        return self
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=self.answer(messages))])
+
+    def answer(self, messages: list[BaseMessage]) -> AIMessage:
+        raise NotImplementedError
+
+
+class ScriptedChatModel(OfflineChatModel):
     """Answers from `support.scenarios`: turn N = the number of AI messages so far."""
 
     scenario: str
@@ -66,16 +86,7 @@ class ScriptedChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "scripted"
 
-    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedChatModel:
-        return self
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
+    def answer(self, messages: list[BaseMessage]) -> AIMessage:
         self.seen.append(list(messages))
         turn = (
             len(self.seen) - 1
@@ -105,7 +116,7 @@ class ScriptedChatModel(BaseChatModel):
                 ],
                 usage_metadata=usage,
             )
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        return message
 
 
 def make_tools(log: ToolLog, on_tool: Callable[[int], None] | None = None) -> list[BaseTool]:
@@ -412,7 +423,7 @@ Script = Callable[[list[BaseMessage]], "list[Call] | str"]
 CONFIG = {"recursion_limit": 200}
 
 
-class PlayChatModel(BaseChatModel):
+class PlayChatModel(OfflineChatModel):
     """Answers what `script` says for the messages: tool calls, or a final text."""
 
     script: Script
@@ -421,26 +432,13 @@ class PlayChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "play"
 
-    def bind_tools(self, tools: Any, **kwargs: Any) -> PlayChatModel:
-        return self
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        answer = self.script(messages)
-        if isinstance(answer, str):
-            message = AIMessage(content=answer)
-        else:
-            turn = sum(isinstance(m, AIMessage) for m in messages)
-            calls = [
-                {"name": n, "args": a, "id": f"{n}_{turn}", "type": "tool_call"} for n, a in answer
-            ]
-            message = AIMessage(content="", tool_calls=calls)
-        return ChatResult(generations=[ChatGeneration(message=message)])
+    def answer(self, messages: list[BaseMessage]) -> AIMessage:
+        reply = self.script(messages)
+        if isinstance(reply, str):
+            return AIMessage(content=reply)
+        turn = sum(isinstance(m, AIMessage) for m in messages)
+        calls = [{"name": n, "args": a, "id": f"{n}_{turn}", "type": "tool_call"} for n, a in reply]
+        return AIMessage(content="", tool_calls=calls)
 
 
 def lead_script(messages: list[BaseMessage]) -> list[Call] | str:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.agent_runs import children, node, run_status
-from support.claude_code import run_claude
+from support.claude_code import fusebox, run_claude
 from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
 from support.guard import RUNAWAY_EXECUTIONS, TENANT
 from support.stack import Stack
@@ -28,23 +27,8 @@ SUB_PROMPT = "SUB-AGENT: look around the repository"
 
 
 def hook_settings(stack: Stack) -> dict[str, Any]:
-    printed = subprocess.run(
-        [
-            str(stack.bin("fusebox")),
-            "hook",
-            "claude-code",
-            "--print-settings",
-            "--nats-url",
-            stack.nats_url,
-            "--tenant",
-            TENANT,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
-    settings: dict[str, Any] = json.loads(printed.stdout)
+    printed = fusebox(stack, "hook", "claude-code", "--print-settings", "--tenant", TENANT)
+    settings: dict[str, Any] = json.loads(printed)
     return settings
 
 
@@ -67,6 +51,19 @@ class Workspace:
 @pytest.fixture
 def ws(tmp_path: Path) -> Workspace:
     return Workspace(tmp_path)
+
+
+def claude(api: FakeAnthropic, stack: Stack, ws: Workspace) -> dict[str, Any]:
+    """The session's result: `claude -p` given the task, with the hook as printed, Bash
+    and Agent allowed."""
+    return run_claude(
+        api,
+        "do the task",
+        home=ws.home,
+        cwd=ws.cwd,
+        settings=hook_settings(stack),
+        allowed_tools=("Bash", "Agent"),
+    ).result()
 
 
 def is_sub_agent(body: dict[str, Any]) -> bool:
@@ -111,15 +108,7 @@ def test_a_sub_agent_is_a_child_run_of_the_session(stack: Stack, ws: Workspace) 
         return [delegate(), ws.bash("echo main"), text("done")][min(n, 2)]
 
     with FakeAnthropic(respond=respond) as api:
-        run = run_claude(
-            api,
-            "do the task",
-            home=ws.home,
-            cwd=ws.cwd,
-            settings=hook_settings(stack),
-            allowed_tools=("Bash", "Agent"),
-        )
-        result = run.result()
+        result = claude(api, stack, ws)
         agent_id = agent_id_of(api)
 
     assert result["result"] == "done" and result["permission_denials"] == [], result
@@ -153,14 +142,7 @@ def test_a_background_sub_agent_is_a_child_run_too(stack: Stack, ws: Workspace) 
         return [delegate(background=True), ws.bash("echo main")][n] if n < 2 else text("done")
 
     with FakeAnthropic(respond=respond) as api:
-        result = run_claude(
-            api,
-            "do the task",
-            home=ws.home,
-            cwd=ws.cwd,
-            settings=hook_settings(stack),
-            allowed_tools=("Bash", "Agent"),
-        ).result()
+        result = claude(api, stack, ws)
         agent_id = agent_id_of(api)
 
     assert sorted(ws.executed()) == ["echo main", "sleep 1; echo sub"]
@@ -185,15 +167,7 @@ def test_a_looping_sub_agent_is_stopped_alone_and_the_main_agent_goes_on(
         return [delegate(), ws.bash("echo main"), text("done")][min(turn_of(body), 2)]
 
     with FakeAnthropic(respond=respond) as api:
-        run = run_claude(
-            api,
-            "do the task",
-            home=ws.home,
-            cwd=ws.cwd,
-            settings=hook_settings(stack),
-            allowed_tools=("Bash", "Agent"),
-        )
-        result = run.result()
+        result = claude(api, stack, ws)
         agent_id = agent_id_of(api)
         main_read = said(api)
 
@@ -225,32 +199,12 @@ def test_the_sessions_cancel_stops_its_running_sub_agent(stack: Stack, ws: Works
         if is_sub_agent(body):
             if n == 1:
                 session = session_id(ws)
-                subprocess.run(
-                    [
-                        str(stack.bin("fusebox")),
-                        "cancel",
-                        f"{TENANT}/{session}",
-                        "--reason",
-                        "wrong branch",
-                        "--nats-url",
-                        stack.nats_url,
-                    ],
-                    check=True,
-                    capture_output=True,
-                    timeout=30,
-                )
+                fusebox(stack, "cancel", f"{TENANT}/{session}", "--reason", "wrong branch")
             return ws.bash(f"echo sub {n}") if n < 3 else text("looked around")
         return [delegate(), ws.bash("echo main"), text("done")][min(turn_of(body), 2)]
 
     with FakeAnthropic(respond=respond) as api:
-        result = run_claude(
-            api,
-            "do the task",
-            home=ws.home,
-            cwd=ws.cwd,
-            settings=hook_settings(stack),
-            allowed_tools=("Bash", "Agent"),
-        ).result()
+        result = claude(api, stack, ws)
 
     # One command of the sub-agent ran before the cancel; nothing after it.
     assert ws.executed() == ["echo sub 0"]

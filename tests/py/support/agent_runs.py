@@ -11,10 +11,8 @@ import json
 import subprocess
 from typing import Any
 
-import nats
-
 from .stack import Stack
-from .trees import Node, node_of
+from .trees import Node, history, node_of
 
 __all__ = ["children", "node", "run_status"]
 
@@ -40,29 +38,10 @@ def run_status(stack: Stack, tenant: str, run: str) -> dict[str, Any]:
     return status
 
 
-async def _history(nats_url: str, tenant: str, run: str) -> list[dict[str, Any]]:
-    nc = await nats.connect(nats_url, max_reconnect_attempts=0)
-    try:
-        entries: list[dict[str, Any]] = []
-        after: int | None = None
-        while True:
-            query = {} if after is None else {"after": after}
-            msg = await nc.request(
-                f"fusebox.control.{tenant}.{run}.history", json.dumps(query).encode(), timeout=10
-            )
-            page = json.loads(msg.data)
-            entries.extend(page["entries"])
-            if not page.get("more") or not page["entries"]:
-                return entries
-            after = page["entries"][-1]["position"]
-    finally:
-        await nc.close()
-
-
 def node(stack: Stack, tenant: str, run: str) -> Node:
     """The run as the daemon logged it: parent, agent, calls with their actions, the
     decision that closed it."""
-    return node_of(run, asyncio.run(_history(stack.nats_url, tenant, run)))
+    return node_of(run, asyncio.run(history(stack.nats_url, run, tenant)))
 
 
 def children(stack: Stack, tenant: str, run: str) -> list[dict[str, Any]]:

@@ -39,8 +39,9 @@ class Node:
         return str(reason) if reason is not None else None
 
 
-async def history(nats_url: str, run: str) -> list[dict[str, Any]]:
-    """The run's applied events, each `{"event": …, "decision": …}`, oldest first."""
+async def history(nats_url: str, run: str, tenant: str = TENANT) -> list[dict[str, Any]]:
+    """The applied events of `tenant`'s run, each `{"event": …, "decision": …}`, oldest
+    first."""
     nc = await nats.connect(nats_url)
     try:
         entries: list[dict[str, Any]] = []
@@ -48,7 +49,7 @@ async def history(nats_url: str, run: str) -> list[dict[str, Any]]:
         while True:
             query = {} if after is None else {"after": after}
             msg = await nc.request(
-                f"fusebox.control.{TENANT}.{run}.history", json.dumps(query).encode(), timeout=10
+                f"fusebox.control.{tenant}.{run}.history", json.dumps(query).encode(), timeout=10
             )
             page = json.loads(msg.data)
             entries.extend(page["entries"])
