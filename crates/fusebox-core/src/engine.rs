@@ -156,13 +156,12 @@ impl Engine {
         };
         // What the run spent or became, for the runs above it.
         if run.node.parent.is_some() {
-            let depth = run.node.depth;
             let change = tree::Change::between(&before, was_open, run);
             let parent = (lineage.is_empty() && !change.is_nothing())
                 .then(|| run.node.parent.clone())
                 .flatten();
             if !had_parent {
-                tree::join(tenant_runs, &event.run, &lineage, depth);
+                tree::join(tenant_runs, &event.run, &lineage);
             }
             // The events that bear on the tree read the ancestors already; the others
             // (a result, a cancel, a finish) look them up only when they change them.

@@ -77,8 +77,6 @@ pub struct Node {
     pub spawned: u64,
     /// Runs below this one that are open now.
     pub open_below: u32,
-    /// The deepest run below, counted from this one (0: none).
-    pub height: u32,
     /// Open children, by id: where a stop of this run goes next.
     pub children: Vec<String>,
     /// What the runs below spent since this run's task began (its own spending is in

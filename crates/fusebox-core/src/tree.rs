@@ -366,7 +366,7 @@ fn note_child(parent: &mut RunState, child: &str, change: &Change) {
 
 /// A child joins its parent's tree: every ancestor counts one more run started and open
 /// below it, and the parent lists it.
-pub(crate) fn join(runs: &mut TenantRuns, child: &str, lineage: &Lineage, depth: u32) {
+pub(crate) fn join(runs: &mut TenantRuns, child: &str, lineage: &Lineage) {
     for (i, ancestor) in lineage.ancestors.iter().enumerate() {
         let Some(slot) = runs.get_mut(&ancestor.id) else {
             break;
@@ -374,7 +374,6 @@ pub(crate) fn join(runs: &mut TenantRuns, child: &str, lineage: &Lineage, depth:
         let run = Arc::make_mut(slot);
         run.node.spawned += 1;
         run.node.open_below += 1;
-        run.node.height = run.node.height.max(depth - run.node.depth);
         if i == 0 {
             run.node.children.push(child.to_owned());
         }
