@@ -12,26 +12,8 @@ mod interleaved;
 
 /// The mixed trace: pagination, a runaway repeat and side effects.
 fn trace(events: usize) -> Vec<Event> {
-    interleaved::interleaved(events, 1, |run, n, call| match (run % 3, n % 2 == 1) {
-        (0, true) => format!(
-            r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":"nats","page":{call}}}"#
-        ),
-        (0, false) => format!(
-            r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["a{call}","b"],"took_ms":3}}"#
-        ),
-        (1, true) => format!(
-            r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":" weather tokyo"}}"#
-        ),
-        (1, false) => format!(
-            r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["jma"]}}"#
-        ),
-        (_, true) => format!(
-            r#""type":"tool_call","call_id":"c{call}","tool":"send_email","op_key":"k{run}-{}","args":{{"to":"x","n":{call}}}"#,
-            call % 4
-        ),
-        (_, false) => format!(
-            r#""type":"tool_result","call_id":"c{call}","tool":"send_email","kind":"SUCCESS","output":{{"sent":true}}"#
-        ),
+    interleaved::interleaved(events, 1, |run, n, call| {
+        interleaved::mixed(run % 3, run, n, call)
     })
 }
 

@@ -18,28 +18,10 @@ use fusebox_core::{parse_event, Engine, Event};
 #[path = "../benches/support/interleaved.rs"]
 mod interleaved;
 
-/// The engine bench's mixed trace over 1,000 runs, with two more shapes.
+/// The engine bench's mixed trace over 1,000 runs, with two more kinds of run: a
+/// support agent's free-text question, and a shell command with its description.
 fn trace(events: usize) -> Vec<Event> {
     interleaved::interleaved(events, 50, |run, n, call| match (run % 5, n % 2 == 1) {
-        (0, true) => format!(
-            r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":"nats","page":{call}}}"#
-        ),
-        (0, false) => format!(
-            r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["a{call}","b"],"took_ms":3}}"#
-        ),
-        (1, true) => format!(
-            r#""type":"tool_call","call_id":"c{call}","tool":"search","args":{{"q":" weather tokyo"}}"#
-        ),
-        (1, false) => format!(
-            r#""type":"tool_result","call_id":"c{call}","tool":"search","kind":"SUCCESS","output":{{"hits":["jma"]}}"#
-        ),
-        (2, true) => format!(
-            r#""type":"tool_call","call_id":"c{call}","tool":"send_email","op_key":"k{run}-{}","args":{{"to":"x","n":{call}}}"#,
-            call % 4
-        ),
-        (2, false) => format!(
-            r#""type":"tool_result","call_id":"c{call}","tool":"send_email","kind":"SUCCESS","output":{{"sent":true}}"#
-        ),
         (3, true) => format!(
             r#""type":"tool_call","call_id":"c{call}","tool":"kb_search","args":{{"question":"how do I change the billing address on invoice {}","limit":5}}"#,
             call % 7
@@ -47,15 +29,16 @@ fn trace(events: usize) -> Vec<Event> {
         (3, false) => format!(
             r#""type":"tool_result","call_id":"c{call}","tool":"kb_search","kind":"SUCCESS","output":{{"articles":[]}}"#
         ),
-        (_, true) => format!(
+        (4, true) => format!(
             r#""type":"tool_call","call_id":"c{call}","tool":"Bash","args":{{"command":"cargo test -p crate_{}","description":"Run the tests of crate {} again"}}"#,
             call % 9,
             call % 9
         ),
-        (_, false) => format!(
+        (4, false) => format!(
             r#""type":"tool_result","call_id":"c{call}","tool":"Bash","kind":"SUCCESS","output":{{"stdout":"test result: ok. {} passed","stderr":""}}"#,
             call % 3
         ),
+        (kind, _) => interleaved::mixed(kind, run, n, call),
     })
 }
 
