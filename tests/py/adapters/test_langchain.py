@@ -6,6 +6,7 @@ and async (Fusebox, `ainvoke`)."""
 from __future__ import annotations
 
 import asyncio
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, Self
 
@@ -69,8 +70,9 @@ class OfflineChatModel(BaseChatModel):
     ) -> ChatResult:
         return ChatResult(generations=[ChatGeneration(message=self.answer(messages))])
 
+    @abstractmethod
     def answer(self, messages: list[BaseMessage]) -> AIMessage:
-        raise NotImplementedError
+        """The model's one message for `messages`."""
 
 
 class ScriptedChatModel(OfflineChatModel):
