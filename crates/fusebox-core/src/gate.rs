@@ -104,18 +104,8 @@ fn budget_fuse(run: &RunState, lineage: &Lineage) -> Option<Closing> {
     if run.time_budget_spent() {
         return Some(Closing::guard(Reason::TimeBudget));
     }
-    let spent = tree::spent(run);
-    let policy = &run.policy;
-    let own = if spent.steps >= policy.max_steps {
-        Some(Reason::StepBudget)
-    } else if spent.tokens >= policy.max_tokens {
-        Some(Reason::TokenBudget)
-    } else if spent.cost_usd >= policy.max_cost_usd {
-        Some(Reason::CostBudget)
-    } else {
-        None
-    };
-    own.map(Closing::guard)
+    tree::budget_spent(&run.policy, tree::spent(run))
+        .map(Closing::guard)
         .or_else(|| lineage.budget_spent(Below::default()))
 }
 

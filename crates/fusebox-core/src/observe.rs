@@ -691,12 +691,16 @@ pub(crate) fn model_turn(
             policy.max_invalid_outputs_total
         ));
         Some(closing)
-    } else if run.task.model_turns > policy.max_model_turns {
-        Some(Closing::guard(Reason::TurnBudget))
-    } else if tree::spent(run).tokens >= policy.max_tokens {
-        Some(Closing::guard(Reason::TokenBudget))
-    } else if tree::spent(run).cost_usd >= policy.max_cost_usd {
-        Some(Closing::guard(Reason::CostBudget))
+    } else if let Some(reason) = tree::budget_spent(
+        &policy,
+        Below {
+            // A turn is judged by the turns, tokens and cost of the run and its subtree;
+            // its steps are the gate's.
+            steps: 0,
+            ..tree::spent(run)
+        },
+    ) {
+        Some(Closing::guard(reason))
     } else if overflow {
         compaction_cycle(run)
     } else {

@@ -542,16 +542,22 @@ impl RunState {
         push_bounded(
             &mut self.fired_guards,
             format!("{guard}:{action}@{position}"),
+            REPORT_LIST_MAX,
         );
     }
 
     pub(crate) fn note_completed_operation(&mut self, op_key: &str) {
-        push_bounded(&mut self.completed_operations, op_key.to_owned());
+        push_bounded(
+            &mut self.completed_operations,
+            op_key.to_owned(),
+            REPORT_LIST_MAX,
+        );
     }
 }
 
-fn push_bounded(list: &mut Vec<String>, item: String) {
-    if list.len() == REPORT_LIST_MAX {
+/// Appends `item`, forgetting the oldest beyond `max`.
+pub(crate) fn push_bounded<T>(list: &mut Vec<T>, item: T, max: usize) {
+    if list.len() == max {
         list.remove(0);
     }
     list.push(item);

@@ -17,7 +17,7 @@ use crate::engine::TenantRuns;
 use crate::fingerprint::Fingerprint;
 use crate::fixed_hash::fnv1a;
 use crate::policy::Policy;
-use crate::run::{Below, RunState, CHILD_MEMORY};
+use crate::run::{push_bounded, Below, RunState, CHILD_MEMORY};
 
 /// Longest chain of parents followed: a cycle or a broken chain ends the walk.
 const MAX_WALK: usize = 64;
@@ -129,7 +129,8 @@ impl Lineage {
                 TerminalState::StoppedLoopGuard,
                 Reason::TreeBudget,
                 Some(format!(
-                    "the {which} of run {} is spent by its tree of runs ({})",
+                    "the {} of run {} is spent by its tree of runs ({})",
+                    budget_name(which),
                     a.id,
                     spent_text(&a.policy, spent)
                 )),
@@ -199,18 +200,29 @@ impl Lineage {
     }
 }
 
-/// Which budget of `policy` a subtree's spending has reached, if any.
-pub(crate) fn budget_spent(policy: &Policy, spent: Below) -> Option<&'static str> {
+/// Which budget of `policy` a subtree's spending has reached, if any: the one
+/// definition of "spent" for a run's own budgets and its ancestors'.
+pub(crate) fn budget_spent(policy: &Policy, spent: Below) -> Option<Reason> {
     if spent.steps >= policy.max_steps {
-        Some("step budget")
+        Some(Reason::StepBudget)
     } else if spent.model_turns > policy.max_model_turns {
-        Some("model turn budget")
+        Some(Reason::TurnBudget)
     } else if spent.tokens >= policy.max_tokens {
-        Some("token budget")
+        Some(Reason::TokenBudget)
     } else if spent.cost_usd >= policy.max_cost_usd {
-        Some("cost budget")
+        Some(Reason::CostBudget)
     } else {
         None
+    }
+}
+
+/// A budget's reason in the words of a report's detail.
+fn budget_name(reason: Reason) -> &'static str {
+    match reason {
+        Reason::StepBudget => "step budget",
+        Reason::TurnBudget => "model turn budget",
+        Reason::TokenBudget => "token budget",
+        _ => "cost budget",
     }
 }
 
@@ -339,24 +351,24 @@ fn note_child(parent: &mut RunState, child: &str, change: &Change) {
                 .find(|(s, o, _)| *s == subtask && *o == change.outcome)
             {
                 Some((_, _, times)) => *times += 1,
-                None => {
-                    if node.child_outcomes.len() == CHILD_MEMORY {
-                        node.child_outcomes.remove(0);
-                    }
-                    node.child_outcomes.push((subtask, change.outcome, 1));
-                }
+                None => push_bounded(
+                    &mut node.child_outcomes,
+                    (subtask, change.outcome, 1),
+                    CHILD_MEMORY,
+                ),
             }
         }
         let told = matches!(
             report.terminal_state,
             TerminalState::Completed | TerminalState::Failed
         ) || report.reason == Reason::AncestorStopped;
-        if !told && node.stopped_children.len() < CHILD_MEMORY {
-            node.stopped_children.push(format!(
+        if !told {
+            let note = format!(
                 "{child} ({} {})",
                 report.terminal_state.as_str(),
                 report.reason.as_str()
-            ));
+            );
+            push_bounded(&mut node.stopped_children, note, CHILD_MEMORY);
         }
     }
     if change.reopened && !node.children.iter().any(|c| c == child) {
@@ -405,9 +417,7 @@ pub(crate) fn spawn_refused(runs: &mut TenantRuns, parent: &str, child: &str, de
         return;
     };
     let node = &mut Arc::make_mut(slot).node;
-    if node.stopped_children.len() < CHILD_MEMORY {
-        let reason = decided.reason.map_or("refused", |r| r.as_str());
-        node.stopped_children
-            .push(format!("{child} (not started: {reason})"));
-    }
+    let reason = decided.reason.map_or("refused", |r| r.as_str());
+    let note = format!("{child} (not started: {reason})");
+    push_bounded(&mut node.stopped_children, note, CHILD_MEMORY);
 }
