@@ -102,6 +102,40 @@ describe("LangChain.js createAgent middleware", () => {
     assert.equal((status.summary as { open: boolean }).open, false, JSON.stringify(status));
   });
 
+  test("the guard costs no recursion steps: as many calls as unguarded under the default limit", async () => {
+    // LangGraph's default recursionLimit (25) is what a user who passes none gets. The
+    // twelve-page walk ends there unguarded after its 12 calls (at the final answer, the
+    // 25th step); guarded, it must make the same 12 calls (a before/after-model hook pair
+    // made that 6), end the same way, and be closed as the README shows.
+    const outcome = (running: Promise<unknown>) =>
+      running.then(
+        () => "finished",
+        (err: unknown) => (err instanceof Error ? err.name : String(err)),
+      );
+    const unguarded = new ToolLog();
+    const plain = createAgent({ model: scripted("pagination"), tools: makeTools(unguarded) });
+    const plainEnd = await outcome(plain.invoke({ messages: [{ role: "user", content: "go" }] }));
+    const run = await started("pagination_default_limit");
+    const log = new ToolLog();
+    const agent = createAgent({
+      model: scripted("pagination"),
+      tools: makeTools(log),
+      middleware: [fuseboxMiddleware(run)],
+    });
+    const guardedEnd = await outcome(
+      agent.invoke({ messages: [{ role: "user", content: "go" }] }).catch(async (err: unknown) => {
+        await run.finish("failed");
+        throw err;
+      }),
+    );
+    assert.equal(unguarded.count("list_issues"), PAGES);
+    assert.equal(log.count("list_issues"), PAGES);
+    assert.equal(guardedEnd, plainEnd);
+    assert.equal(run.stopped, null);
+    const status = await runStatus(stack, run.id);
+    assert.equal((status.summary as { open: boolean }).open, false, JSON.stringify(status));
+  });
+
   test("one op_key executes once across a retry", async () => {
     const run = await started("retry_side_effect");
     const log = new ToolLog();

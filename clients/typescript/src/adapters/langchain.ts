@@ -10,30 +10,32 @@
  *   with a `ToolMessage` for its call id without calling the tool; `use_completed_result`
  *   answers with the stored result; a `warn`'s message is appended to the tool's output;
  *   every result is reported.
- * - `beforeModel` jumps to the end once the run is stopped (by a gate, a result's
- *   decision, or the kill switch), so the model is not called again and every call id in
- *   the history has its answer.
- * - `afterModel`: the last AI message's `usage_metadata` → `model_turn`.
- * - The run is closed with `run_finished`: `completed` when the agent ends on its own
- *   (`afterAgent`; pass `closeRun: false` to keep one run open across several invokes),
- *   `failed` when the model call throws.
+ * - `wrapModelCall`: once the run is stopped (by a gate, a result's decision, or the kill
+ *   switch) the model is not called again: the agent's answer is the guard's words,
+ *   without tool calls, so the agent ends and every call id in the history has its
+ *   answer. Each response's `usage_metadata` → `model_turn`.
+ * - The run is closed with `run_finished`: `completed` at the model's final answer (a
+ *   response without tool calls; pass `closeRun: false` to keep one run open across
+ *   several invokes), `failed` when the model call throws.
+ * - Only wrap hooks: a `beforeModel` / `afterModel` / `beforeAgent` / `afterAgent` hook is
+ *   a graph node, each node a step of the caller's `recursionLimit`, so the guard costs no
+ *   steps: a run makes as many calls as it would unguarded.
  *
  * Sub-agents (guard contract §6): an agent used as a tool — a tool that invokes another
  * `createAgent` built with the same middleware — runs under a child run of the calling
- * run. `beforeAgent` sees the guarded call it runs in (from the async context of the
- * call's `wrapToolCall`) and starts the child, named by the calling tool; the sub-agent's
- * state names it (`fusebox_run`), so its calls, model turns and stop are its own. Once
+ * run. Its first model call sees the guarded call it runs in (from the async context of
+ * the call's `wrapToolCall`) and starts the child, named by the calling tool, for that
+ * invocation (its first message's id), so its calls, model turns and stop are its own. Once
  * the tool returns, the child is closed; when the guard stopped it (or the caps refused
- * it, and it ended before its first model call), the call's answer is a `ToolMessage`
+ * it at its first model call), the call's answer is a `ToolMessage`
  * (status `error`) with the guard's words, whatever the tool made of the sub-agent's
  * final state. A sub-agent built with another middleware instance is not told apart.
  */
 import { AsyncLocalStorage } from "node:async_hooks";
 import { AIMessage, type BaseMessage, ToolMessage } from "@langchain/core/messages";
 import { createMiddleware } from "langchain";
-import { z } from "zod";
 import type { Run } from "../run.js";
-import type { ResultKind } from "../types.js";
+import { type ResultKind, summary } from "../types.js";
 import { bestEffort, callOptions, childStopText, type GuardOptions, report } from "./common.js";
 import { refusal, reportModelTurn } from "./langchain-messages.js";
 
@@ -51,53 +53,71 @@ interface Calling {
 
 export function fuseboxMiddleware(run: Run, opts: MiddlewareOptions = {}) {
   const closeRun = opts.closeRun ?? true;
-  /** The sub-agents' child runs under way, by run id (their state's `fusebox_run`). */
+  /** The sub-agents' child runs under way, by the invocation they serve (`invocation`). */
   const children = new Map<string, Run>();
   const calling = new AsyncLocalStorage<Calling>();
-  /** The run a step belongs to: the sub-agent's its state names, else the root. */
-  const runOf = (state: { fusebox_run?: string | undefined }): Run =>
-    children.get(state.fusebox_run ?? "") ?? run;
+  /**
+   * One sub-agent invocation: the guarded call it runs in, and the id of its first message
+   * (the messages reducer gives every message an id once, so it names one `invoke` for
+   * as long as it runs). Null for the root agent, which runs in no guarded call.
+   */
+  const invocation = (state: { messages?: BaseMessage[] }): string | null => {
+    const call = calling.getStore();
+    if (call === undefined) return null;
+    return `${call.run.id}/${call.tool}/${state.messages?.[0]?.id ?? ""}`;
+  };
+  /** The run a step belongs to: its sub-agent invocation's child, else the root. */
+  const runOf = (state: { messages?: BaseMessage[] }): Run =>
+    children.get(invocation(state) ?? "") ?? run;
+  /** The run of a model call: a sub-agent's first one starts its child run. */
+  const modelRunOf = async (state: { messages?: BaseMessage[] }): Promise<Run> => {
+    const key = invocation(state);
+    const call = calling.getStore();
+    if (key === null || call === undefined) return run;
+    const known = children.get(key);
+    if (known !== undefined) return known;
+    const child = await call.run.startChild({ agent: call.tool });
+    children.set(key, child);
+    call.children.push(child);
+    return child;
+  };
 
+  // Only the wrap hooks: each before/after hook is a graph node of its own, and every node
+  // a step costs one of the caller's `recursionLimit` (25 by default) — a beforeModel and
+  // an afterModel halved the tool calls a run could make. So the run is started by
+  // `startRun`, its model turns are reported and a stop ends the agent inside
+  // `wrapModelCall`, and the run is closed at the model's final answer.
   return createMiddleware({
     name: "FuseboxMiddleware",
-    stateSchema: z.object({ fusebox_run: z.string().optional() }),
-    beforeAgent: {
-      canJumpTo: ["end"],
-      hook: async () => {
-        const call = calling.getStore();
-        if (call === undefined) {
-          await run.start();
-          return undefined;
-        }
-        // A sub-agent, inside a guarded call: its own child run.
-        const child = await call.run.startChild({ agent: call.tool });
-        children.set(child.id, child);
-        call.children.push(child);
-        if (child.stopped !== null) return { fusebox_run: child.id, jumpTo: "end" as const };
-        return { fusebox_run: child.id };
-      },
-    },
-    beforeModel: {
-      canJumpTo: ["end"],
-      hook: (state) => (runOf(state).stopped !== null ? { jumpTo: "end" as const } : undefined),
-    },
     wrapModelCall: async (request, handler) => {
+      const state = request.state as { messages?: BaseMessage[] };
+      const current = await modelRunOf(state);
+      if (current === run) await run.start();
+      if (current.stopped !== null) {
+        // The model is not asked again: this answer, without tool calls, ends the agent
+        // (every call id in the history already has its answer), in the guard's words.
+        return new AIMessage({ content: stopText(current) });
+      }
+      let response: AIMessage;
       try {
-        return await handler(request);
+        response = (await handler(request)) as AIMessage;
       } catch (err) {
         // A sub-agent's failure is its caller's to close (`wrapToolCall`).
-        const current = runOf(request.state);
         if (current === run && run.stopped === null) {
           await bestEffort(() => run.finish("failed"));
         }
         throw err;
       }
-    },
-    afterModel: async (state) => {
-      const lastMessage = (state.messages as BaseMessage[]).at(-1);
-      const last = AIMessage.isInstance(lastMessage) ? (lastMessage as unknown as AIMessage) : null;
-      if (last !== null) await reportModelTurn(runOf(state), last);
-      return undefined;
+      if (AIMessage.isInstance(response)) {
+        await reportModelTurn(current, response);
+        const final = (response.tool_calls?.length ?? 0) === 0;
+        // The final answer ends the agent: the run is closed now (a sub-agent's child is
+        // closed by its caller once the tool returns).
+        if (final && closeRun && current === run && run.stopped === null) {
+          await bestEffort(() => run.finish("completed"));
+        }
+      }
+      return response;
     },
     wrapToolCall: async (request, handler) => {
       const current = runOf(request.state);
@@ -138,13 +158,6 @@ export function fuseboxMiddleware(run: Run, opts: MiddlewareOptions = {}) {
       await report(current, callId, name, "SUCCESS", null);
       return outcome;
     },
-    afterAgent: async (state) => {
-      // A sub-agent is closed by its caller (`wrapToolCall`), once the tool returns.
-      if (closeRun && runOf(state) === run && run.stopped === null) {
-        await bestEffort(() => run.finish("completed"));
-      }
-      return undefined;
-    },
   });
 
   /** Closes the child runs a call started (`status` unless the guard stopped one), and
@@ -152,11 +165,20 @@ export function fuseboxMiddleware(run: Run, opts: MiddlewareOptions = {}) {
   async function closeChildren(call: Calling, status: string): Promise<Run | null> {
     let stopped: Run | null = null;
     for (const child of call.children.splice(0)) {
-      children.delete(child.id);
+      for (const [key, known] of children) if (known === child) children.delete(key);
       if (child.stopped === null) await bestEffort(() => child.finish(status));
       else stopped ??= child;
       child.close();
     }
     return stopped;
   }
+}
+
+/** The agent's last words when the guard stopped its run: why, and that it is over. */
+function stopText(run: Run): string {
+  const report = run.stopped;
+  const why = report === null ? "stopped" : summary(report);
+  const said = run.stop?.message;
+  const base = `fusebox stopped this run (${why}); no more tools were called.`;
+  return said ? `${base} ${said}` : base;
 }
