@@ -5,8 +5,12 @@
  */
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import type { LanguageModelV4CallOptions, LanguageModelV4GenerateResult } from "@ai-sdk/provider";
-import { stepCountIs } from "ai";
+import type {
+  LanguageModelV4CallOptions,
+  LanguageModelV4GenerateResult,
+  LanguageModelV4StreamPart,
+} from "@ai-sdk/provider";
+import { simulateReadableStream, stepCountIs, streamText } from "ai";
 import { MockLanguageModelV4 } from "ai/test";
 import { AiSdkGuard } from "../src/adapters/ai.js";
 import { Fusebox, type FuseboxOptions } from "../src/index.js";
@@ -32,6 +36,30 @@ function scripted(scenario: Scenario): MockLanguageModelV4 {
       const calls = nextCalls(scenario, turn);
       const k = turn++;
       return generateResult(calls ?? "done", (i) => `call_${k}_${i}`);
+    },
+  });
+}
+
+/** The same script, streamed: each answer as the stream parts a provider sends. */
+function streamed(scenario: Scenario): MockLanguageModelV4 {
+  let turn = 0;
+  return new MockLanguageModelV4({
+    doStream: async () => {
+      const calls = nextCalls(scenario, turn);
+      const k = turn++;
+      const answer = generateResult(calls ?? "done", (i) => `call_${k}_${i}`);
+      const chunks: LanguageModelV4StreamPart[] = [{ type: "stream-start", warnings: [] }];
+      for (const part of answer.content) {
+        if (part.type === "text") {
+          chunks.push({ type: "text-start", id: "t" });
+          chunks.push({ type: "text-delta", id: "t", delta: part.text });
+          chunks.push({ type: "text-end", id: "t" });
+        } else if (part.type === "tool-call") {
+          chunks.push(part);
+        }
+      }
+      chunks.push({ type: "finish", finishReason: answer.finishReason, usage: answer.usage });
+      return { stream: simulateReadableStream({ chunks }) };
     },
   });
 }
@@ -156,6 +184,58 @@ describe("Vercel AI SDK adapter", () => {
     assert.equal((status.summary as { open: boolean }).open, false, JSON.stringify(status));
     const late = await guard.run.toolCall("search", { query: "after the end" });
     assert.equal(late.mayRun, false);
+  });
+
+  test("streamText: twelve pages untouched, usage reported, the run closed at the stream's end", async () => {
+    const guard = await guarded("stream_pagination");
+    const log = new ToolLog();
+    const result = guard.streamText({
+      model: streamed("pagination"),
+      tools: makeTools(log),
+      prompt: "list all issues",
+      stopWhen: stepCountIs(100),
+    });
+    assert.equal(await result.text, "done");
+    assert.equal(log.count("list_issues"), PAGES);
+    const status = await runStatus(stack, guard.run.id);
+    const counters = status.counters as Record<string, number>;
+    assert.equal(counters.model_turns, PAGES + 1);
+    assert.equal(counters.steps, PAGES);
+    assert.equal((status.summary as { open: boolean }).open, false, JSON.stringify(status));
+    assert.equal((status.summary as { terminal_state?: string }).terminal_state, "COMPLETED");
+  });
+
+  test("streamText: a runaway is stopped after the same executions", async () => {
+    const guard = await guarded("stream_runaway");
+    const log = new ToolLog();
+    const result = guard.streamText({
+      model: streamed("runaway"),
+      tools: makeTools(log),
+      prompt: "weather?",
+      stopWhen: stepCountIs(100),
+    });
+    await result.consumeStream();
+    assert.equal(log.count("search"), RUNAWAY_EXECUTIONS);
+    assert.equal(guard.run.stopped?.terminal_state, "STOPPED_LOOP_GUARD");
+  });
+
+  test("the SDK's own streamText with the README's pieces and onEnd closes the run", async () => {
+    const guard = await guarded("stream_own");
+    const log = new ToolLog();
+    const result = streamText({
+      model: streamed("pagination"),
+      tools: guard.tools(makeTools(log)),
+      toolApproval: guard.toolApproval,
+      stopWhen: [guard.stopWhen, stepCountIs(100)],
+      onStepEnd: guard.onStepEnd,
+      onEnd: guard.onEnd,
+      onError: guard.onError,
+      onAbort: guard.onAbort,
+      prompt: "list all issues",
+    });
+    assert.equal(await result.text, "done");
+    const status = await runStatus(stack, guard.run.id);
+    assert.equal((status.summary as { open: boolean }).open, false, JSON.stringify(status));
   });
 
   test("one op_key executes once across a retry", async () => {

@@ -13,20 +13,23 @@
  *   without running again.
  * - A stop ends the loop through `stopWhen` after the step that learnt it (every call of
  *   that step has its result, so the history stays valid); the kill switch too.
- * - `onStepEnd`: each step's usage → `model_turn`. `generateText` closes the run with
- *   `run_finished` (`completed` / `failed`) when the agent ends on its own.
+ * - `onStepEnd`: each step's usage → `model_turn`. `generateText` and `streamText` close the
+ *   run with `run_finished` (`completed` / `failed`) when the agent ends on its own; with
+ *   the SDK's own `streamText`, `onEnd` / `onError` / `onAbort` do it (a stream has no
+ *   end the adapter could await, so without them the run stays open until its budget).
  * - The AI SDK has no sub-agent of its own: an agent used as a tool is a tool whose
  *   `execute` runs another agent. `subAgent` runs it under a child run (guard contract
  *   §6); the SDK cannot tell a sub-agent's calls apart otherwise, so an agent run inside
  *   a tool without it is guarded (and counted) as whatever guard its tools were given.
  */
 import type { StepResult, StopCondition, ToolApprovalStatus, ToolSet } from "ai";
-import { generateText, stepCountIs } from "ai";
+import { generateText, stepCountIs, streamText } from "ai";
 import type { Gate } from "../gate.js";
 import type { ChildRunOptions, Run } from "../run.js";
 import { asChild, bestEffort, callOptions, type GuardOptions, report, usage } from "./common.js";
 
 type Params = Parameters<typeof generateText>[0];
+type StreamParams = Parameters<typeof streamText>[0];
 
 interface ApprovalRequest {
   toolCall: { toolCallId: string; toolName: string; input: unknown };
@@ -67,6 +70,29 @@ export class AiSdkGuard {
         }),
       }),
     );
+  };
+
+  /** `streamText`'s `onEnd`: the stream ended on its own, so the run is closed
+   * (`completed`); a stopped run is closed already. */
+  readonly onEnd = async (): Promise<void> => {
+    if (this.closesRun && this.run.stopped === null) {
+      await bestEffort(() => this.run.finish("completed"));
+    }
+  };
+
+  /** `streamText`'s `onError`: the stream failed, so the run is closed (`failed`). */
+  readonly onError = async ({ error }: { error: unknown }): Promise<void> => {
+    if (this.closesRun && this.run.stopped === null) {
+      await bestEffort(() => this.run.finish(`failed: ${String(error)}`.slice(0, 200)));
+    }
+  };
+
+  /** `streamText`'s `onAbort`: the caller aborted the stream, so the run is closed
+   * (`failed: aborted`: its task did not end). */
+  readonly onAbort = async (): Promise<void> => {
+    if (this.closesRun && this.run.stopped === null) {
+      await bestEffort(() => this.run.finish("failed: aborted"));
+    }
   };
 
   /** The tools with each `execute` reporting to the guard (tools without one stay as
@@ -138,6 +164,37 @@ export class AiSdkGuard {
       await bestEffort(() => this.run.finish("completed"));
     }
     return result;
+  }
+
+  /**
+   * `streamText` with the guard in, like `generateText`: the tools wrapped, `toolApproval`,
+   * the stop added to `stopWhen`, usage reported, and the run closed when the stream ends
+   * (`onEnd`: `completed`; `onError`: `failed`; `onAbort`: `failed: aborted`) — the
+   * caller's own callbacks of those names run after the guard's. Consume the stream as
+   * usual; the run is closed once it is read to its end.
+   */
+  streamText(params: StreamParams): ReturnType<typeof streamText> {
+    const userStop = params.stopWhen;
+    const stops =
+      userStop === undefined ? [stepCountIs(1)] : Array.isArray(userStop) ? userStop : [userStop];
+    type Callback = ((event: never) => unknown) | undefined;
+    const after =
+      (mine: (event: never) => Promise<void>, theirs: Callback) =>
+      async (event: never): Promise<void> => {
+        await mine(event);
+        await theirs?.(event);
+      };
+    const guarded = {
+      ...params,
+      tools: this.tools(params.tools ?? {}),
+      toolApproval: this.toolApproval,
+      stopWhen: [this.stopWhen, ...stops],
+      onStepEnd: after(this.onStepEnd as (e: never) => Promise<void>, params.onStepEnd as Callback),
+      onEnd: after(this.onEnd, params.onEnd as Callback),
+      onError: after(this.onError as (e: never) => Promise<void>, params.onError as Callback),
+      onAbort: after(this.onAbort, params.onAbort as Callback),
+    } as unknown as StreamParams;
+    return streamText(guarded);
   }
 
   /**
