@@ -11,9 +11,14 @@
  * a `Gate`. The difference of the medians is what fusebox-guard adds (goal: ≤ 0.2 ms p50),
  * and the ratio client/raw is printed beside it. Rounds alternate between the two so both
  * see the same daemon and machine state; each round uses a fresh run (distinct calls,
- * below `max_steps`). `nats_rtt` is a PING/PONG round trip for scale.
+ * below `max_steps`), started the same way on both sides (`run_started` first; the
+ * client's with the kill switch watched, as `Fusebox.startRun` does for a user), so the
+ * daemon does the same work for each. `nats_rtt` is a PING/PONG round trip for scale.
+ * `cpu_us_per_call` is this process's CPU time (user + system) per call on each side:
+ * what the client's own work costs, apart from waiting for the daemon.
  */
 import { randomUUID } from "node:crypto";
+import { loadavg } from "node:os";
 import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
 import { Fusebox } from "../src/index.js";
@@ -49,12 +54,30 @@ const rawNc = await connect({ servers: url, inboxPrefix: `_INBOX.${tenant}` });
 const raw: number[] = [];
 const client: number[] = [];
 const rtt: number[] = [];
+/** CPU microseconds spent in each side's rounds, and their calls. */
+const cpu = { raw: 0, client: 0 };
+const cpuSince = (start: NodeJS.CpuUsage) => {
+  const used = process.cpuUsage(start);
+  return used.user + used.system;
+};
 
 async function rawRound(): Promise<void> {
   const run = fresh("raw");
   const subject = `fusebox.gate.${tenant}.${run}`;
+  const started = new TextEncoder().encode(
+    JSON.stringify({
+      v: 1,
+      id: `${run}-1.x`,
+      tenant,
+      run,
+      seq: 1,
+      ts_ms: Date.now(),
+      type: "run_started",
+    }),
+  );
+  await rawNc.request(subject, started, { timeout: 5000 });
   const payloads = Array.from({ length: perRun }, (_, k) => {
-    const i = k + 1;
+    const i = k + 2;
     return new TextEncoder().encode(
       JSON.stringify({
         v: 1,
@@ -70,22 +93,26 @@ async function rawRound(): Promise<void> {
       }),
     );
   });
+  const cpuStart = process.cpuUsage();
   for (const payload of payloads) {
     const started = now();
     await rawNc.request(subject, payload, { timeout: 5000 });
     raw.push(now() - started);
   }
+  cpu.raw += cpuSince(cpuStart);
 }
 
 async function clientRound(): Promise<void> {
-  const run = fb.run(fresh("cli"));
-  await run.start({ watchStop: false });
+  const run = await fb.startRun(fresh("cli"));
+  const cpuStart = process.cpuUsage();
   for (let i = 1; i <= perRun; i++) {
     const started = now();
     const gate = await run.toolCall("search", { query: `q${i}` });
     client.push(now() - started);
     if (!gate.mayRun) throw new Error(`call ${i} refused: ${gate.modelText}`);
   }
+  cpu.client += cpuSince(cpuStart);
+  run.close();
 }
 
 try {
@@ -94,6 +121,8 @@ try {
   await clientRound();
   raw.length = 0;
   client.length = 0;
+  cpu.raw = 0;
+  cpu.client = 0;
   for (let r = 0; r < rounds; r++) {
     await rawRound();
     await clientRound();
@@ -115,6 +144,8 @@ try {
         overhead_p50_ms: clientQ.p50_ms - rawQ.p50_ms,
         overhead_mean_ms: mean(client) - mean(raw),
         ratio_p50: clientQ.p50_ms / rawQ.p50_ms,
+        cpu_us_per_call: { raw: cpu.raw / raw.length, client: cpu.client / client.length },
+        load_average_1m: loadavg()[0],
         goal: "overhead_p50_ms <= 0.2",
       },
       null,

@@ -131,10 +131,13 @@ export class Fusebox {
 }
 
 /** A reply of fuseboxd: a decision, or `{"error": …}` (a refusal). */
+/** One decoder for every answer: a TextDecoder per call is a cost on the gate's path. */
+const decoder = new TextDecoder();
+
 export function decodeDecision(subject: string, data: Uint8Array): Decision {
   let body: unknown;
   try {
-    body = JSON.parse(new TextDecoder().decode(data));
+    body = JSON.parse(decoder.decode(data));
   } catch (err) {
     throw new BadAnswer(subject, `not JSON: ${String(err)}`);
   }
