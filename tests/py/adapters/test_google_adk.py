@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ from support.guard import (
     send_email_output,
 )
 from support.scenarios import Call, next_calls, op_key_for
+from support.shapes import CELLS, SHAPES, Read, assert_cell, shaped
 from support.stack import Stack
 from support.sub_agents import (
     DELEGATE,
@@ -93,16 +95,22 @@ class ScriptedLlm(BaseLlm):
         yield LlmResponse(content=types.Content(role="model", parts=parts), usage_metadata=usage)
 
 
-def make_tools(log: ToolLog, on_tool: Callable[[int], None] | None = None) -> list[FunctionTool]:
+def make_tools(
+    log: ToolLog,
+    on_tool: Callable[[int], None] | None = None,
+    search_shape: str | None = None,
+) -> list[FunctionTool]:
+    """The scenario tools; `search_shape`: `search` returns that shape of `SHAPES`."""
+
     def ran(name: str, arg: Any) -> None:
         log.calls.append((name, arg))
         if on_tool is not None:
             on_tool(len(log.calls))
 
-    def search(query: str) -> dict[str, Any]:
+    def search(query: str) -> Any:
         """Search the web."""
         ran("search", query)
-        return search_output(query)
+        return search_output(query) if search_shape is None else shaped(search_shape)
 
     def open_page(url: str) -> dict[str, Any]:
         """Open a page."""
@@ -167,6 +175,7 @@ def drive(
     policy: dict[str, Any] | None = None,
     on_tool: Callable[[str], Callable[[int], None]] | None = None,
     fail_at: int | None = None,
+    search_shape: str | None = None,
     **connect: Any,
 ) -> Outcome:
     """Runs the scenario's agent behind a run; its final text, or how it ended.
@@ -174,9 +183,8 @@ def drive(
     run_id = run_id or fresh_run(f"adk-{mode}-{scenario}")
     model = ScriptedLlm(scenario=scenario, fail_at=fail_at)
     outcome = Outcome(run_id, model)
-    agent = LlmAgent(
-        name="researcher", model=model, tools=list(make_tools(log, on_tool and on_tool(run_id)))
-    )
+    tools = make_tools(log, on_tool and on_tool(run_id), search_shape)
+    agent = LlmAgent(name="researcher", model=model, tools=list(tools))
     message = types.Content(role="user", parts=[types.Part(text="go")])
 
     def runner_for(guard: FuseboxPlugin) -> tuple[InMemoryRunner, dict[str, Any]]:
@@ -243,6 +251,44 @@ def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     assert read[f"call_{RUNAWAY_EXECUTIONS - 1}_0"]["fusebox_warning"]
     assert read[f"call_{RUNAWAY_EXECUTIONS}_0"]["error"].startswith("fusebox blocked search")
     assert "fusebox stopped this run" in list(read.values())[-1]["error"]
+    outcome.assert_history_valid()
+
+
+#: One runaway per (mode, shape), read by that shape's three cells of the table.
+_runaways: dict[tuple[str, str], tuple[Outcome, Read]] = {}
+
+
+def shaped_runaway(stack: Stack, mode: str, shape: str) -> tuple[Outcome, Read]:
+    if (mode, shape) not in _runaways:
+        log = ToolLog()
+        outcome = drive(stack.nats_url, "runaway", mode, log, search_shape=shape)
+        report = outcome.stopped.report if outcome.stopped is not None else None
+        texts = [json.dumps(answer) for answer in outcome.answers().values()]
+        state = report.state_name if report is not None else None
+        _runaways[(mode, shape)] = (outcome, Read(texts, log.count("search"), state))
+    return _runaways[(mode, shape)]
+
+
+@pytest.mark.parametrize(("shape", "decision"), CELLS)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_result_shape_through_a_warn_a_block_and_a_stop(
+    stack: Stack, mode: str, shape: str, decision: str
+) -> None:
+    """Issue 49 §1: ADK hands `after_tool_callback` the tool's own return value, so a
+    warning merged into a string as if it were a dict crashed the run (FAILED, not
+    STOPPED_LOOP_GUARD). A warned result keeps its value: a dict gets the
+    `fusebox_warning` field, anything else is wrapped the way ADK wraps a non-dict
+    result for the model (`{"result": value}`), with the field beside it."""
+    outcome, read = shaped_runaway(stack, mode, shape)
+    assert outcome.error is None, outcome.error
+    assert_cell(stack, outcome.run_id, shape, decision, read)
+    if decision == "warn":
+        answer = outcome.answers()[f"call_{RUNAWAY_EXECUTIONS - 1}_0"]
+        value = SHAPES[shape]
+        kept = value if isinstance(value, dict) else {"result": value}
+        warning = answer.pop("fusebox_warning", None)
+        assert answer == kept, answer
+        assert warning is not None and "one more identical call will be blocked" in warning
     outcome.assert_history_valid()
 
 

@@ -23,6 +23,7 @@ from agents.testing import (
 from agents.usage import Usage as AgentsUsage
 from fusebox_guard import Fusebox, GateOnError, RunStopped
 from fusebox_guard.adapters.openai_agents import OpenAIAgentsGuard
+from fusebox_guard.types import to_text
 from support.guard import (
     PAGES,
     RUNAWAY_EXECUTIONS,
@@ -39,6 +40,7 @@ from support.guard import (
     send_email_output,
 )
 from support.scenarios import Call, next_calls, op_key_for
+from support.shapes import CELLS, SHAPES, Read, assert_cell, call_of, shaped
 from support.stack import Stack
 from support.sub_agents import (
     DELEGATE,
@@ -73,14 +75,18 @@ def scripted(scenario: str) -> ScriptedModel:
     return model
 
 
-def make_agent(model: ScriptedModel, log: ToolLog, on_tool: Any = None) -> Agent[Any]:
+def make_agent(
+    model: ScriptedModel, log: ToolLog, on_tool: Any = None, search_shape: str | None = None
+) -> Agent[Any]:
+    """The scenario's agent; `search_shape`: `search` returns that shape of `SHAPES`."""
+
     @function_tool
-    def search(query: str) -> dict[str, Any]:
+    def search(query: str) -> Any:
         """Search the web."""
         log.calls.append(("search", query))
         if on_tool is not None:
             on_tool(len(log.calls))
-        return search_output(query)
+        return search_output(query) if search_shape is None else shaped(search_shape)
 
     @function_tool
     def open_page(url: str) -> dict[str, Any]:
@@ -152,6 +158,51 @@ async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     assert read[RUNAWAY_EXECUTIONS].startswith("fusebox blocked search")
     assert_history_valid(model)
     await fb.close()
+
+
+#: One runaway per shape, read by that shape's three cells of the table: (run id,
+#: what was read, the error other than the guard's stop that ended it, if any).
+_runaways: dict[str, tuple[str, Read, BaseException | None]] = {}
+
+
+async def shaped_runaway(stack: Stack, shape: str) -> tuple[str, Read, BaseException | None]:
+    if shape not in _runaways:
+        fb, guard = await guarded(stack, f"shape-{shape}")
+        model, log = scripted("runaway"), ToolLog()
+        agent = guard.protect(make_agent(model, log, search_shape=shape))
+        state, error = None, None
+        try:
+            await guard.run_agent(agent, "weather in tokyo?", max_turns=100)
+        except RunStopped as stop:
+            state = stop.report.state_name if stop.report is not None else None
+        except Exception as err:  # the cell says what it was
+            error = err
+        texts = [
+            str(i["output"])
+            for i in map(_as_dict, model.calls[-1].input)
+            if i.get("type") == "function_call_output"
+        ]
+        # The SDK's tripwire ends Runner.run at the stopped call: no model reads it.
+        read = Read(texts, log.count("search"), state, model_reads_stop=False)
+        _runaways[shape] = (guard.run.id, read, error)
+        await fb.close()
+    return _runaways[shape]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("shape", "decision"), CELLS)
+async def test_every_result_shape_through_a_warn_a_block_and_a_stop(
+    stack: Stack, shape: str, decision: str
+) -> None:
+    """Issue 49 §1 across result shapes: the warned call's output is the tool's value as
+    text, then the warning, whatever the tool returned; a block is the guard's words;
+    a stop is `RunStopped` and the daemon's STOPPED_LOOP_GUARD."""
+    run_id, read, error = await shaped_runaway(stack, shape)
+    assert error is None, error
+    await asyncio.to_thread(assert_cell, stack, run_id, shape, decision, read)
+    if decision == "warn":
+        value, _, warning = call_of("warn", read).partition("\n\n[fusebox warning] ")
+        assert value == to_text(SHAPES[shape]) and warning, read
 
 
 @pytest.mark.asyncio

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fusebox_guard import Fusebox, GateOnError, RunStopped, SyncFusebox
 from fusebox_guard.adapters.pydantic_ai import FuseboxCapability
+from fusebox_guard.types import to_text
 from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, Tool, ToolCallPart
 from pydantic_ai.messages import ModelRequest, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -32,6 +33,7 @@ from support.guard import (
     send_email_output,
 )
 from support.scenarios import next_calls, op_key_for
+from support.shapes import CELLS, SHAPES, Read, assert_cell, call_of, shaped
 from support.stack import Stack
 from support.sub_agents import (
     DELEGATE,
@@ -82,16 +84,22 @@ class Script:
         }
 
 
-def make_tools(log: ToolLog, on_tool: Callable[[int], None] | None = None) -> list[Tool[Any]]:
+def make_tools(
+    log: ToolLog,
+    on_tool: Callable[[int], None] | None = None,
+    search_shape: str | None = None,
+) -> list[Tool[Any]]:
+    """The scenario tools; `search_shape`: `search` returns that shape of `SHAPES`."""
+
     def ran(name: str, arg: Any) -> None:
         log.calls.append((name, arg))
         if on_tool is not None:
             on_tool(len(log.calls))
 
-    def search(query: str) -> dict[str, Any]:
+    def search(query: str) -> Any:
         """Search the web."""
         ran("search", query)
-        return search_output(query)
+        return search_output(query) if search_shape is None else shaped(search_shape)
 
     def open_page(url: str) -> dict[str, Any]:
         """Open a page."""
@@ -131,6 +139,7 @@ def drive(
     policy: dict[str, Any] | None = None,
     on_tool: Callable[[str], Callable[[int], None]] | None = None,
     usage_limits: UsageLimits | None = None,
+    search_shape: str | None = None,
     **connect: Any,
 ) -> Outcome:
     """Runs the scenario's agent behind a run; what it answered, or how it ended.
@@ -138,7 +147,7 @@ def drive(
     run_id = run_id or fresh_run(f"pai-{mode}-{scenario}")
     script = Script(scenario)
     outcome = Outcome(run_id, script)
-    tools = make_tools(log, on_tool(run_id) if on_tool else None)
+    tools = make_tools(log, on_tool(run_id) if on_tool else None, search_shape)
 
     def agent(guard: FuseboxCapability) -> Agent[None, str]:
         return Agent(FunctionModel(script.respond), tools=tools, capabilities=[guard])
@@ -223,6 +232,44 @@ def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     assert blocked.outcome == "failed", blocked
     assert "fusebox stopped this run" in str(returns[-1].content)
     assert_history_valid(history)
+
+
+#: One runaway per (mode, shape), read by that shape's three cells of the table.
+_runaways: dict[tuple[str, str], tuple[Outcome, Read]] = {}
+
+
+def shaped_runaway(stack: Stack, mode: str, shape: str) -> tuple[Outcome, Read]:
+    if (mode, shape) not in _runaways:
+        log = ToolLog()
+        outcome = drive(stack.nats_url, "runaway", mode, log, search_shape=shape)
+        stopped = outcome.stopped
+        history = stopped.history if stopped is not None else []
+        texts = [
+            str(part.content)
+            for m in history
+            if isinstance(m, ModelRequest)
+            for part in m.parts
+            if isinstance(part, ToolReturnPart)
+        ]
+        state = stopped.report.state_name if stopped and stopped.report else None
+        _runaways[(mode, shape)] = (outcome, Read(texts, log.count("search"), state))
+    return _runaways[(mode, shape)]
+
+
+@pytest.mark.parametrize(("shape", "decision"), CELLS)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_result_shape_through_a_warn_a_block_and_a_stop(
+    stack: Stack, mode: str, shape: str, decision: str
+) -> None:
+    """Issue 49 §1 across result shapes: a warned result is what the model reads as text
+    (the tool's value, as Pydantic AI serialises it, then the warning), whatever the
+    tool returned; a block and a stop are the guard's words."""
+    outcome, read = shaped_runaway(stack, mode, shape)
+    assert outcome.error is None, outcome.error
+    assert_cell(stack, outcome.run_id, shape, decision, read)
+    if decision == "warn":
+        value, _, warning = call_of("warn", read).partition("\n\n[fusebox warning] ")
+        assert value == to_text(SHAPES[shape]) and warning, read
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -13,8 +13,11 @@ app gated by fuseboxd, as a runner plugin.
   answers the same way and ends the invocation (its `end_invocation` flag: no further
   model call). Parallel calls are each gated; after a stop the rest are refused
   without a round trip.
-- `after_tool_callback` reports the result (a `warn`'s message is added to it as
-  `fusebox_warning`), `on_tool_error_callback` a tool's error (RETRYABLE, no wait).
+- `after_tool_callback` reports the result, and a `warn`'s message reaches the model
+  beside it as `fusebox_warning`: a field added to a dict result; any other result
+  (ADK hands the tool's own return value over: a string, a list, None) wrapped as ADK
+  wraps it for the model, `{"result": value, "fusebox_warning": ...}`.
+  `on_tool_error_callback` reports a tool's error (RETRYABLE, no wait).
 - `after_model_callback`: each model response's usage → `model_turn` (a stop answered
   there, a budget, ends the invocation); `before_model_callback` answers for the model
   once the run is stopped (`fusebox cancel`, the kill switch), so it is not asked again.
@@ -292,8 +295,10 @@ class FuseboxPlugin(BasePlugin):
         tool: BaseTool,
         tool_args: dict[str, Any],
         tool_context: ToolContext,
-        result: dict[str, Any],
+        result: Any,
     ) -> dict[str, Any] | None:
+        # `result` is the tool's own return value, whatever its type: ADK 2.13 declares
+        # a dict but hands a string, a list or None over unchanged (issue 49).
         call_id = tool_context.function_call_id or ""
         running = self._running.pop(_key(tool_context, call_id), None)
         if running is None:
@@ -311,7 +316,7 @@ class FuseboxPlugin(BasePlugin):
         if stop and bridge is self._bridge:
             _end(tool_context)
         if gate.warning:
-            return {**result, "fusebox_warning": gate.warning}
+            return _warned(tool, result, gate.warning)
         return None
 
     async def on_tool_error_callback(
@@ -340,6 +345,21 @@ class _Running:
     gate: Gate
     call: Call
     token: Token[Call | None]
+
+
+def _warned(tool: BaseTool, result: Any, warning: str) -> dict[str, Any] | None:
+    """A warned call's result with the warning beside it, in a shape ADK accepts: a dict
+    gets the `fusebox_warning` field; any other value (a string, a list, None) is
+    wrapped the way ADK itself hands a non-dict result to the model, `{"result":
+    value}`, with the field beside it, so the model reads the same value plus the
+    warning. A long-running or deferring tool (an `AgentTool`) that returned nothing
+    is answered later by ADK: a dict now would answer it early, so its result is left
+    alone and the warning is not delivered there (the next gate still counts)."""
+    if isinstance(result, dict):
+        return {**result, "fusebox_warning": warning}
+    if not result and (tool.is_long_running or tool._defers_response):
+        return None
+    return {"result": result, "fusebox_warning": warning}
 
 
 def _key(context: ToolContext, call_id: str) -> tuple[str, str, str]:
