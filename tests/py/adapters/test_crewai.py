@@ -41,6 +41,14 @@ from support.guard import (
 from support.scenarios import Call, next_calls, op_key_for
 from support.shapes import CELLS, SHAPES, shaped
 from support.stack import Stack
+from support.sub_agents import (
+    FOUND,
+    lead_calls,
+    researcher_answer,
+    researcher_calls,
+    topic_of,
+)
+from support.trees import children, tree
 
 MODES = ["sync", "async"]
 
@@ -69,10 +77,7 @@ class ScriptedLLM(BaseLLM):
         if turn == self.fail_at:
             raise RuntimeError("the model is gone")
         calls = self.script(turn)
-        if calls is None:
-            return "Thought: I now know the final answer\nFinal Answer: done"
-        name, arguments = calls[0]
-        return f"Thought: next step\nAction: {name}\nAction Input: {json.dumps(arguments)}"
+        return final_answer("done") if calls is None else action(calls[0])
 
     def supports_function_calling(self) -> bool:
         return False
@@ -91,6 +96,15 @@ class ScriptedLLM(BaseLLM):
             for m in last
             if m["role"] == "assistant" and "\nObservation: " in str(m["content"])
         ]
+
+
+def action(call: Call) -> str:
+    name, arguments = call
+    return f"Thought: next step\nAction: {name}\nAction Input: {json.dumps(arguments)}"
+
+
+def final_answer(text: str) -> str:
+    return f"Thought: I now know the final answer\nFinal Answer: {text}"
 
 
 def scenario(name: str) -> Script:
@@ -381,3 +395,106 @@ def test_daemon_down(mode: str, policy: GateOnError) -> None:
     else:
         assert outcome.log.count("search") == 1
         assert read == sent_text(search_output("weather tokyo"))
+
+
+# --- sub-agents: a coworker delegated to is a child run ---------------------------------
+
+#: CrewAI 1.6.1's delegation tool (an agent with `allow_delegation`).
+DELEGATE_TOOL = "Delegate work to coworker"
+
+
+class LeadLLM(ScriptedLLM):
+    """The lead delegates each topic of `support.sub_agents` to the researcher, then
+    answers."""
+
+    def __init__(self) -> None:
+        super().__init__(self.delegations)
+
+    @staticmethod
+    def delegations(turn: int) -> list[Call] | None:
+        calls = lead_calls(turn)
+        if calls is None:
+            return None
+        (_, args), *_ = calls
+        task = {"task": f"research {args['topic']}", "context": "weather", "coworker": "researcher"}
+        return [(DELEGATE_TOOL, task)]
+
+
+class ResearcherLLM(ScriptedLLM):
+    """The researcher's script for the topic its task names (CrewAI gives each delegated
+    task a fresh conversation): one search then an answer, or a runaway."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda turn: None)
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+        self.seen.append([dict(m) for m in messages])
+        topic = topic_of(messages[1]["content"])
+        calls = researcher_calls(topic, sum(1 for m in messages if m["role"] == "assistant"))
+        return final_answer(researcher_answer(topic)) if calls is None else action(calls[0])
+
+
+def delegate(url: str, mode: str, policy: dict[str, Any] | None = None) -> Outcome:
+    """A crew of a lead (allowed to delegate, no tools of its own) and a researcher with
+    `search`; the one task is the lead's."""
+    outcome = Outcome(fresh_run(f"crewai-{mode}-lead"), LeadLLM())
+    researcher = Agent(
+        role="researcher",
+        goal="find facts",
+        backstory="a researcher",
+        llm=ResearcherLLM(),
+        tools=make_tools(outcome.log)[:1],
+        cache=False,
+    )
+    lead = Agent(
+        role="lead",
+        goal="write a weather report",
+        backstory="a lead",
+        llm=outcome.llm,
+        allow_delegation=True,
+        cache=False,
+    )
+    task = Task(description="weather report", expected_output="a report", agent=lead)
+    crew = Crew(agents=[lead, researcher], tasks=[task], cache=False)
+    if mode == "sync":
+        with SyncFusebox.connect(url, tenant=TENANT) as fb:
+            guard = FuseboxCrew(fb.start_run(outcome.run_id, agent="lead", policy=policy))
+            outcome.output = guard.kickoff(crew).raw
+        return outcome
+
+    async def main() -> None:
+        async with await Fusebox.connect(url, tenant=TENANT) as afb:
+            run = await afb.start_run(outcome.run_id, agent="lead", policy=policy)
+            outcome.output = (await FuseboxCrew(run).kickoff_async(crew)).raw
+
+    asyncio.run(main())
+    return outcome
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_coworker_delegated_to_is_a_child_run_and_its_stop_is_the_delegations_result(
+    stack: Stack, mode: str
+) -> None:
+    outcome = delegate(stack.nats_url, mode)
+    assert outcome.output == "done", outcome
+    found, stopped = outcome.llm.observations()
+    assert found == FOUND
+    assert stopped.startswith("fusebox stopped the sub-agent researcher"), stopped
+    assert "consecutive_blocks" in stopped
+    nodes = asyncio.run(tree(stack, outcome.run_id))
+    first, second = children(nodes, outcome.run_id)
+    assert first.agent == second.agent == "researcher"
+    assert first.executed == ["search"] and first.stop_reason == "completed"
+    assert second.stop_reason == "consecutive_blocks"
+    assert nodes[outcome.run_id].executed == [DELEGATE_TOOL, DELEGATE_TOOL]
+    assert_closed(stack, outcome.run_id, "completed")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_coworker_past_the_caps_does_not_run_and_the_lead_reads_why(
+    stack: Stack, mode: str
+) -> None:
+    outcome = delegate(stack.nats_url, mode, policy={"max_children": 1})
+    assert outcome.output == "done", outcome
+    assert "spawn_limit" in outcome.llm.observations()[1]
+    assert outcome.log.count("search") == 1  # the second researcher never ran a tool
