@@ -16,6 +16,8 @@ import { fakeModel } from "@langchain/core/testing";
 import { tool as lcTool } from "@langchain/core/tools";
 import { MessagesAnnotation, START, StateGraph } from "@langchain/langgraph";
 import { ToolNode, toolsCondition } from "@langchain/langgraph/prebuilt";
+import { Agent as MastraAgent } from "@mastra/core/agent";
+import { createTool as mastraTool } from "@mastra/core/tools";
 import {
   Agent,
   type AgentInputItem,
@@ -33,6 +35,7 @@ import { AiSdkGuard } from "../src/adapters/ai.js";
 import { ClaudeAgentGuard } from "../src/adapters/claude-agent-sdk.js";
 import { fuseboxMiddleware } from "../src/adapters/langchain.js";
 import { GraphStopped, LangGraphGuard } from "../src/adapters/langgraph.js";
+import { MastraGuard } from "../src/adapters/mastra.js";
 import { OpenAIAgentsGuard } from "../src/adapters/openai-agents.js";
 import { type Run, RunStopped } from "../src/index.js";
 import { generateResult } from "./support/ai.js";
@@ -302,12 +305,59 @@ async function viaClaudeAgentSdk(run: Run, shape: Shape): Promise<Outcome> {
   }
 }
 
+async function viaMastra(run: Run, shape: Shape): Promise<Outcome> {
+  let executions = 0;
+  let turn = 0;
+  const model = new MockLanguageModelV4({
+    doGenerate: async (): Promise<LanguageModelV4GenerateResult> => {
+      const k = turn++;
+      return generateResult([[TOOL, ARGS]], (i) => `call_${k}_${i}`);
+    },
+  });
+  const agent = new MastraAgent({
+    id: "researcher",
+    name: "researcher",
+    instructions: "Answer.",
+    // Mastra types models with its own pinned @ai-sdk/provider; the same model at runtime.
+    model: model as unknown as ConstructorParameters<typeof MastraAgent>[0]["model"],
+    tools: {
+      [TOOL]: mastraTool({
+        id: TOOL,
+        description: "Probe.",
+        inputSchema: z.object({ query: z.string() }),
+        execute: async () => {
+          executions++;
+          return shape.value;
+        },
+      }),
+    },
+  });
+  const guard = new MastraGuard(run);
+  const result = await guard.generate(agent, "go", { maxSteps: 30 });
+  assert.match(result.tripwire?.reason ?? "", /^fusebox stopped this run/);
+  // Mastra's hooks cannot change a result: a warning comes as a system message of the
+  // next request, so a call's read is its result and the warnings the model got with it.
+  type Part = { type: string; output?: { value?: unknown } };
+  const reads = model.doGenerateCalls.slice(1).map((call, k) => {
+    const result = call.prompt
+      .filter((m) => m.role === "tool")
+      .flatMap((m) => m.content as unknown as Array<Part & { toolCallId?: string }>)
+      .find((p) => p.type === "tool-result" && p.toolCallId === `call_${k}_0`);
+    const warnings = call.prompt
+      .filter((m) => m.role === "system" && String(m.content).includes("[fusebox warning]"))
+      .map((m) => String(m.content));
+    return [flat(result?.output?.value), ...warnings].join("\n");
+  });
+  return { reads, executions, run };
+}
+
 const ADAPTERS: Array<[string, Runner]> = [
   ["Vercel AI SDK", viaAiSdk],
   ["LangChain.js createAgent", viaLangChain],
   ["LangGraph.js StateGraph", viaLangGraph],
   ["OpenAI Agents JS", viaOpenAIAgents],
   ["Claude Agent SDK", viaClaudeAgentSdk],
+  ["Mastra", viaMastra],
 ];
 
 describe("every result shape through a warn, a block and a stop", () => {
@@ -315,7 +365,10 @@ describe("every result shape through a warn, a block and a stop", () => {
 
   for (const [adapter, runner] of ADAPTERS) {
     for (const shape of SHAPES) {
-      test(`${adapter}: a tool returning ${shape.name}`, async () => {
+      // Mastra 1.71 ends its loop after a tool that returns `undefined`, guarded or not,
+      // so that case never reaches a warn: test/mastra.test.ts holds it (the run closed).
+      const skip = adapter === "Mastra" && shape.value === undefined;
+      test(`${adapter}: a tool returning ${shape.name}`, { skip }, async () => {
         const run = await live.fb.startRun(freshRun("shape"), { agent: "researcher" });
         const { reads, executions } = await runner(run, shape);
         // The stop: the tool ran only up to the warn, and the guard closed the run.
