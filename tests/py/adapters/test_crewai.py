@@ -24,6 +24,7 @@ from crewai.llms.base_llm import BaseLLM
 from crewai.tools import BaseTool, tool
 from fusebox_guard import Fusebox, GateOnError, RunStopped, SyncFusebox
 from fusebox_guard.adapters.crewai import FuseboxCrew
+from fusebox_guard.adapters.sessions import session_run
 from support.guard import (
     PAGES,
     TENANT,
@@ -498,3 +499,37 @@ def test_a_coworker_past_the_caps_does_not_run_and_the_lead_reads_why(
     assert outcome.output == "done", outcome
     assert "spawn_limit" in outcome.llm.observations()[1]
     assert outcome.log.count("search") == 1  # the second researcher never ran a tool
+
+
+def test_a_resumed_session_whose_run_was_stopped_is_refused_before_its_model_is_asked(
+    stack: Stack,
+) -> None:
+    """The session id is the run id: a crew of the same session kicked off again (a new
+    process) finds the session's run stopped, from its kept stop, and ends with that
+    stop before its model is asked."""
+    session = fresh_run("crewai-session")
+    log = ToolLog()
+
+    def kickoff(name: str) -> tuple[str, Outcome]:
+        outcome = Outcome(session, ScriptedLLM(scenario(name)), log=log)
+
+        async def main() -> str:
+            async with await Fusebox.connect(stack.nats_url, tenant=TENANT) as fb:
+                run = await session_run(fb, session)
+                try:
+                    await FuseboxCrew(run).kickoff_async(crew_of(outcome.llm, make_tools(log)))
+                except RunStopped as stop:
+                    outcome.stopped = stop
+                await run.close()
+                return run.id
+
+        return asyncio.run(main()), outcome
+
+    first_id, first = kickoff("runaway")
+    assert first_id == session and first.stopped is not None
+    executed = log.count("search")
+    second_id, second = kickoff("one_search")
+    assert second_id == session
+    assert second.stopped is not None and second.stopped.report is not None
+    assert second.stopped.report.state_name == "STOPPED_LOOP_GUARD"
+    assert second.llm.seen == [] and log.count("search") == executed

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from fusebox_guard import Fusebox, GateOnError, RunStopped, SyncFusebox
-from fusebox_guard.adapters._session import session_run
+from fusebox_guard.adapters.sessions import session_run
 from fusebox_guard.adapters.strands import FuseboxHooks
 from strands import Agent, tool
 from strands.models.model import Model

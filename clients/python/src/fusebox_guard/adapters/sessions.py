@@ -1,5 +1,10 @@
-"""A framework's own session id as the run id, resumable across processes: shared by the
-adapters whose framework has sessions (Strands Agents, CrewAI)."""
+"""A framework's own session id as the run id, resumable across processes: for the
+adapters whose framework keeps sessions (a Strands `SessionManager`'s `session_id`, the
+id a CrewAI app keeps its conversation under).
+
+    run = await session_run(fb, session_id, agent="researcher")
+    guard = FuseboxHooks(run)            # or FuseboxCrew(run), any adapter
+"""
 
 from __future__ import annotations
 
@@ -66,3 +71,6 @@ def session_run_sync(
 def _continuation(session_id: str, n: int) -> str:
     suffix = f"-{n}"
     return session_id[: MAX_RUN_ID - len(suffix)] + suffix
+
+
+__all__ = ["session_run", "session_run_sync"]
