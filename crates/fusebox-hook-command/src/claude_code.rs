@@ -44,7 +44,7 @@ pub fn plan(
         _ => Moment::Other,
     };
     let protocol = Protocol {
-        prefix: "cc",
+        prefix: claude_code::PROTOCOL.prefix,
         agent,
     };
     let route = Route::new(

@@ -44,7 +44,7 @@ pub fn hook(hook: &Hook) -> ExitCode {
         _ => Moment::Other,
     };
     let protocol = Protocol {
-        prefix: "cx",
+        prefix: codex::PROTOCOL.prefix,
         agent: &hook.agent,
     };
     let mut route = Route::new(

@@ -19,6 +19,7 @@ mod codex;
 pub mod connection;
 mod gemini_cli;
 mod kept_stops;
+mod opencode;
 pub mod operations;
 mod reply;
 pub mod routes;
@@ -34,7 +35,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Subcommand, ValueEnum};
 use fusebox_client::{parse_duration, ClientError, ClientOptions, Gate, GateOnError};
-use fusebox_hook::claude_code::Outcome;
+use fusebox_hook::claude_code::{Outcome, PROTOCOL as CLAUDE_CODE};
+use fusebox_hook::codex::PROTOCOL as CODEX;
+use fusebox_hook::gemini_cli::PROTOCOL as GEMINI_CLI;
+use fusebox_hook::opencode::PROTOCOL as OPENCODE;
 use fusebox_hook::{with_result_hashed, Operations};
 
 use connection::Connection;
@@ -86,6 +90,19 @@ pub enum Agent {
     /// See docs/agents/gemini-cli.md.
     #[command(verbatim_doc_comment)]
     GeminiCli(GeminiCliArgs),
+    /// OpenCode's plugin hooks (session.created, chat.message, tool.execute.before,
+    /// tool.execute.after, session.idle, session.deleted), as the fusebox plugin sends
+    /// them.
+    ///
+    /// Setup: `fusebox hook opencode --print-plugin > ~/.config/opencode/plugin/fusebox.js`
+    /// (OpenCode loads every plugin there). The plugin runs this command for each hook
+    /// and does what fuseboxd answered: a block or stop fails the call with the guard's
+    /// message as the tool's error, a stop also aborts the session, a warn reaches the
+    /// model with the call's result. One session is one run, each sub-agent's child
+    /// session a child run of it.
+    /// See docs/agents/opencode.md.
+    #[command(verbatim_doc_comment)]
+    Opencode(OpencodeArgs),
 }
 
 /// What every agent's hook takes.
@@ -151,6 +168,15 @@ pub struct GeminiCliArgs {
     print_settings: bool,
 }
 
+#[derive(clap::Args)]
+pub struct OpencodeArgs {
+    #[command(flatten)]
+    guard: GuardArgs,
+    /// Print the OpenCode plugin that runs this hook (with these flags), and exit.
+    #[arg(long)]
+    print_plugin: bool,
+}
+
 const DEFAULT_TENANT: &str = "default";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 /// After `--timeout`, how long the process may still take before its fallback answer is
@@ -170,21 +196,25 @@ pub fn run(agent: &Agent) -> Result<ExitCode, String> {
             Some(settings::claude_code_http(
                 a.http.as_deref().unwrap_or_default(),
                 a.token_env.as_deref(),
-                &settings::command_line(&a.guard.flags("claude-code"))?,
+                &settings::command_line(&a.guard.flags(CLAUDE_CODE.agent))?,
                 a.guard.timeout,
             )?)
         }
         Agent::ClaudeCode(a) if a.print_settings => Some(settings::claude_code(
-            &settings::command_line(&a.guard.flags("claude-code"))?,
+            &settings::command_line(&a.guard.flags(CLAUDE_CODE.agent))?,
             a.guard.timeout,
         )),
         Agent::Codex(a) if a.print_config => Some(settings::codex(
-            &settings::command_line(&a.guard.flags("codex"))?,
+            &settings::command_line(&a.guard.flags(CODEX.agent))?,
             a.guard.timeout,
         )),
         Agent::GeminiCli(a) if a.print_settings => Some(settings::gemini_cli(
-            &settings::command_line(&a.guard.flags("gemini-cli"))?,
+            &settings::command_line(&a.guard.flags(GEMINI_CLI.agent))?,
             a.guard.timeout,
+        )),
+        Agent::Opencode(a) if a.print_plugin => Some(opencode::plugin(
+            &settings::command_args(&a.guard.flags(OPENCODE.agent))?,
+            a.guard.on_error == OnError::Allow,
         )),
         _ => None,
     };
@@ -193,9 +223,10 @@ pub fn run(agent: &Agent) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     Ok(match agent {
-        Agent::ClaudeCode(a) => claude_code::hook(&Hook::new(&a.guard, "claude-code")),
-        Agent::Codex(a) => codex::hook(&Hook::new(&a.guard, "codex")),
-        Agent::GeminiCli(a) => gemini_cli::hook(&Hook::new(&a.guard, "gemini-cli")),
+        Agent::ClaudeCode(a) => claude_code::hook(&Hook::new(&a.guard, CLAUDE_CODE.agent)),
+        Agent::Codex(a) => codex::hook(&Hook::new(&a.guard, CODEX.agent)),
+        Agent::GeminiCli(a) => gemini_cli::hook(&Hook::new(&a.guard, GEMINI_CLI.agent)),
+        Agent::Opencode(a) => opencode::hook(&Hook::new(&a.guard, OPENCODE.agent)),
     })
 }
 

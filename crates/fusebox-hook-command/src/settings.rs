@@ -37,13 +37,20 @@ const HTTP_GOES_ON: [&str; 3] = ["UserPromptSubmit", "SubagentStart", "SubagentS
 /// commands through a shell). The absolute path keeps the hook working whatever PATH
 /// the agent has.
 pub fn command_line(args: &[String]) -> Result<String, String> {
-    let exe = hook_binary()?;
-    let exe = exe.to_string_lossy().into_owned();
-    Ok(std::iter::once(exe.as_str())
-        .chain(args.iter().map(String::as_str))
-        .map(shell_quote)
+    Ok(command_args(args)?
+        .iter()
+        .map(|arg| shell_quote(arg))
         .collect::<Vec<_>>()
         .join(" "))
+}
+
+/// The hook binary and `args` as an argv, for a caller that runs it without a shell
+/// (the OpenCode plugin).
+pub fn command_args(args: &[String]) -> Result<Vec<String>, String> {
+    let exe = hook_binary()?;
+    Ok(std::iter::once(exe.to_string_lossy().into_owned())
+        .chain(args.iter().cloned())
+        .collect())
 }
 
 /// `fusebox-hook`: this binary if it is that one, else the one installed beside it.

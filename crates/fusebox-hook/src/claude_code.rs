@@ -21,19 +21,23 @@
 //! returned no output"), so the caller adds the stop to the sub-agent's result
 //! ([`sub_agent_stopped_context`]).
 
-use fusebox_core::event::hex_sha256;
-use fusebox_core::event::{
-    Args, Compaction, Prompt, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
-};
-use fusebox_core::{Action, Decision, Event, EventBody};
+use fusebox_core::{Action, Event};
 
 use crate::common::{
-    checked, completed_reason, message_of, observe_context, prompt_refused, sub_agent_refused,
-    sub_agent_stopped_note, unasked_reason, unguarded_note, Operations,
+    checked, message_of, observe_context, sub_agent_refused, sub_agent_stopped_note,
 };
-pub use crate::common::{run_id, Outcome};
+pub use crate::common::{run_id, Operations, Outcome};
+use crate::protocol::{before_call, before_prompt, Answers, Protocol, Step};
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
+
+/// Claude Code's names: `fusebox-hook claude-code`, event ids `cc-…`; a stop's answer
+/// ends the session (or a sub-agent alone).
+pub const PROTOCOL: Protocol = Protocol {
+    agent: "claude-code",
+    prefix: "cc",
+    stop_ends_run: true,
+};
 
 /// The hook events fusebox acts on. Anything else is answered with no opinion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,146 +212,84 @@ pub fn event_for(
     transcript_len: Option<u64>,
     ts_ms: u64,
 ) -> Result<Option<Event>, String> {
-    let envelope = |id: String, body: EventBody| Event {
-        v: 1,
-        id,
-        tenant: tenant.to_owned(),
-        run: run.to_owned(),
-        seq: None,
-        ts_ms,
-        body,
+    let Some(step) = step(payload, transcript_len)? else {
+        return Ok(None);
     };
-    let event = match payload.event() {
-        // The run's agent name selects `[agents.<name>.policy]`. A session resumed while
-        // its run is open starts again under the same id, answered from the dedup.
-        HookEvent::SessionStart => envelope(
-            "cc-session-start".to_owned(),
-            EventBody::RunStarted(RunStarted {
-                agent: Some(agent.to_owned()),
-                tools: None,
-                policy: None,
-                parent: None,
-            }),
-        ),
-        HookEvent::PreToolUse => {
-            let (id, tool) = payload.tool_use()?;
-            let input = payload.tool_input.clone().unwrap_or(Value::Null);
-            envelope(
-                format!("cc-{id}-call"),
-                EventBody::ToolCall(ToolCall {
-                    call_id: id.to_owned(),
-                    tool: tool.to_owned(),
-                    op_key: operations.op_key(tool, Some(&input)),
-                    args: Args::inline_or_hash(input),
-                    effect: None,
-                }),
-            )
-        }
-        HookEvent::PostToolUse | HookEvent::PostToolUseFailure => {
-            let (id, tool) = payload.tool_use()?;
-            let failed = payload.event() == HookEvent::PostToolUseFailure;
-            let (kind, code, output) = if failed {
-                // A failed command is a tool error, not the end of the run (FATAL would
-                // stop it): RETRYABLE with no wait, so repeating it counts as repetition
-                // and towards max_tool_errors, but an edit-and-rerun is not refused.
-                let code = if payload.is_interrupt == Some(true) {
-                    "interrupted"
-                } else {
-                    "tool_error"
-                };
-                let error = payload.error.clone().unwrap_or(Value::Null);
-                (ResultKind::Retryable, Some(code.to_owned()), error)
-            } else {
-                let response = payload.tool_response.clone().unwrap_or(Value::Null);
-                (ResultKind::Success, None, response)
-            };
-            envelope(
-                format!("cc-{id}-result"),
-                EventBody::ToolResult(ToolResult {
-                    call_id: id.to_owned(),
-                    tool: tool.to_owned(),
-                    kind,
-                    code,
-                    retry_after_ms: failed.then_some(0),
-                    terminal: None,
-                    output: Some(operations.output(tool, payload.tool_input.as_ref(), output)),
-                    progress: None,
-                }),
-            )
-        }
-        HookEvent::PreCompact => {
-            // No id names a compaction; the transcript's length at that moment does (it
-            // grows between two compactions, and not while the CLI waits for the hook).
-            let moment = format!(
-                "{}:{}:{}",
-                payload.trigger.as_deref().unwrap_or(""),
-                transcript_len.unwrap_or(0),
-                payload.session_id
-            );
-            envelope(
-                format!("cc-compact-{}", &hex_sha256(moment.as_bytes())[..16]),
-                EventBody::Compaction(Compaction {
-                    reason: Some(format!(
-                        "claude-code: {}",
-                        payload.trigger.as_deref().unwrap_or("compaction")
-                    )),
-                }),
-            )
-        }
-        // A prompt id names the user's prompt; a notice that shares it is not sent.
-        HookEvent::UserPromptSubmit if payload.users_prompt() => {
-            let id = payload
-                .prompt_id
-                .as_deref()
-                .ok_or_else(|| format!("{} payload without prompt_id", payload.hook_event_name))?;
-            envelope(format!("cc-prompt-{id}"), EventBody::Prompt(Prompt {}))
-        }
-        HookEvent::SubagentStop => {
-            crate::sub_agent_finished("cc", tenant, run, "sub-agent ended", ts_ms)
-        }
-        HookEvent::SessionEnd => envelope(
-            "cc-session-end".to_owned(),
-            EventBody::RunFinished(RunFinished {
-                status: Some(format!(
-                    "session ended ({})",
-                    payload.reason.as_deref().unwrap_or("other")
-                )),
-            }),
-        ),
-        HookEvent::UserPromptSubmit
-        | HookEvent::Stop
-        | HookEvent::SubagentStart
-        | HookEvent::Other => return Ok(None),
-    };
+    let event = PROTOCOL.event(step, operations, tenant, run, agent, ts_ms);
     // A payload the daemon would refuse is this hook's error, said here, not a refusal
     // from the guard.
     checked(event, &payload.hook_event_name).map(Some)
 }
 
+/// Which step of the one shape ([`Step`]) a payload is; `None` for hook events fusebox
+/// has nothing to say about.
+fn step(payload: &Payload, transcript_len: Option<u64>) -> Result<Option<Step<'_>>, String> {
+    Ok(Some(match payload.event() {
+        // The run's agent name selects `[agents.<name>.policy]`. A session resumed while
+        // its run is open starts again under the same id, answered from the dedup.
+        HookEvent::SessionStart => Step::SessionStart,
+        HookEvent::PreToolUse => {
+            let (id, tool) = payload.tool_use()?;
+            Step::Call {
+                id,
+                tool,
+                input: payload.tool_input.as_ref(),
+            }
+        }
+        HookEvent::PostToolUse | HookEvent::PostToolUseFailure => {
+            let (id, tool) = payload.tool_use()?;
+            let (failure, output) = if payload.event() == HookEvent::PostToolUseFailure {
+                let code = if payload.is_interrupt == Some(true) {
+                    "interrupted"
+                } else {
+                    "tool_error"
+                };
+                (Some(code), payload.error.clone().unwrap_or(Value::Null))
+            } else {
+                (None, payload.tool_response.clone().unwrap_or(Value::Null))
+            };
+            Step::Result {
+                id,
+                tool,
+                input: payload.tool_input.as_ref(),
+                failure,
+                output,
+            }
+        }
+        // No id names a compaction; the transcript's length at that moment does (it
+        // grows between two compactions, and not while the CLI waits for the hook).
+        HookEvent::PreCompact => Step::Compaction {
+            moment: format!(
+                "{}:{}:{}",
+                payload.trigger.as_deref().unwrap_or(""),
+                transcript_len.unwrap_or(0),
+                payload.session_id
+            ),
+            trigger: payload.trigger.as_deref(),
+        },
+        // A prompt id names the user's prompt; a notice that shares it is not sent.
+        HookEvent::UserPromptSubmit if payload.users_prompt() => Step::Prompt {
+            id: payload
+                .prompt_id
+                .as_deref()
+                .ok_or_else(|| format!("{} payload without prompt_id", payload.hook_event_name))?,
+        },
+        HookEvent::SubagentStop => Step::SubAgentEnd,
+        HookEvent::SessionEnd => Step::SessionEnd {
+            reason: payload.reason.as_deref(),
+        },
+        HookEvent::UserPromptSubmit
+        | HookEvent::Stop
+        | HookEvent::SubagentStart
+        | HookEvent::Other => return Ok(None),
+    }))
+}
+
 /// The hook's answer on stdout for `event`.
 pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
     match (event, outcome) {
-        (HookEvent::PreToolUse, Outcome::Decided(decision)) => pre_tool_use(decision),
-        (HookEvent::PreToolUse, Outcome::Failed { allowed: true, why }) => {
-            pre_tool_context(&unguarded_note(why))
-        }
-        (
-            HookEvent::PreToolUse,
-            Outcome::Failed {
-                allowed: false,
-                why,
-            },
-        ) => deny(&unasked_reason(why)),
-        // Only a stopped run answers a prompt `stop`: the prompt is blocked and the user
-        // reads why, instead of the model being refused call after call. Nothing else
-        // blocks a prompt — not a guard that cannot be asked (the calls after it are
-        // refused as ever).
-        (HookEvent::UserPromptSubmit, Outcome::Decided(decision))
-            if decision.action == Action::Stop =>
-        {
-            json!({"decision": "block", "reason": prompt_refused(&message_of(decision))})
-        }
-        (HookEvent::UserPromptSubmit, _) => json!({}),
+        (HookEvent::PreToolUse, outcome) => before_call(&ClaudeCode, outcome),
+        (HookEvent::UserPromptSubmit, outcome) => before_prompt(&ClaudeCode, outcome),
         // The sub-agent's start, refused (a cap, a stopped session): the sub-agent is
         // told at once; its calls are refused with the same report.
         (HookEvent::SubagentStart, Outcome::Decided(decision))
@@ -396,40 +338,34 @@ pub fn sub_agent_stopped_context(agent_id: &str, report: &str) -> String {
     sub_agent_stopped_note(agent_id, report)
 }
 
-fn pre_tool_use(decision: &Decision) -> Value {
-    let message = message_of(decision);
-    match decision.action {
-        // Nothing: "allow" would skip the user's own permission rules.
-        Action::Execute => json!({}),
-        Action::Warn => pre_tool_context(&message),
-        Action::UseCompletedResult => deny(&completed_reason(decision)),
-        // A stop must deny the call too: `continue: false` alone ends the session only
-        // after the tool has run (seen with Claude Code 2.1.327).
-        Action::Stop => {
-            let mut answer = deny(&message);
-            answer["continue"] = json!(false);
-            answer["stopReason"] = json!(message);
-            answer["systemMessage"] = json!(message);
-            answer
-        }
-        // Block, and any action that does not let the tool run.
-        _ => deny(&message),
+/// Claude Code's answers before a call (PreToolUse).
+struct ClaudeCode;
+
+impl Answers for ClaudeCode {
+    fn deny(&self, reason: &str) -> Value {
+        json!({"hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "deny",
+            "permissionDecisionReason": reason,
+        }})
     }
-}
 
-fn deny(reason: &str) -> Value {
-    json!({"hookSpecificOutput": {
-        "hookEventName": "PreToolUse",
-        "permissionDecision": "deny",
-        "permissionDecisionReason": reason,
-    }})
-}
+    fn warn(&self, words: &str) -> Value {
+        json!({"hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "additionalContext": words,
+        }})
+    }
 
-fn pre_tool_context(context: &str) -> Value {
-    json!({"hookSpecificOutput": {
-        "hookEventName": "PreToolUse",
-        "additionalContext": context,
-    }})
+    /// A stop must deny the call too: `continue: false` alone ends the session only
+    /// after the tool has run (seen with Claude Code 2.1.327).
+    fn stop(&self, report: &str) -> Value {
+        let mut answer = self.deny(report);
+        answer["continue"] = json!(false);
+        answer["stopReason"] = json!(report);
+        answer["systemMessage"] = json!(report);
+        answer
+    }
 }
 
 fn name(event: HookEvent) -> &'static str {
@@ -451,6 +387,8 @@ fn name(event: HookEvent) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fusebox_core::event::{Args, ToolCall};
+    use fusebox_core::EventBody;
 
     fn pre_tool_use(input: Value) -> Result<Option<Event>, String> {
         let payload = json!({"session_id": "s", "hook_event_name": "PreToolUse",

@@ -21,22 +21,26 @@
 //! and SubagentStop finishes it (the caller resolves which run). A stopped sub-agent's
 //! later calls are denied with its kept stop report, as a session's are.
 
-use fusebox_core::event::hex_sha256;
-use fusebox_core::event::{
-    Args, Compaction, Prompt, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
-};
-use fusebox_core::{Action, Decision, Event, EventBody};
+use fusebox_core::{Action, Event};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::common::{
-    checked, completed_reason, lines_in_one_order, message_of, observe_context, prompt_refused,
-    sub_agent_refused, unasked_reason, unguarded_note, Operations,
+    checked, lines_in_one_order, message_of, observe_context, prompt_refused, sub_agent_refused,
+};
+pub use crate::common::{run_id, Operations, Outcome};
+use crate::protocol::{before_call, before_prompt, Answers, Protocol, Step};
+
+/// Codex's names: `fusebox-hook codex`, event ids `cx-…`; no answer ends a Codex turn,
+/// so the hook keeps a stop.
+pub const PROTOCOL: Protocol = Protocol {
+    agent: "codex",
+    prefix: "cx",
+    stop_ends_run: false,
 };
 
 /// Codex's shell tool, as its hooks name it.
 const SHELL_TOOL: &str = "Bash";
-pub use crate::common::{run_id, Outcome};
 
 /// The hook events fusebox acts on. Anything else is answered with no opinion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,45 +164,32 @@ pub fn event_for(
     transcript_len: Option<u64>,
     ts_ms: u64,
 ) -> Result<Option<Event>, String> {
-    let envelope = |id: String, body: EventBody| Event {
-        v: 1,
-        id,
-        tenant: tenant.to_owned(),
-        run: run.to_owned(),
-        seq: None,
-        ts_ms,
-        body,
+    let Some(step) = step(payload, transcript_len)? else {
+        return Ok(None);
     };
-    let event = match payload.event() {
-        HookEvent::SessionStart => envelope(
-            "cx-session-start".to_owned(),
-            EventBody::RunStarted(RunStarted {
-                agent: Some(agent.to_owned()),
-                tools: None,
-                policy: None,
-                parent: None,
-            }),
-        ),
+    let event = PROTOCOL.event(step, operations, tenant, run, agent, ts_ms);
+    checked(event, &payload.hook_event_name).map(Some)
+}
+
+/// Which step of the one shape ([`Step`]) a payload is; `None` for hook events fusebox
+/// has nothing to say about.
+fn step(payload: &Payload, transcript_len: Option<u64>) -> Result<Option<Step<'_>>, String> {
+    Ok(Some(match payload.event() {
+        HookEvent::SessionStart => Step::SessionStart,
         // Each prompt of the user's starts a turn of its own.
-        HookEvent::UserPromptSubmit if payload.users_prompt() => {
-            let turn = payload
+        HookEvent::UserPromptSubmit if payload.users_prompt() => Step::Prompt {
+            id: payload
                 .turn_id
                 .as_deref()
-                .ok_or_else(|| format!("{} payload without turn_id", payload.hook_event_name))?;
-            envelope(format!("cx-prompt-{turn}"), EventBody::Prompt(Prompt {}))
-        }
+                .ok_or_else(|| format!("{} payload without turn_id", payload.hook_event_name))?,
+        },
         HookEvent::PreToolUse => {
             let (id, tool) = payload.tool_use()?;
-            envelope(
-                format!("cx-{id}-call"),
-                EventBody::ToolCall(ToolCall {
-                    call_id: id.to_owned(),
-                    tool: tool.to_owned(),
-                    args: Args::inline_or_hash(payload.tool_input.clone().unwrap_or(Value::Null)),
-                    op_key: operations.op_key(tool, payload.tool_input.as_ref()),
-                    effect: None,
-                }),
-            )
+            Step::Call {
+                id,
+                tool,
+                input: payload.tool_input.as_ref(),
+            }
         }
         // Codex reports a failed command as its output (the exit code is in the text),
         // so every result is a SUCCESS with that output: repetition is judged by it, the
@@ -211,59 +202,36 @@ pub fn event_for(
                 }
                 other => other.clone().unwrap_or(Value::Null),
             };
-            envelope(
-                format!("cx-{id}-result"),
-                EventBody::ToolResult(ToolResult {
-                    call_id: id.to_owned(),
-                    tool: tool.to_owned(),
-                    kind: ResultKind::Success,
-                    code: None,
-                    retry_after_ms: None,
-                    terminal: None,
-                    output: Some(operations.output(tool, payload.tool_input.as_ref(), output)),
-                    progress: None,
-                }),
-            )
+            Step::Result {
+                id,
+                tool,
+                input: payload.tool_input.as_ref(),
+                failure: None,
+                output,
+            }
         }
-        HookEvent::PreCompact => {
-            // PreCompact carries no id of its own, and one turn may compact more than
-            // once (`codex exec` is one turn: seen twice in one, 0.171). The transcript
-            // has grown by the next compaction and not between the hooks of one event
-            // (every hook of it saw the same size), so turn and size name the moment.
-            let moment = format!(
+        // PreCompact carries no id of its own, and one turn may compact more than once
+        // (`codex exec` is one turn: seen twice in one, 0.171). The transcript has grown
+        // by the next compaction and not between the hooks of one event (every hook of
+        // it saw the same size), so turn and size name the moment.
+        HookEvent::PreCompact => Step::Compaction {
+            moment: format!(
                 "{}:{}:{}:{}",
                 payload.turn_id.as_deref().unwrap_or(""),
                 payload.trigger.as_deref().unwrap_or(""),
                 transcript_len.unwrap_or(0),
                 payload.session_id
-            );
-            envelope(
-                format!("cx-compact-{}", &hex_sha256(moment.as_bytes())[..16]),
-                EventBody::Compaction(Compaction {
-                    reason: Some(format!(
-                        "codex: {}",
-                        payload.trigger.as_deref().unwrap_or("compaction")
-                    )),
-                }),
-            )
-        }
-        HookEvent::SubagentStop => {
-            crate::sub_agent_finished("cx", tenant, run, "sub-agent ended", ts_ms)
-        }
-        HookEvent::SessionEnd => envelope(
-            "cx-session-end".to_owned(),
-            EventBody::RunFinished(RunFinished {
-                status: Some(format!(
-                    "session ended ({})",
-                    payload.reason.as_deref().unwrap_or("other")
-                )),
-            }),
-        ),
+            ),
+            trigger: payload.trigger.as_deref(),
+        },
+        HookEvent::SubagentStop => Step::SubAgentEnd,
+        HookEvent::SessionEnd => Step::SessionEnd {
+            reason: payload.reason.as_deref(),
+        },
         HookEvent::UserPromptSubmit | HookEvent::SubagentStart | HookEvent::Other => {
             return Ok(None)
         }
-    };
-    checked(event, &payload.hook_event_name).map(Some)
+    }))
 }
 
 /// The report to keep when `outcome` stops the run: every later call of the session is
@@ -281,8 +249,10 @@ pub fn stop_kept(outcome: &Outcome) -> Option<String> {
 pub fn kept_stop_answer(payload: &Payload, report: &str) -> Option<Value> {
     let whose = Whose::of(payload);
     match payload.event() {
-        HookEvent::PreToolUse => Some(call_stopped(report, whose)),
-        HookEvent::UserPromptSubmit if payload.users_prompt() => Some(prompt_blocked(report)),
+        HookEvent::PreToolUse => Some(whose.stop(report)),
+        HookEvent::UserPromptSubmit if payload.users_prompt() => {
+            Some(whose.prompt_stopped(&prompt_refused(report)))
+        }
         _ => None,
     }
 }
@@ -303,23 +273,38 @@ impl Whose {
     }
 }
 
-fn call_stopped(report: &str, whose: Whose) -> Value {
-    deny(&match whose {
-        Whose::Session => format!(
-            "{report}\nThis session's run is stopped: every further tool call is refused. \
-             End the turn and tell the user."
-        ),
-        Whose::SubAgent => format!(
-            "{report}\nThis sub-agent's run is stopped: every further tool call is refused. \
-             End now, and say in your answer that the guard stopped you and why."
-        ),
-    })
-}
+/// Codex's answers before a call (PreToolUse), for a run of `whose`.
+impl Answers for Whose {
+    fn deny(&self, reason: &str) -> Value {
+        json!({"hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "deny",
+            "permissionDecisionReason": reason,
+        }})
+    }
 
-/// The turn ends before the model is asked (`codex exec` 0.171 prints only
-/// `hook: UserPromptSubmit Blocked`; the reason is for the interactive CLI).
-fn prompt_blocked(report: &str) -> Value {
-    json!({"decision": "block", "reason": prompt_refused(report)})
+    fn warn(&self, words: &str) -> Value {
+        context("PreToolUse", words)
+    }
+
+    /// A deny whose words say what to do next: no answer ends the turn, so the model
+    /// must be told to end it, and every later call is refused with the kept report.
+    fn stop(&self, report: &str) -> Value {
+        self.deny(&match self {
+            Whose::Session => format!(
+                "{report}\nThis session's run is stopped: every further tool call is refused. \
+                 End the turn and tell the user."
+            ),
+            Whose::SubAgent => format!(
+                "{report}\nThis sub-agent's run is stopped: every further tool call is refused. \
+                 End now, and say in your answer that the guard stopped you and why."
+            ),
+        })
+    }
+
+    // The turn ends before the model is asked (`codex exec` 0.171 prints only
+    // `hook: UserPromptSubmit Blocked`; the reason is for the interactive CLI): the
+    // default block.
 }
 
 /// The hook's answer on stdout for `event` of the session's run.
@@ -330,24 +315,8 @@ pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
 /// The hook's answer on stdout for `event` of a run of `whose`.
 pub fn answer_as(event: HookEvent, outcome: &Outcome, whose: Whose) -> Value {
     match (event, outcome) {
-        (HookEvent::PreToolUse, Outcome::Decided(decision)) => pre_tool_use(decision, whose),
-        (HookEvent::PreToolUse, Outcome::Failed { allowed: true, why }) => {
-            context("PreToolUse", &unguarded_note(why))
-        }
-        (
-            HookEvent::PreToolUse,
-            Outcome::Failed {
-                allowed: false,
-                why,
-            },
-        ) => deny(&unasked_reason(why)),
-        // Only a stopped run answers a prompt `stop`; nothing else blocks a prompt, not a
-        // guard that cannot be asked (the calls after it are refused as ever).
-        (HookEvent::UserPromptSubmit, Outcome::Decided(decision))
-            if decision.action == Action::Stop =>
-        {
-            prompt_blocked(&message_of(decision))
-        }
+        (HookEvent::PreToolUse, outcome) => before_call(&whose, outcome),
+        (HookEvent::UserPromptSubmit, outcome) => before_prompt(&whose, outcome),
         // The sub-agent's start, refused (a cap, a stopped session): the sub-agent is told
         // at once; its calls are refused with the same report.
         (HookEvent::SubagentStart, Outcome::Decided(decision))
@@ -365,27 +334,6 @@ pub fn answer_as(event: HookEvent, outcome: &Outcome, whose: Whose) -> Value {
     }
 }
 
-fn pre_tool_use(decision: &Decision, whose: Whose) -> Value {
-    let message = message_of(decision);
-    match decision.action {
-        // Nothing: "allow" would skip the user's own approval policy.
-        Action::Execute => json!({}),
-        Action::Warn => context("PreToolUse", &message),
-        Action::UseCompletedResult => deny(&completed_reason(decision)),
-        Action::Stop => call_stopped(&message, whose),
-        // Block, and any action that does not let the tool run.
-        _ => deny(&message),
-    }
-}
-
-fn deny(reason: &str) -> Value {
-    json!({"hookSpecificOutput": {
-        "hookEventName": "PreToolUse",
-        "permissionDecision": "deny",
-        "permissionDecisionReason": reason,
-    }})
-}
-
 /// Codex adds it to the conversation as a developer message before the call's output.
 fn context(event: &str, words: &str) -> Value {
     json!({"hookSpecificOutput": {
@@ -397,6 +345,7 @@ fn context(event: &str, words: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fusebox_core::EventBody;
 
     fn parse(text: &str) -> Payload {
         Payload::parse(text.as_bytes()).unwrap()

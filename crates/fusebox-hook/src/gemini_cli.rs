@@ -22,18 +22,21 @@
 //!   before the model is asked.
 
 use fusebox_core::event::hex_sha256;
-use fusebox_core::event::{
-    Args, Prompt, ResultKind, RunFinished, RunStarted, ToolCall, ToolResult,
-};
-use fusebox_core::{Action, Decision, Event, EventBody};
+use fusebox_core::{Action, Event};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::common::{
-    checked, completed_reason, lines_in_one_order, message_of, observe_context, prompt_refused,
-    unasked_reason, unguarded_note, Operations,
+use crate::common::{checked, lines_in_one_order, message_of, observe_context, unguarded_note};
+pub use crate::common::{run_id, Operations, Outcome};
+use crate::protocol::{before_call, before_prompt, Answers, Protocol, Step};
+
+/// Gemini CLI's names: `fusebox-hook gemini-cli`, event ids `gm-…`; a stop's answer
+/// ends the agent.
+pub const PROTOCOL: Protocol = Protocol {
+    agent: "gemini-cli",
+    prefix: "gm",
+    stop_ends_run: true,
 };
-pub use crate::common::{run_id, Outcome};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HookEvent {
@@ -215,83 +218,37 @@ pub fn event_for(
     call_id: Option<&str>,
     ts_ms: u64,
 ) -> Result<Option<Event>, String> {
-    let envelope = |id: String, body: EventBody| Event {
-        v: 1,
-        id,
-        tenant: tenant.to_owned(),
-        run: run.to_owned(),
-        seq: None,
-        ts_ms,
-        body,
-    };
     let call = || call_id.ok_or_else(|| format!("{} without a call id", payload.hook_event_name));
-    let event = match payload.event() {
-        HookEvent::SessionStart => envelope(
-            "gm-session-start".to_owned(),
-            EventBody::RunStarted(RunStarted {
-                agent: Some(agent.to_owned()),
-                tools: None,
-                policy: None,
-                parent: None,
-            }),
-        ),
+    let step = match payload.event() {
+        HookEvent::SessionStart => Step::SessionStart,
         // The prompt carries no id: its timestamp names it.
-        HookEvent::BeforeAgent => envelope(
-            format!("gm-prompt-{}", payload.timestamp()?),
-            EventBody::Prompt(Prompt {}),
-        ),
-        HookEvent::BeforeTool => {
-            let (id, tool) = (call()?, payload.tool()?);
-            envelope(
-                format!("gm-{id}-call"),
-                EventBody::ToolCall(ToolCall {
-                    call_id: id.to_owned(),
-                    tool: tool.to_owned(),
-                    args: Args::inline_or_hash(payload.tool_input.clone().unwrap_or(Value::Null)),
-                    op_key: operations.op_key(tool, payload.tool_input.as_ref()),
-                    effect: None,
-                }),
-            )
-        }
+        HookEvent::BeforeAgent => Step::Prompt {
+            id: payload.timestamp()?,
+        },
+        HookEvent::BeforeTool => Step::Call {
+            id: call()?,
+            tool: payload.tool()?,
+            input: payload.tool_input.as_ref(),
+        },
         HookEvent::AfterTool => {
-            let id = call()?;
             let response = payload.tool_response.clone().unwrap_or(Value::Null);
             // A tool that could not do its job (bad parameters, a missing file) says so in
             // `error`; a shell command's exit code is part of its output.
             let failed = response.get("error").is_some_and(|e| !e.is_null());
-            envelope(
-                format!("gm-{id}-result"),
-                EventBody::ToolResult(ToolResult {
-                    call_id: id.to_owned(),
-                    tool: payload.tool()?.to_owned(),
-                    kind: if failed {
-                        ResultKind::Retryable
-                    } else {
-                        ResultKind::Success
-                    },
-                    code: failed.then(|| "tool_error".to_owned()),
-                    retry_after_ms: failed.then_some(0),
-                    terminal: None,
-                    output: Some(operations.output(
-                        payload.tool()?,
-                        payload.tool_input.as_ref(),
-                        model_output(payload.tool()?, &response),
-                    )),
-                    progress: None,
-                }),
-            )
+            Step::Result {
+                id: call()?,
+                tool: payload.tool()?,
+                input: payload.tool_input.as_ref(),
+                failure: failed.then_some("tool_error"),
+                output: model_output(payload.tool()?, &response),
+            }
         }
-        HookEvent::SessionEnd => envelope(
-            "gm-session-end".to_owned(),
-            EventBody::RunFinished(RunFinished {
-                status: Some(format!(
-                    "session ended ({})",
-                    payload.reason.as_deref().unwrap_or("other")
-                )),
-            }),
-        ),
+        HookEvent::SessionEnd => Step::SessionEnd {
+            reason: payload.reason.as_deref(),
+        },
         HookEvent::Other => return Ok(None),
     };
+    let event = PROTOCOL.event(step, operations, tenant, run, agent, ts_ms);
     checked(event, &payload.hook_event_name).map(Some)
 }
 
@@ -358,22 +315,11 @@ fn shell_output(text: &str) -> String {
 /// warned (from the book), said on its AfterTool.
 pub fn answer(event: HookEvent, outcome: &Outcome, warning: Option<&str>) -> Value {
     match (event, outcome) {
-        (HookEvent::BeforeTool, Outcome::Decided(decision)) => before_tool(decision),
-        (HookEvent::BeforeTool, Outcome::Failed { allowed: true, .. }) => json!({}),
-        (
-            HookEvent::BeforeTool,
-            Outcome::Failed {
-                allowed: false,
-                why,
-            },
-        ) => deny(&unasked_reason(why)),
-        // Only a stopped run answers a prompt `stop` (the user reads "Agent execution
-        // stopped: …"); nothing else blocks a prompt, not a guard that cannot be asked.
-        (HookEvent::BeforeAgent, Outcome::Decided(decision)) if decision.action == Action::Stop => {
-            stop(&prompt_refused(&message_of(decision)))
-        }
+        (HookEvent::BeforeTool, outcome) => before_call(&GeminiCli, outcome),
+        // The user reads "Agent execution stopped: …".
+        (HookEvent::BeforeAgent, outcome) => before_prompt(&GeminiCli, outcome),
         (_, Outcome::Decided(decision)) if decision.action == Action::Stop => {
-            stop(&message_of(decision))
+            GeminiCli.stop(&message_of(decision))
         }
         (HookEvent::AfterTool, outcome) => {
             let observed = match outcome {
@@ -397,39 +343,46 @@ pub fn answer(event: HookEvent, outcome: &Outcome, warning: Option<&str>) -> Val
 /// The answer to a payload the hook cannot read: a deny, whatever the event was (Gemini
 /// CLI reads a JSON stdout whatever the exit status).
 pub fn unreadable_answer(why: &str) -> Value {
-    deny(&format!(
+    GeminiCli.deny(&format!(
         "fusebox: {why}; the call is refused because the guard could not be asked."
     ))
 }
 
-fn before_tool(decision: &Decision) -> Value {
-    let message = message_of(decision);
-    match decision.action {
-        Action::Execute | Action::Warn => json!({}),
-        Action::UseCompletedResult => deny(&completed_reason(decision)),
-        Action::Stop => stop(&message),
-        _ => deny(&message),
+/// Gemini CLI's answers before a call (BeforeTool).
+struct GeminiCli;
+
+impl Answers for GeminiCli {
+    /// The model reads "Tool execution blocked: <reason>".
+    fn deny(&self, reason: &str) -> Value {
+        json!({"decision": "deny", "reason": reason})
     }
-}
 
-fn deny(reason: &str) -> Value {
-    json!({"decision": "deny", "reason": reason})
-}
+    /// Words cannot ride on BeforeTool: the book keeps a warning for the call's
+    /// AfterTool ([`CallBook::answered`]).
+    fn warn(&self, _words: &str) -> Value {
+        json!({})
+    }
 
-/// Ends the agent before the tool runs; the deny is for a CLI that would not stop.
-fn stop(report: &str) -> Value {
-    json!({
-        "continue": false,
-        "stopReason": report,
-        "decision": "deny",
-        "reason": report,
-        "systemMessage": report,
-    })
+    /// Ends the agent before the tool runs; the deny is for a CLI that would not stop.
+    fn stop(&self, report: &str) -> Value {
+        json!({
+            "continue": false,
+            "stopReason": report,
+            "decision": "deny",
+            "reason": report,
+            "systemMessage": report,
+        })
+    }
+
+    fn prompt_stopped(&self, words: &str) -> Value {
+        self.stop(words)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fusebox_core::Decision;
 
     fn payload(event: &str, command: &str, timestamp: &str) -> Payload {
         Payload::parse(

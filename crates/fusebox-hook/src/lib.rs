@@ -17,9 +17,11 @@ pub use common::{
     Operations,
 };
 pub mod gemini_cli;
+pub mod opencode;
 #[cfg(test)]
 mod operations_tests;
 #[cfg(test)]
 mod prompt_tests;
+pub mod protocol;
 #[cfg(test)]
 mod sub_agent_tests;
