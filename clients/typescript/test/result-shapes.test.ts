@@ -84,8 +84,17 @@ type Runner = (run: Run, shape: Shape) => Promise<Outcome>;
 const flat = (value: unknown): string =>
   typeof value === "string" ? value : (JSON.stringify(value) ?? String(value));
 
-async function viaAiSdk(run: Run, shape: Shape): Promise<Outcome> {
+/** The AI SDK tool's own mapping of its output for the model (`toModelOutput`): text as
+ * text, nothing as an empty text, the rest as JSON. */
+function modelOutput({ output }: { output: unknown }) {
+  if (output === undefined) return { type: "text" as const, value: "" };
+  if (typeof output === "string") return { type: "text" as const, value: output };
+  return { type: "json" as const, value: output as Record<string, string> };
+}
+
+async function viaAiSdk(run: Run, shape: Shape, mapped = false): Promise<Outcome> {
   let executions = 0;
+  let mappings = 0;
   let turn = 0;
   const model = new MockLanguageModelV4({
     doGenerate: async (): Promise<LanguageModelV4GenerateResult> => {
@@ -104,6 +113,16 @@ async function viaAiSdk(run: Run, shape: Shape): Promise<Outcome> {
           executions++;
           return shape.value;
         },
+        ...(mapped
+          ? {
+              toModelOutput: (options: { output: unknown }) => {
+                // The mapping is the tool's: it must get the tool's own output, warned or not.
+                assert.deepEqual(options.output, shape.value);
+                mappings++;
+                return modelOutput(options);
+              },
+            }
+          : {}),
       }),
     },
     prompt: "go",
@@ -120,6 +139,7 @@ async function viaAiSdk(run: Run, shape: Shape): Promise<Outcome> {
     .map((p) =>
       p.output?.type === "execution-denied" ? (p.output.reason ?? "") : flat(p.output?.value),
     );
+  if (mapped) assert.ok(mappings >= executions, `${mappings} mappings`);
   return { reads, executions, run };
 }
 
@@ -352,7 +372,8 @@ async function viaMastra(run: Run, shape: Shape): Promise<Outcome> {
 }
 
 const ADAPTERS: Array<[string, Runner]> = [
-  ["Vercel AI SDK", viaAiSdk],
+  ["Vercel AI SDK", (run, shape) => viaAiSdk(run, shape)],
+  ["Vercel AI SDK, a tool with toModelOutput", (run, shape) => viaAiSdk(run, shape, true)],
   ["LangChain.js createAgent", viaLangChain],
   ["LangGraph.js StateGraph", viaLangGraph],
   ["OpenAI Agents JS", viaOpenAIAgents],

@@ -26,6 +26,7 @@ import type { StepResult, StopCondition, ToolApprovalStatus, ToolSet } from "ai"
 import { generateText, stepCountIs, streamText } from "ai";
 import type { Gate } from "../gate.js";
 import type { ChildRunOptions, Run } from "../run.js";
+import { toText } from "../types.js";
 import { asChild, bestEffort, callOptions, type GuardOptions, report, usage } from "./common.js";
 
 type Params = Parameters<typeof generateText>[0];
@@ -38,6 +39,8 @@ interface ApprovalRequest {
 export class AiSdkGuard {
   /** Gates of calls approved and not yet executed, by call id. */
   private readonly gates = new Map<string, Gate>();
+  /** Warnings of calls whose tool has its own `toModelOutput`, by call id, until it runs. */
+  private readonly warned = new Map<string, string>();
   /** `generateText` closes the run; a sub-agent's guard leaves that to `subAgent`. */
   private closesRun = true;
 
@@ -105,8 +108,21 @@ export class AiSdkGuard {
         wrapped[name] = tool;
         continue;
       }
+      const toModelOutput = tool.toModelOutput as ModelOutputFn | undefined;
       wrapped[name] = {
         ...tool,
+        // A tool that maps its own output for the model gets its own output, whatever its
+        // shape; the warning is added to what its mapping makes of it.
+        ...(toModelOutput === undefined
+          ? {}
+          : {
+              toModelOutput: async (options: { toolCallId: string }) => {
+                const made = await toModelOutput(options);
+                const warning = this.warned.get(options.toolCallId);
+                this.warned.delete(options.toolCallId);
+                return warning === undefined ? made : withWarning(made, warning);
+              },
+            }),
         execute: async (input: unknown, options: { toolCallId: string }) => {
           const gate =
             this.gates.get(options.toolCallId) ??
@@ -122,7 +138,12 @@ export class AiSdkGuard {
             throw err;
           }
           await report(this.run, gate.callId, name, "SUCCESS", output);
-          return gate.warning ? gate.reads(output) : output;
+          if (!gate.warning) return output;
+          if (toModelOutput !== undefined) {
+            this.warned.set(options.toolCallId, gate.warning);
+            return output;
+          }
+          return gate.reads(output);
         },
       };
     }
@@ -224,6 +245,35 @@ export class AiSdkGuard {
     const gate = await this.run.toolCall(tool, input, callOptions(this.opts, tool, input, callId));
     if (gate.mayRun || gate.action === "use_completed_result") this.gates.set(callId, gate);
     return gate;
+  }
+}
+
+/** What a tool's `toModelOutput` makes, as far as a warning is added to it. */
+type ModelOutput =
+  | { type: "text" | "error-text"; value: string }
+  | { type: "json" | "error-json"; value: unknown }
+  | { type: "content"; value: Array<Record<string, unknown>> }
+  | { type: string; value?: unknown };
+type ModelOutputFn = (options: { toolCallId: string }) => ModelOutput | PromiseLike<ModelOutput>;
+
+/** A tool's mapped output with a warning after it, in the output's own form. */
+function withWarning(made: ModelOutput, warning: string): ModelOutput {
+  const line = `[fusebox warning] ${warning}`;
+  switch (made.type) {
+    case "text":
+    case "error-text":
+      return { ...made, value: `${String(made.value)}\n\n${line}` };
+    case "content":
+      return { ...made, value: [...(made.value as unknown[]), { type: "text", text: line }] };
+    default:
+      // JSON (or a form this version does not know): its text, then the warning.
+      return {
+        type: "content",
+        value: [
+          { type: "text", text: toText(made.value) },
+          { type: "text", text: line },
+        ],
+      };
   }
 }
 
