@@ -336,6 +336,39 @@ async fn partition_mapping_is_deterministic_per_run() {
         got.subject.as_str(),
         format!("fusebox.control.acme.{p}.r1.cancel")
     );
+    // A run of a tree names its root first; the hash reads the root, so every run of
+    // the tree lands in the root's partition, with the root and the run kept after it.
+    let mut tree_gate = daemon.subscribe("fusebox.gate.*.*.*.*").await.expect("sub");
+    let mut tree_control = daemon
+        .subscribe("fusebox.control.*.*.*.*.*")
+        .await
+        .expect("sub");
+    server_has_processed(&daemon).await;
+    for child in ["r1-a", "r1-b-7", "0"] {
+        acme.publish(format!("fusebox.gate.acme.r1.{child}"), "{}".into())
+            .await
+            .expect("publish");
+        let got = tokio::time::timeout(Duration::from_secs(5), tree_gate.next())
+            .await
+            .expect("mapped gate message of a tree")
+            .expect("open");
+        assert_eq!(
+            got.subject.as_str(),
+            format!("fusebox.gate.acme.{p}.r1.{child}")
+        );
+    }
+    operator
+        .publish("fusebox.control.acme.r1.r1-a.cancel", "{}".into())
+        .await
+        .expect("publish");
+    let got = tokio::time::timeout(Duration::from_secs(5), tree_control.next())
+        .await
+        .expect("mapped control of a tree")
+        .expect("open");
+    assert_eq!(
+        got.subject.as_str(),
+        format!("fusebox.control.acme.{p}.r1.r1-a.cancel")
+    );
     // nats-server judges publish permissions on the MAPPED subject; the tenant token
     // stays third, so the tenant's own allow-list still covers it ...
     expect_no_error(&mut acme_errors, SHORT).await;
@@ -453,7 +486,7 @@ async fn partition_scoped_services_serve_each_run_in_one_partition() {
         let info = consumer.info().await.expect("consumer info");
         assert_eq!(
             info.config.filter_subject,
-            format!("fusebox.events.*.{p}.*")
+            format!("fusebox.events.*.{p}.>")
         );
     }
 

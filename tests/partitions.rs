@@ -24,9 +24,10 @@ fn mapped_nats(dir: &Path) -> NatsServer {
     let mapping = std::fs::read_to_string(repo_dir().join("deploy/nats/partitions.conf"))
         .unwrap()
         .replace("partition(8,", &format!("partition({PARTITIONS},"));
+    // Three kinds of subject, each in its plain and its tree form.
     assert_eq!(
         mapping.matches(&format!("partition({PARTITIONS},")).count(),
-        3
+        6
     );
     std::fs::write(dir.join("partitions.conf"), mapping).unwrap();
     let port = free_port();

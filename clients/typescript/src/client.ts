@@ -82,10 +82,16 @@ export class Fusebox {
     return run;
   }
 
-  /** One event on the run's gate subject; its decision. A retried request with the same
-   * event id is answered from the daemon's dedup with the same decision. */
-  async ask(runId: string, payload: Uint8Array, timeoutMs: number): Promise<Decision> {
-    const subject = subjects.gate(this.tenant, runId);
+  /** One event on the run's gate subject (its tree's, naming `root`, for a run of a
+   * tree); its decision. A retried request with the same event id is answered from the
+   * daemon's dedup with the same decision. */
+  async ask(
+    runId: string,
+    payload: Uint8Array,
+    timeoutMs: number,
+    root: string = runId,
+  ): Promise<Decision> {
+    const subject = subjects.treeGate(this.tenant, root, runId);
     let data: Uint8Array;
     try {
       data = (await this.nats.request(subject, payload, { timeout: timeoutMs })).data;
@@ -102,8 +108,9 @@ export class Fusebox {
     eventId: string,
     payload: Uint8Array,
     timeoutMs: number,
+    root: string = runId,
   ): Promise<void> {
-    const subject = subjects.events(this.tenant, runId);
+    const subject = subjects.treeEvents(this.tenant, root, runId);
     try {
       await this.js.publish(subject, payload, {
         msgID: `${this.tenant}.${runId}.${eventId}`,

@@ -54,10 +54,17 @@ export interface RunOptions {
    * started first (`Run.startChild` sees to it).
    */
   parent?: string;
+  /**
+   * The root of the parent's tree, when `parent` names a run that is itself a sub-agent
+   * (a child made by `Run.child` knows it; `parent` alone is taken for the root). The
+   * run's subjects name it, so that in a cluster the whole tree is served by one daemon
+   * and its budgets stay exact.
+   */
+  root?: string;
 }
 
 /** A sub-agent's run, made by its parent's handle (`Run.child`, `Run.startChild`). */
-export interface ChildRunOptions extends Omit<RunOptions, "parent"> {
+export interface ChildRunOptions extends Omit<RunOptions, "parent" | "root"> {
   /** The child's run id; `<parent>-<agent>-<n>` (the n-th child of this handle) when
    * not given. */
   runId?: string;
@@ -111,6 +118,8 @@ export class Run {
   readonly tools: readonly string[] | undefined;
   readonly policy: Readonly<Record<string, unknown>> | undefined;
   readonly parent: string | undefined;
+  /** The root of the run's tree (the run itself for a root): its subjects name it. */
+  readonly root: string;
   readonly gateOnError: GateOnError;
   readonly results: ResultMode;
   readonly timeoutMs: number;
@@ -145,6 +154,7 @@ export class Run {
     this.tools = opts.tools;
     this.policy = opts.policy;
     this.parent = parentRun?.id ?? opts.parent;
+    this.root = parentRun?.root ?? opts.root ?? opts.parent ?? id;
     this.gateOnError = opts.gateOnError;
     this.results = opts.results;
     this.timeoutMs = opts.timeoutMs;
@@ -461,8 +471,8 @@ export class Run {
   }
 
   private async deliver(event: Queued): Promise<Decision | null> {
-    if (event.inline) return this.client.ask(this.id, event.payload, this.timeoutMs);
-    await this.client.publish(this.id, event.id, event.payload, this.timeoutMs);
+    if (event.inline) return this.client.ask(this.id, event.payload, this.timeoutMs, this.root);
+    await this.client.publish(this.id, event.id, event.payload, this.timeoutMs, this.root);
     return null;
   }
 

@@ -6,6 +6,14 @@ export const gate = (tenant: string, run: string): string => `fusebox.gate.${ten
 export const events = (tenant: string, run: string): string => `fusebox.events.${tenant}.${run}`;
 export const stop = (tenant: string, run: string): string => `fusebox.stop.${tenant}.${run}`;
 
+/** A run of a tree on the wire: its tree's root before it (the plain form for the root
+ * itself), so a cluster serves the whole tree in the root's partition. */
+export const treeGate = (tenant: string, root: string, run: string): string =>
+  root === run ? gate(tenant, run) : `fusebox.gate.${tenant}.${root}.${run}`;
+/** `treeGate`'s form for the events stream. */
+export const treeEvents = (tenant: string, root: string, run: string): string =>
+  root === run ? events(tenant, run) : `fusebox.events.${tenant}.${root}.${run}`;
+
 const ID = /^[A-Za-z0-9_-]+$/;
 
 /** Tenant and run ids are subject tokens: `[A-Za-z0-9_-]{1,maxLen}`. */

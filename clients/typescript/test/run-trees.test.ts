@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import type { Action, Run } from "../src/index.js";
+import { treeGate } from "../src/subjects.js";
 import { connectedStack, freshRun, fuseboxCancel } from "./support/guard.js";
 import { children, executed, tree } from "./support/trees.js";
 
@@ -28,17 +29,30 @@ async function work(run: Run, calls: number, log: string[] = []): Promise<Array<
 describe("run trees against fuseboxd", () => {
   const live = connectedStack();
 
-  test("a child run names its parent and has its own calls, ids and kill switch", async () => {
+  test("a child run names its parent and its tree's root, and has its own calls, ids and kill switch", async () => {
     const root = await live.fb.startRun(freshRun("tree-root"), { agent: "lead" });
     const child = await root.startChild({ agent: "Web Researcher" });
     assert.equal(child.parent, root.id);
     assert.equal(child.id, `${root.id}-Web_Researcher-1`);
     assert.equal(child.stopped, null);
     assert.deepEqual(await work(child, 2), ["execute", "execute"]);
-    // An explicit parent, and a grandchild of it.
-    const named = await live.fb.startRun(freshRun("tree-named"), { parent: child.id });
+    // An explicit parent (named by id, so its tree's root is named too), and a
+    // grandchild of it.
+    const named = await live.fb.startRun(freshRun("tree-named"), {
+      parent: child.id,
+      root: child.root,
+    });
     const grandchild = await named.startChild();
     assert.equal(grandchild.id, `${named.id}-sub-1`);
+    // Every run of the tree names its root on the wire (a cluster serves the tree whole).
+    assert.deepEqual(
+      new Set([root, child, named, grandchild].map((r) => r.root)),
+      new Set([root.id]),
+    );
+    assert.equal(
+      treeGate(root.tenant, grandchild.root, grandchild.id),
+      `fusebox.gate.${root.tenant}.${root.id}.${grandchild.id}`,
+    );
     const nodes = await tree(live.fb.nats, root.id);
     const node = nodes.get(child.id);
     assert.equal(node?.parent, root.id);

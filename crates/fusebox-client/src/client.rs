@@ -167,13 +167,28 @@ impl FuseboxClient {
     /// Asks the guard about `event` (normally a `tool_call`; any event type is answered).
     /// Asking again with the same event id returns the same decision.
     pub async fn gate(&self, event: &Event) -> Gate {
+        self.gate_in_tree(&event.run, event).await
+    }
+
+    /// [`FuseboxClient::gate`] for an event of a run of the tree rooted at `root`: on the
+    /// subject that names the root ([`subjects::tree_gate`]), where a cluster serves the
+    /// whole tree.
+    pub async fn gate_in_tree(&self, root: &str, event: &Event) -> Gate {
         let payload = serde_json::to_vec(event).expect("events serialise");
-        self.gate_bytes(&event.tenant, &event.run, payload).await
+        self.gate_on(
+            subjects::tree_gate(&event.tenant, root, &event.run),
+            payload,
+        )
+        .await
     }
 
     /// [`FuseboxClient::gate`] for an event already encoded as JSON.
     pub async fn gate_bytes(&self, tenant: &str, run: &str, payload: Vec<u8>) -> Gate {
-        match self.request(subjects::gate(tenant, run), payload).await {
+        self.gate_on(subjects::gate(tenant, run), payload).await
+    }
+
+    async fn gate_on(&self, subject: String, payload: Vec<u8>) -> Gate {
+        match self.request(subject, payload).await {
             Ok(decision) => Gate::Decided(decision),
             Err(ClientError::Refused(error)) => Gate::Refused(error),
             Err(error) => Gate::Unanswered {
@@ -199,12 +214,26 @@ impl FuseboxClient {
         id: &str,
         payload: Vec<u8>,
     ) -> Result<(), ClientError> {
+        self.report_on(subjects::events(tenant, run), tenant, run, id, payload)
+            .await
+    }
+
+    /// [`FuseboxClient::report_bytes`] on a given subject of the run (its tree's form,
+    /// [`subjects::tree_events`]).
+    pub(crate) async fn report_on(
+        &self,
+        subject: String,
+        tenant: &str,
+        run: &str,
+        id: &str,
+        payload: Vec<u8>,
+    ) -> Result<(), ClientError> {
         let publish = PublishMessage::build()
             .payload(payload.into())
             .message_id(format!("{tenant}.{run}.{id}"));
         let ack = self
             .js
-            .send_publish(subjects::events(tenant, run), publish)
+            .send_publish(subject, publish)
             .await
             .map_err(|err| ClientError::JetStream {
                 what: "publish".to_owned(),

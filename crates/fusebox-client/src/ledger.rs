@@ -120,7 +120,9 @@ impl FuseboxClient {
             output,
         };
         let body = serde_json::to_vec(&request).expect("requests serialise");
-        self.command(subjects::control(tenant, run, ControlVerb::Resolve), body)
-            .await
+        let subject = self
+            .command_subject(tenant, run, ControlVerb::Resolve)
+            .await;
+        self.command(subject, body).await
     }
 }

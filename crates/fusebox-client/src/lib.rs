@@ -31,6 +31,7 @@ mod error;
 mod ledger;
 mod ops;
 mod pages;
+mod route;
 mod run;
 mod settings;
 mod stop;

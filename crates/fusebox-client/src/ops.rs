@@ -188,11 +188,8 @@ impl FuseboxClient {
 
     /// One run's state, counters, stop report and latest decisions (`fusebox run T/R`).
     pub async fn run_status(&self, tenant: &str, run: &str) -> Result<RunStatusReply, ClientError> {
-        self.request(
-            subjects::control(tenant, run, ControlVerb::Status),
-            Vec::new(),
-        )
-        .await
+        self.ask_run(tenant, run, ControlVerb::Status, Vec::new())
+            .await
     }
 
     /// Cancels a run (`fusebox cancel T/R`): its stop goes out on the kill switch.
@@ -209,8 +206,8 @@ impl FuseboxClient {
             reason: reason.map(str::to_owned),
         };
         let body = serde_json::to_vec(&request).expect("requests serialise");
-        self.command(subjects::control(tenant, run, ControlVerb::Cancel), body)
-            .await
+        let subject = self.command_subject(tenant, run, ControlVerb::Cancel).await;
+        self.command(subject, body).await
     }
 
     /// Cancels a run and, through the daemon, every open run below it (`fusebox cancel`,
@@ -253,8 +250,8 @@ impl FuseboxClient {
             evidence,
         };
         let body = serde_json::to_vec(&request).expect("requests serialise");
-        self.command(subjects::control(tenant, run, ControlVerb::Resume), body)
-            .await
+        let subject = self.command_subject(tenant, run, ControlVerb::Resume).await;
+        self.command(subject, body).await
     }
 
     /// The cloud watchdogs' states (`fusebox watchdog status`): halted or running, one

@@ -211,8 +211,7 @@ impl FuseboxClient {
         query: &HistoryQuery,
     ) -> Result<RunHistory, ClientError> {
         let body = serde_json::to_vec(query).expect("queries serialise");
-        self.request(subjects::control(tenant, run, ControlVerb::History), body)
-            .await
+        self.ask_run(tenant, run, ControlVerb::History, body).await
     }
 }
 
@@ -241,6 +240,7 @@ mod tests {
             tokens: 0,
             cost_usd: 0.0,
             parent: None,
+            root: None,
             depth: 0,
             stopped_by: None,
         }

@@ -29,6 +29,7 @@ use fusebox_core::event::{
     ToolCall, ToolResult,
 };
 use fusebox_core::{Action, Decision, Event, EventBody};
+use fusebox_nats::subjects;
 use serde_json::Value;
 use tokio::sync::{watch, Mutex};
 use tokio::task::JoinHandle;
@@ -58,7 +59,23 @@ pub struct RunOptions {
     /// The run that started this one (a sub-agent's parent, guard contract §6): the
     /// parent's budgets count this run's spending, and its stop reaches this run.
     pub parent: Option<String>,
+    /// The root of the parent's tree, when the parent is itself a sub-agent (a handle's
+    /// [`RunHandle::root`]); `None` takes the parent for the root. The run's subjects
+    /// name it, so that in a cluster a whole tree is served by its root's partition and
+    /// the tree's budgets stay exact (deploy/nats/partitions.conf).
+    pub root: Option<String>,
     pub delivery: Delivery,
+}
+
+impl RunOptions {
+    /// Options for a sub-agent of `parent`: its parent and its tree's root set.
+    pub fn child_of(parent: &RunHandle) -> RunOptions {
+        RunOptions {
+            parent: Some(parent.run().to_owned()),
+            root: Some(parent.root().to_owned()),
+            ..RunOptions::default()
+        }
+    }
 }
 
 struct Queued {
@@ -82,6 +99,9 @@ pub struct RunHandle {
     client: FuseboxClient,
     tenant: String,
     run: String,
+    /// The root of the run's tree (the run itself for a root): the token its subjects
+    /// carry before the run.
+    root: String,
     delivery: Delivery,
     envelope: Mutex<Envelope>,
     stop: Arc<watch::Sender<Option<Decision>>>,
@@ -118,10 +138,15 @@ impl FuseboxClient {
             latch(&stop, kept.clone());
         }
         let watcher = tokio::spawn(follow(watch, stop.clone()));
+        let root = options
+            .root
+            .or_else(|| options.parent.clone())
+            .unwrap_or_else(|| run.to_owned());
         let handle = RunHandle {
             client: self.clone(),
             tenant: tenant.to_owned(),
             run: run.to_owned(),
+            root,
             delivery: options.delivery,
             envelope: Mutex::new(Envelope::default()),
             stop,
@@ -173,6 +198,11 @@ fn now_ms() -> u64 {
 impl RunHandle {
     pub fn tenant(&self) -> &str {
         &self.tenant
+    }
+
+    /// The root of the run's tree: the run itself, unless it was started with a parent.
+    pub fn root(&self) -> &str {
+        &self.root
     }
 
     pub fn run(&self) -> &str {
@@ -340,15 +370,22 @@ impl RunHandle {
         while let Some(head) = envelope.queue.front() {
             let last = envelope.queue.len() == 1;
             let delivered = if head.inline {
+                let subject = subjects::tree_gate(&self.tenant, &self.root, &self.run);
                 self.client
-                    .request::<Decision>(gate_subject(&head.event), payload(&head.event))
+                    .request::<Decision>(subject, payload(&head.event))
                     .await
                     .map(Some)
             } else {
                 let event = &head.event;
-                let id = event.id.clone();
+                let subject = subjects::tree_events(&self.tenant, &self.root, &self.run);
                 self.client
-                    .report_bytes(&event.tenant, &event.run, &id, payload(event))
+                    .report_on(
+                        subject,
+                        &event.tenant,
+                        &event.run,
+                        &event.id,
+                        payload(event),
+                    )
                     .await
                     .map(|()| None)
             };
@@ -389,10 +426,6 @@ fn handle_nonce() -> String {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     format!("{:x}", nanos ^ (u64::from(std::process::id()) << 48))
-}
-
-fn gate_subject(event: &Event) -> String {
-    fusebox_nats::subjects::gate(&event.tenant, &event.run)
 }
 
 fn payload(event: &Event) -> Vec<u8> {

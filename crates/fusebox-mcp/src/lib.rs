@@ -83,6 +83,11 @@ pub struct McpArgs {
     /// child of it (its budgets count the session's calls, its stop ends the session).
     #[arg(long, env = "FUSEBOX_PARENT_RUN")]
     pub parent_run: Option<String>,
+    /// The root of the parent's tree, when the parent run is itself a sub-agent (default:
+    /// the parent run). The session's events name it, so a cluster serves the session
+    /// with the rest of its tree.
+    #[arg(long, env = "FUSEBOX_TREE_ROOT", requires = "parent_run")]
+    pub tree_root: Option<String>,
     /// Gateway config (TOML): `[tools.NAME] op_key_arg = "ARG"`, `effect = "read"|"write"`,
     /// top-level `error_kind`.
     #[arg(long, env = "FUSEBOX_MCP_CONFIG", value_name = "FILE")]
@@ -176,6 +181,7 @@ async fn serve(args: McpArgs) -> Result<(), String> {
         run: args.run.clone(),
         agent: args.agent.clone(),
         parent_run: args.parent_run.clone(),
+        tree_root: args.tree_root.clone(),
         upstream_timeout: args.upstream_timeout,
     });
     match args.listen {

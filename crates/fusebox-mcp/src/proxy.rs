@@ -59,6 +59,8 @@ pub struct Settings {
     pub agent: Option<String>,
     /// The run that started this gateway, when it said so: sessions are its children.
     pub parent_run: Option<String>,
+    /// The root of the parent's tree (`--tree-root`); the parent when absent.
+    pub tree_root: Option<String>,
     /// How long one upstream request may stay silent (progress resets it).
     pub upstream_timeout: Duration,
 }
@@ -186,6 +188,7 @@ impl Gateway {
             self.settings.agent.as_deref(),
         );
         id.parent = self.settings.parent_run.clone();
+        id.root = self.settings.tree_root.clone();
         tracing::info!(
             tenant = %id.tenant,
             run = %id.run,

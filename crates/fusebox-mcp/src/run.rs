@@ -29,6 +29,8 @@ pub struct RunIdentity {
     pub agent: Option<String>,
     /// The guarded run that started this session's agent, when it said so.
     pub parent: Option<String>,
+    /// The root of the parent's tree, when the parent is itself a sub-agent.
+    pub root: Option<String>,
 }
 
 impl RunIdentity {
@@ -54,7 +56,17 @@ impl RunIdentity {
             fresh,
             agent: agent.map(str::to_owned),
             parent: None,
+            root: None,
         }
+    }
+
+    /// The root of the session's tree: the token its subjects carry before the run, so
+    /// that a cluster serves the session with its tree ([`FuseboxClient::gate_in_tree`]).
+    pub fn tree_root(&self) -> &str {
+        self.root
+            .as_deref()
+            .or(self.parent.as_deref())
+            .unwrap_or(&self.run)
     }
 }
 
@@ -87,7 +99,8 @@ impl Drop for GuardedRun {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let event = self.finish_event();
                 let client = self.client.clone();
-                runtime.spawn(async move { client.gate(&event).await });
+                let root = self.id.tree_root().to_owned();
+                runtime.spawn(async move { client.gate_in_tree(&root, &event).await });
             }
         }
     }
@@ -169,7 +182,7 @@ impl GuardedRun {
     /// Gates `event`. A numbered event that gets no decision leaves the session
     /// unnumbered (see `order.rs`).
     async fn send(&self, event: &Event) -> Gate {
-        let answer = self.client.gate(event).await;
+        let answer = self.client.gate_in_tree(self.id.tree_root(), event).await;
         if event.seq.is_some() && !matches!(answer, Gate::Decided(_)) {
             self.order.unnumber();
         }
@@ -245,14 +258,14 @@ impl GuardedRun {
     }
 
     async fn deliver_result(&self, mut event: Event) {
-        let mut answer = self.client.gate(&event).await;
+        let mut answer = self.client.gate_in_tree(self.id.tree_root(), &event).await;
         if let (Gate::Refused(error), EventBody::ToolResult(result)) = (&answer, &mut event.body) {
             // Past this daemon's `max_event_bytes` (below `max_stored_result_bytes`). The
             // refused event was never admitted: its `seq` is the hash's.
             if error.reason == "too_large" && result.hash_output() {
                 tracing::warn!(message = %error.message, "tool_result too large for fuseboxd; sending its hash");
                 event.id = self.next_id();
-                answer = self.client.gate(&event).await;
+                answer = self.client.gate_in_tree(self.id.tree_root(), &event).await;
             }
         }
         if event.seq.is_some() && !matches!(answer, Gate::Decided(_)) {

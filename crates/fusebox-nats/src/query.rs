@@ -131,6 +131,11 @@ fn row(engine: &Engine, tenant: &str, run_id: &str, run: &RunState) -> RunRow {
         tokens: run.counters.tokens,
         cost_usd: run.counters.cost_usd,
         parent: run.node.parent.clone(),
+        root: run
+            .node
+            .parent
+            .is_some()
+            .then(|| root_of(engine, tenant, run_id, run).to_owned()),
         depth: run.node.depth,
         stopped_by: stopped_by(engine, tenant, run).map(str::to_owned),
     }

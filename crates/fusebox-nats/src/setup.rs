@@ -92,7 +92,12 @@ pub async fn ensure(js: &Context, placement: &Placement) -> Result<(), SetupErro
     };
     ensure_stream(js, replicated(events_stream_config())).await?;
     ensure_stream(js, replicated(stops_stream_config())).await?;
-    ensure_consumer(js, events_consumer_config(placement)).await
+    ensure_consumer(
+        js,
+        events_consumer_config(placement),
+        placement.scope.events_filter_before_trees(),
+    )
+    .await
 }
 
 /// Gets `want.name`, creating it when absent; an existing stream must carry exactly our
@@ -190,7 +195,11 @@ pub async fn ensure_stream(
     }
 }
 
-async fn ensure_consumer(js: &Context, want: pull::Config) -> Result<(), SetupError> {
+async fn ensure_consumer(
+    js: &Context,
+    want: pull::Config,
+    widens: Option<String>,
+) -> Result<(), SetupError> {
     let name = want.durable_name.clone().unwrap_or_default();
     let stream = js
         .get_stream(subjects::EVENTS_STREAM)
@@ -208,6 +217,21 @@ async fn ensure_consumer(js: &Context, want: pull::Config) -> Result<(), SetupEr
         Ok(mut consumer) => {
             let info = consumer.info().await.map_err(|e| conflict(e.to_string()))?;
             let have = &info.config;
+            // A partition's durable made before runs of a tree carried their root reads
+            // one form of subject only; widening its filter keeps its ack floor and
+            // drops nothing it delivered.
+            if widens.as_ref() == Some(&have.filter_subject) && have.ack_policy == want.ack_policy {
+                tracing::info!(consumer = %name, from = %have.filter_subject, to = %want.filter_subject, "widening the consumer's filter to runs of a tree");
+                let widened = pull::Config {
+                    filter_subject: want.filter_subject.clone(),
+                    ..want.clone()
+                };
+                return stream
+                    .update_consumer(widened)
+                    .await
+                    .map(drop)
+                    .map_err(|e| conflict(format!("widening its filter failed: {e}")));
+            }
             if have.filter_subject != want.filter_subject || have.ack_policy != want.ack_policy {
                 return Err(conflict(format!(
                     "filter {:?} / ack policy {:?}, fuseboxd needs {:?} / {:?}",

@@ -11,10 +11,9 @@ pub const STOPS_STREAM: &str = "FUSEBOX_STOPS";
 pub const STOPS_FILTER: &str = "fusebox.stop.>";
 /// The durable pull consumer the daemon reads `FUSEBOX_EVENTS` with.
 pub const EVENTS_CONSUMER: &str = "fuseboxd";
-/// What the gate service subscribes to (with a queue group).
-pub const GATE_FILTER: &str = "fusebox.gate.*.*";
-/// The gate subjects after the servers' partition mapping (deploy/nats/partitions.conf).
-pub const GATE_PARTITIONED_FILTER: &str = "fusebox.gate.*.*.*";
+/// What the gate service subscribes to (with a queue group): every form of a run's gate
+/// subject ([`run_of`]).
+pub const GATE_FILTER: &str = "fusebox.gate.*.>";
 /// What the control service subscribes to (with a queue group).
 pub const CONTROL_FILTER: &str = "fusebox.control.>";
 /// Request/reply: every run the daemon knows, as a JSON list of summaries.
@@ -35,6 +34,37 @@ pub fn gate(tenant: &str, run: &str) -> String {
 
 pub fn events(tenant: &str, run: &str) -> String {
     format!("fusebox.events.{tenant}.{run}")
+}
+
+/// Where a run of a tree is published: `fusebox.gate.<tenant>.<root>.<run>`, its tree's
+/// root before it (the plain form for the root itself). The servers' partition mapping
+/// hashes the token after the tenant, so every run of one tree lands in its root's
+/// partition and one engine keeps the tree's budgets exact (guard contract §6;
+/// deploy/nats/partitions.conf).
+pub fn tree_gate(tenant: &str, root: &str, run: &str) -> String {
+    in_tree("gate", tenant, root, run)
+}
+
+/// [`tree_gate`]'s form for the events stream.
+pub fn tree_events(tenant: &str, root: &str, run: &str) -> String {
+    in_tree("events", tenant, root, run)
+}
+
+/// [`tree_gate`]'s form for an operator command on a run of a tree.
+pub fn tree_control(tenant: &str, root: &str, run: &str, verb: ControlVerb) -> String {
+    format!(
+        "{}.{}",
+        in_tree("control", tenant, root, run),
+        verb.as_str()
+    )
+}
+
+fn in_tree(kind: &str, tenant: &str, root: &str, run: &str) -> String {
+    if root == run {
+        format!("fusebox.{kind}.{tenant}.{run}")
+    } else {
+        format!("fusebox.{kind}.{tenant}.{root}.{run}")
+    }
 }
 
 pub fn decisions(tenant: &str, run: &str) -> String {
@@ -75,27 +105,36 @@ pub enum Scope {
 }
 
 impl Scope {
-    /// The gate subjects to subscribe to. All runs: the plain and the partitioned
-    /// form, so one daemon serves everything whether or not the servers map subjects
-    /// (the mapping can stay on while a deployment runs a single daemon).
+    /// The gate subjects to subscribe to: all runs take every form (plain, in a tree,
+    /// partitioned or not: the mapping can stay on while a deployment runs a single
+    /// daemon), a partition its own, with or without a tree's root before the run.
     pub fn gate_filters(self) -> Vec<String> {
         match self {
-            Scope::All => vec![GATE_FILTER.to_owned(), GATE_PARTITIONED_FILTER.to_owned()],
-            Scope::Partition { index: p, .. } => vec![format!("fusebox.gate.*.{p}.*")],
+            Scope::All => vec![GATE_FILTER.to_owned()],
+            Scope::Partition { index: p, .. } => vec![format!("fusebox.gate.*.{p}.>")],
         }
     }
 
     pub fn control_filter(self) -> String {
         match self {
             Scope::All => CONTROL_FILTER.to_owned(),
-            Scope::Partition { index: p, .. } => format!("fusebox.control.*.{p}.*.*"),
+            Scope::Partition { index: p, .. } => format!("fusebox.control.*.{p}.>"),
         }
     }
 
     pub fn events_filter(self) -> String {
         match self {
             Scope::All => EVENTS_FILTER.to_owned(),
-            Scope::Partition { index: p, .. } => format!("fusebox.events.*.{p}.*"),
+            Scope::Partition { index: p, .. } => format!("fusebox.events.*.{p}.>"),
+        }
+    }
+
+    /// The consumer filter a partition had before runs of a tree were published with
+    /// their root (`fusebox.events.*.<p>.*`): a durable made with it is widened in place.
+    pub fn events_filter_before_trees(self) -> Option<String> {
+        match self {
+            Scope::All => None,
+            Scope::Partition { index: p, .. } => Some(format!("fusebox.events.*.{p}.*")),
         }
     }
 
@@ -106,8 +145,12 @@ impl Scope {
             Scope::All => vec![
                 events(tenant, run),
                 format!("fusebox.events.{tenant}.*.{run}"),
+                format!("fusebox.events.{tenant}.*.*.{run}"),
             ],
-            Scope::Partition { index: p, .. } => vec![format!("fusebox.events.{tenant}.{p}.{run}")],
+            Scope::Partition { index: p, .. } => vec![
+                format!("fusebox.events.{tenant}.{p}.{run}"),
+                format!("fusebox.events.{tenant}.{p}.*.{run}"),
+            ],
         }
     }
 
@@ -121,30 +164,35 @@ impl Scope {
     }
 }
 
-/// `fusebox.<kind>.<tenant>.<run>`, or its partitioned form
-/// `fusebox.<kind>.<tenant>.<partition>.<run>`, → `(tenant, run)`.
+/// `fusebox.<kind>.<tenant>.<run>` → `(tenant, run)`, whatever stands between the two:
+/// a partition number (the servers' mapping), a tree's root ([`tree_gate`]), or both
+/// (`….<tenant>.<partition>.<root>.<run>`). The run is always the last token, so a run
+/// id of digits alone is never mistaken for a partition.
 pub fn run_of<'a>(subject: &'a str, kind: &str) -> Option<(&'a str, &'a str)> {
     let mut tokens = subject.split('.');
     if tokens.next()? != "fusebox" || tokens.next()? != kind {
         return None;
     }
-    let tenant = tokens.next()?;
-    let run = skip_partition(&mut tokens)?;
-    (tokens.next().is_none() && !tenant.is_empty() && !run.is_empty()).then_some((tenant, run))
+    let tenant = tokens.next().filter(|t| !t.is_empty())?;
+    Some((tenant, run_after_tenant(tokens)?))
 }
 
-/// The run token that follows the tenant, stepping over a partition number when the
-/// subject has one (a run id may itself be all digits, so only a following token
-/// makes the number a partition: the caller checks what comes after).
-fn skip_partition<'a>(tokens: &mut std::str::Split<'a, char>) -> Option<&'a str> {
-    let first = tokens.next()?;
-    let mut ahead = tokens.clone();
-    match ahead.next() {
-        Some(run) if is_partition(first) && ControlVerb::parse(run).is_none() => {
-            tokens.next();
-            Some(run)
+/// The run among the tokens that follow the tenant: `[run]`, `[partition or root, run]`
+/// or `[partition, root, run]`. On the gate's path: no allocation.
+fn run_after_tenant<'a>(tokens: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let mut kept = [""; 3];
+    let mut count = 0;
+    for token in tokens {
+        if count == kept.len() || token.is_empty() {
+            return None;
         }
-        _ => Some(first),
+        kept[count] = token;
+        count += 1;
+    }
+    match &kept[..count] {
+        [run] | [_, run] => Some(run),
+        [partition, _root, run] if is_partition(partition) => Some(run),
+        _ => None,
     }
 }
 
@@ -217,14 +265,13 @@ pub fn parse_control(subject: &str) -> Option<Control<'_>> {
         return Some(Control::Watchdog);
     }
     let rest = subject.strip_prefix("fusebox.control.")?;
-    let mut tokens = rest.split('.');
-    let tenant = tokens.next()?;
-    let run = skip_partition(&mut tokens)?;
-    let verb = tokens.next()?;
-    if tokens.next().is_some() || tenant.is_empty() || run.is_empty() {
+    let (tenant, rest) = rest.split_once('.')?;
+    let (before, verb) = rest.rsplit_once('.')?;
+    let verb = ControlVerb::parse(verb)?;
+    let run = run_after_tenant(before.split('.'))?;
+    if tenant.is_empty() {
         return None;
     }
-    let verb = ControlVerb::parse(verb)?;
     Some(Control::Run { tenant, run, verb })
 }
 
@@ -240,7 +287,7 @@ mod tests {
             Some(("acme", "r1"))
         );
         assert_eq!(run_of("fusebox.events.acme", "events"), None);
-        assert_eq!(run_of("fusebox.events.acme.r1.x", "events"), None);
+        assert_eq!(run_of("fusebox.events.acme.1.r1.x.y", "events"), None);
         assert_eq!(run_of("fusebox.gate.acme.r1", "events"), None);
         assert_eq!(tenant_of("fusebox.events.acme.r1.x"), Some("acme"));
         assert_eq!(
@@ -261,7 +308,11 @@ mod tests {
         );
         // A run id of digits alone is still a run when nothing follows it.
         assert_eq!(run_of("fusebox.gate.acme.42", "gate"), Some(("acme", "42")));
-        assert_eq!(run_of("fusebox.gate.acme.x.r1", "gate"), None);
+        // Before the run, a token that is no partition is a tree's root.
+        assert_eq!(
+            run_of("fusebox.gate.acme.x.r1", "gate"),
+            Some(("acme", "r1"))
+        );
         assert_eq!(
             parse_control("fusebox.control.acme.5.r1.cancel"),
             Some(Control::Run {
@@ -280,10 +331,53 @@ mod tests {
         );
         assert_eq!(parse_control(CONTROL_WATCHDOG), Some(Control::Watchdog));
         let p = Scope::Partition { index: 5, of: 8 };
-        assert_eq!(p.gate_filters(), ["fusebox.gate.*.5.*"]);
-        assert_eq!(p.events_filter(), "fusebox.events.*.5.*");
-        assert_eq!(p.control_filter(), "fusebox.control.*.5.*.*");
+        assert_eq!(p.gate_filters(), ["fusebox.gate.*.5.>"]);
+        assert_eq!(p.events_filter(), "fusebox.events.*.5.>");
+        assert_eq!(p.control_filter(), "fusebox.control.*.5.>");
         assert_eq!(p.events_consumer(), "fuseboxd-p5");
+    }
+
+    /// Every form a run's subject takes on the wire, and the run it names.
+    #[test]
+    fn every_form_of_a_run_subject_names_its_run() {
+        let cases: &[(&str, Option<(&str, &str)>)] = &[
+            ("fusebox.gate.acme.r1", Some(("acme", "r1"))),
+            ("fusebox.gate.acme.3.r1", Some(("acme", "r1"))),
+            ("fusebox.gate.acme.root-1.r1", Some(("acme", "r1"))),
+            ("fusebox.gate.acme.3.root-1.r1", Some(("acme", "r1"))),
+            ("fusebox.gate.acme.3.42.7", Some(("acme", "7"))),
+            ("fusebox.gate.acme.x.root.r1", None),
+            ("fusebox.gate.acme.3.root.r1.more", None),
+            ("fusebox.gate.acme..r1", None),
+            ("fusebox.gate.acme.r1.", None),
+            ("fusebox.gate..r1", None),
+        ];
+        for (subject, expected) in cases {
+            assert_eq!(run_of(subject, "gate"), *expected, "{subject}");
+        }
+        assert_eq!(tree_gate("acme", "r1", "r1"), gate("acme", "r1"));
+        assert_eq!(tree_gate("acme", "root", "c1"), "fusebox.gate.acme.root.c1");
+        assert_eq!(
+            tree_events("acme", "root", "c1"),
+            "fusebox.events.acme.root.c1"
+        );
+        let cancel = tree_control("acme", "root", "c1", ControlVerb::Cancel);
+        assert_eq!(cancel, "fusebox.control.acme.root.c1.cancel");
+        let run = |subject: &str| match parse_control(subject) {
+            Some(Control::Run { run, verb, .. }) => Some((run.to_owned(), verb)),
+            _ => None,
+        };
+        assert_eq!(run(&cancel), Some(("c1".to_owned(), ControlVerb::Cancel)));
+        assert_eq!(
+            run("fusebox.control.acme.5.root.c1.history"),
+            Some(("c1".to_owned(), ControlVerb::History))
+        );
+        assert_eq!(run("fusebox.control.acme.x.root.c1.status"), None);
+        let p = Scope::Partition { index: 5, of: 8 };
+        assert_eq!(
+            p.run_events_subjects("acme", "c1"),
+            ["fusebox.events.acme.5.c1", "fusebox.events.acme.5.*.c1"]
+        );
     }
 
     #[test]

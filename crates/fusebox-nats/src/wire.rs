@@ -263,6 +263,11 @@ pub struct RunRow {
     /// The run's parent in its tree of runs; none for a root or a run on its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    /// The root of the run's tree, for a run with a parent: the token its subjects
+    /// carry before the run (`subjects::tree_control`), so a client reaches it where
+    /// the tree is served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub depth: u32,
     /// As [`RunTree::stopped_by`]: whose stop closed this run, when an ancestor's did.

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from fusebox_guard import Action, Fusebox, Run, SyncFusebox
+from fusebox_guard import Action, Fusebox, Run, SyncFusebox, subjects
 from fusebox_guard.run import MAX_RUN_ID, child_run_id
 from support.guard import TENANT, fresh_run, fusebox_cancel
 from support.stack import Stack
@@ -30,7 +30,7 @@ async def work(run: Run, calls: int, log: list[str]) -> list[Action]:
     return actions
 
 
-async def test_a_child_run_names_its_parent_and_keeps_its_own_subjects(stack: Stack) -> None:
+async def test_a_child_run_names_its_parent_and_its_trees_root(stack: Stack) -> None:
     fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
     root = await fb.start_run(fresh_run("tree-root"), agent="lead")
     child = await root.start_child(agent="Web Researcher")
@@ -41,6 +41,11 @@ async def test_a_child_run_names_its_parent_and_keeps_its_own_subjects(stack: St
     named = await fb.start_run(fresh_run("tree-named"), parent=child)
     grandchild = await named.start_child()
     assert grandchild.id == f"{named.id}-sub-1"
+    # Every run of the tree names its root on the wire (a cluster serves the tree whole).
+    assert {r.root for r in (root, child, named, grandchild)} == {root.id}
+    assert subjects.tree_gate(TENANT, grandchild.root, grandchild.id) == (
+        f"fusebox.gate.{TENANT}.{root.id}.{grandchild.id}"
+    )
     nodes = await tree(stack, root.id)
     assert nodes[child.id].parent == root.id and nodes[child.id].agent == "Web Researcher"
     assert nodes[child.id].executed == ["work", "work"]

@@ -105,6 +105,7 @@ class Fusebox:
         results: ResultMode | None = None,
         timeout_s: float | None = None,
         parent: Parent | None = None,
+        root: str | None = None,
     ) -> Run:
         """A handle for run `run_id` (not started: `await run.start()`, or use
         `start_run`). Use a fresh id per run: ids and `seq` start at 1 per handle, and
@@ -114,8 +115,15 @@ class Fusebox:
         contract §6): the parent's budgets count this run's spending, and a stop of the
         parent (or of any run above it) stops this one too. A start past the parent's
         caps (`max_depth`, `max_children`, `max_open_children`) is answered with a
-        stop: `run.stopped` says why, and nothing of the run may execute."""
+        stop: `run.stopped` says why, and nothing of the run may execute.
+
+        `root` is the root of the parent's tree when `parent` is an id of a run that is
+        itself a sub-agent (a `Run` parent knows its own; an id alone is taken for the
+        root). The run's subjects name it, so that in a cluster the whole tree is served
+        by one daemon and its budgets stay exact."""
         parent_id = parent.id if isinstance(parent, Run) else parent
+        if isinstance(parent, Run):
+            root = root or parent.root
         return Run(
             self,
             check_id("run", run_id, MAX_RUN_ID),
@@ -126,6 +134,7 @@ class Fusebox:
             results=results or self.results,
             timeout_s=timeout_s or self.timeout_s,
             parent=check_id("parent", parent_id, MAX_RUN_ID) if parent_id is not None else None,
+            root=check_id("root", root, MAX_RUN_ID) if root is not None else None,
         )
 
     async def start_run(
@@ -139,6 +148,7 @@ class Fusebox:
         results: ResultMode | None = None,
         timeout_s: float | None = None,
         parent: Parent | None = None,
+        root: str | None = None,
     ) -> Run:
         """`run(...)` and `start()`: the kill switch is watched and `run_started` sent."""
         run = self.run(
@@ -150,14 +160,18 @@ class Fusebox:
             results=results,
             timeout_s=timeout_s,
             parent=parent,
+            root=root,
         )
         await run.start()
         return run
 
-    async def ask(self, run_id: str, payload: bytes, timeout_s: float) -> Decision:
-        """One event on the run's gate subject; its decision. A retried request with the
-        same event id is answered from the daemon's dedup with the same decision."""
-        subject = subjects.gate(self.tenant, run_id)
+    async def ask(
+        self, run_id: str, payload: bytes, timeout_s: float, *, root: str | None = None
+    ) -> Decision:
+        """One event on the run's gate subject (its tree's, naming `root`, for a run of a
+        tree); its decision. A retried request with the same event id is answered from
+        the daemon's dedup with the same decision."""
+        subject = subjects.tree_gate(self.tenant, root or run_id, run_id)
         try:
             msg = await self._nc.request(subject, payload, timeout=timeout_s)
         except nats.errors.NoRespondersError:
@@ -168,10 +182,18 @@ class Fusebox:
             raise TransportError(subject, str(err) or type(err).__name__) from err
         return decode_decision(subject, msg.data)
 
-    async def publish(self, run_id: str, event_id: str, payload: bytes, timeout_s: float) -> None:
+    async def publish(
+        self,
+        run_id: str,
+        event_id: str,
+        payload: bytes,
+        timeout_s: float,
+        *,
+        root: str | None = None,
+    ) -> None:
         """One event to `FUSEBOX_EVENTS`, waiting for JetStream to store it. The
         `Nats-Msg-Id` is `<tenant>.<run>.<id>`, so a re-sent event is stored once."""
-        subject = subjects.events(self.tenant, run_id)
+        subject = subjects.tree_events(self.tenant, root or run_id, run_id)
         headers = {"Nats-Msg-Id": f"{self.tenant}.{run_id}.{event_id}"}
         try:
             await self._js.publish(subject, payload, timeout=timeout_s, headers=headers)

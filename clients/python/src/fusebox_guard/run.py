@@ -68,6 +68,7 @@ class Run:
         results: ResultMode,
         timeout_s: float,
         parent: str | None = None,
+        root: str | None = None,
     ) -> None:
         self.client = client
         self.loop = client.loop
@@ -81,6 +82,9 @@ class Run:
         self.timeout_s = timeout_s
         #: The run this one is a sub-agent of (guard contract §6), or None for a root.
         self.parent = parent
+        #: The root of the run's tree (the run itself for a root): its subjects name it,
+        #: so a cluster serves the whole tree in one place (guard contract §6).
+        self.root = root or parent or run_id
         self._seq = 0
         self._children = 0
         self._calls = 0
@@ -157,7 +161,7 @@ class Run:
             gate_on_error=gate_on_error or self.gate_on_error,
             results=results or self.results,
             timeout_s=timeout_s or self.timeout_s,
-            parent=self.id,
+            parent=self,
         )
 
     async def start_child(
@@ -426,8 +430,8 @@ class Run:
 
     async def _deliver(self, event: _Queued) -> Decision | None:
         if event.inline:
-            return await self.client.ask(self.id, event.payload, self.timeout_s)
-        await self.client.publish(self.id, event.id, event.payload, self.timeout_s)
+            return await self.client.ask(self.id, event.payload, self.timeout_s, root=self.root)
+        await self.client.publish(self.id, event.id, event.payload, self.timeout_s, root=self.root)
         return None
 
     def _renumber(self, free_seq: int) -> None:

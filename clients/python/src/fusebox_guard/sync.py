@@ -97,8 +97,10 @@ class SyncFusebox:
         results: ResultMode | None = None,
         timeout_s: float | None = None,
         parent: str | Run | SyncRun | None = None,
+        root: str | None = None,
     ) -> SyncRun:
-        """`Fusebox.run`: `parent` makes the run a sub-agent of that run."""
+        """`Fusebox.run`: `parent` makes the run a sub-agent of that run (`root`: its
+        tree's root, when `parent` is the id of a sub-agent)."""
         parent_run = parent.aio if isinstance(parent, SyncRun) else parent
 
         async def make() -> Run:
@@ -111,6 +113,7 @@ class SyncFusebox:
                 results=results,
                 timeout_s=timeout_s,
                 parent=parent_run,
+                root=root,
             )
 
         return SyncRun(run_on(self.loop, make()))
@@ -146,6 +149,10 @@ class SyncRun:
     @property
     def parent(self) -> str | None:
         return self.aio.parent
+
+    @property
+    def root(self) -> str:
+        return self.aio.root
 
     @property
     def stopped(self) -> StopReport | None:
