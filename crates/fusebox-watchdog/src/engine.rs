@@ -119,6 +119,35 @@ impl<P: Provider> Watchdog<P> {
         }
     }
 
+    /// Whether recording `fact` would change nothing: the same launch is tracked, or the
+    /// run is known to have ended no later. A daemon of a cluster hears every fact of the
+    /// cluster's shared stream, its own included; only the new ones are worth a journal
+    /// line. A halt or a resume is never "known" here: it always goes through.
+    pub fn knows(&self, fact: &Fact) -> bool {
+        let state = self.inner.state();
+        match fact {
+            Fact::InstanceLaunched(f) if f.provider != self.inner.provider.name() => true,
+            Fact::InstanceLaunched(f) => {
+                let key = crate::state::InstanceKey {
+                    region: f.region.clone(),
+                    instance_id: f.instance_id.clone(),
+                };
+                state.launched.get(&key) == Some(f)
+            }
+            Fact::RunEnded(f) => {
+                let key = crate::state::RunKey {
+                    tenant: f.tenant.clone(),
+                    run: f.run.clone(),
+                };
+                state
+                    .runs_ended
+                    .get(&key)
+                    .is_some_and(|&end| end <= f.ts_ms)
+            }
+            Fact::Halted(_) | Fact::Resumed(_) => false,
+        }
+    }
+
     /// Why the watchdog is halted, if it is (`on_blast_radius = "halt"`): it terminates
     /// nothing until [`Fact::Resumed`] is recorded.
     pub fn halted(&self) -> Option<crate::facts::Halted> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::clock::ManualClock;
 use crate::config::{BlastRadiusAction, RetryConfig, WatchdogConfig};
 use crate::engine::Watchdog;
-use crate::facts::{InstanceLaunched, Resumed};
+use crate::facts::{Fact, InstanceLaunched, Resumed, RunEnded};
 use crate::provider::{
     ErrorKind, Instance, InstanceState, Op, Page, Provider, ProviderError, Selector, Terminated,
 };
@@ -327,4 +327,40 @@ async fn a_halt_holds_until_an_operator_resumes_the_watchdog() {
         .terminations
         .iter()
         .all(|t| t.outcome == Outcome::Terminated));
+}
+
+/// A cluster's daemons hear every fact on the shared stream, their own included: a fact
+/// already recorded is known (not journaled again), a later run end is not news, an
+/// earlier one is.
+#[tokio::test(start_paused = true)]
+async fn a_fact_already_recorded_is_known() {
+    let r = rig(vec![]);
+    let launch = InstanceLaunched {
+        tenant: "acme".into(),
+        run: "r1".into(),
+        provider: "ec2".into(),
+        region: REGION.into(),
+        instance_id: "i-0a".into(),
+        max_lifetime_s: Some(60),
+        ts_ms: NOW,
+    };
+    let end = |ts_ms| {
+        Fact::RunEnded(RunEnded {
+            tenant: "acme".into(),
+            run: "r1".into(),
+            ts_ms,
+        })
+    };
+    assert!(!r.wd.knows(&launch.clone().into()));
+    r.wd.record(launch.clone());
+    assert!(r.wd.knows(&launch.clone().into()));
+    let relaunched = InstanceLaunched {
+        max_lifetime_s: Some(30),
+        ..launch
+    };
+    assert!(!r.wd.knows(&relaunched.into()));
+    assert!(!r.wd.knows(&end(NOW + 10)));
+    r.wd.record(end(NOW + 10));
+    assert!(r.wd.knows(&end(NOW + 10)) && r.wd.knows(&end(NOW + 20)));
+    assert!(!r.wd.knows(&end(NOW + 5)));
 }
