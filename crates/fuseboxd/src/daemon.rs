@@ -100,6 +100,7 @@ pub async fn run(mut config: DaemonConfig) -> Result<(), DaemonError> {
         &config.storage.data_dir,
         metrics.clone(),
         client.clone(),
+        (config.cluster.partitions > 0).then_some(&config.cluster),
     )
     .await?
     {

@@ -12,7 +12,9 @@
 //! - `store.rs`: the partition's `GuardStore` that puts those together around its own
 //!   `fusebox-log` guard in `<data_dir>/partitions/<p>`;
 //! - `mark.rs`: how far that log reaches into `FUSEBOX_APPLIED`, so a catch-up reads
-//!   only what the log lacks.
+//!   only what the log lacks;
+//! - `watchdog_role.rs`: the cloud watchdog's role, one holder per cluster (started by
+//!   the watchdog, `crate::watchdog`, not by this loop).
 //!
 //! Each owned partition is an ordinary [`Service`] scoped to its subjects, with its own
 //! applier thread and durable consumer `fuseboxd-p<p>`. This file is the loop that
@@ -26,6 +28,7 @@ mod mark;
 mod observe;
 mod shared_ledger;
 mod store;
+pub mod watchdog_role;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -4,25 +4,34 @@
 //!
 //! A resume is a fact like a launch: journaled (fsync) and recorded under the journal's
 //! lock before it is answered, so it holds across a restart. A plain subscription, not a
-//! queue group: in a cluster every daemon's watchdog hears the operator, and the asker
-//! takes the first answer.
+//! queue group: in a cluster every daemon's watchdog hears the operator, and only the
+//! holder of the watchdog role answers (one answer, from the daemon that acts; between
+//! a holder's death and the takeover, at most a lease, nobody does). Its resume is
+//! written to the cluster's halt key first (`halt_key.rs`), checked against the halt it
+//! clears, so every daemon resumes.
 
 use std::sync::Arc;
 
 use fusebox_nats::subjects::CONTROL_WATCHDOG;
 use fusebox_nats::wire::{WatchdogReply, WatchdogRequest};
-use fusebox_watchdog::{Ec2Provider, Fact, Resumed, Watchdog};
+use fusebox_watchdog::{Fact, Resumed, Watchdog};
 use futures_util::StreamExt;
 use tokio::sync::watch;
 
+use super::halt_key::HaltKey;
 use super::journal::{Entry, Journal};
 use super::query::{self, Recent};
+use super::role::{Authority, Fenced};
 
 /// The watchdog a daemon runs, as the control subject needs it.
 pub struct Controlled {
-    pub wd: Watchdog<Ec2Provider>,
+    pub wd: Watchdog<Fenced>,
     pub journal: Arc<Journal>,
     pub recent: Recent,
+    /// Whether this daemon answers: always alone, while it holds the role in a cluster.
+    pub authority: Authority,
+    /// The cluster's halt (`None` alone).
+    pub halt: Option<Arc<HaltKey>>,
 }
 
 /// Answers `fusebox.control.watchdog` until `stop`; `None`: the watchdog is disabled
@@ -52,6 +61,9 @@ pub async fn serve(
         let Some(reply) = message.reply.clone() else {
             continue;
         };
+        if watchdog.as_ref().is_some_and(|w| !w.authority.holds()) {
+            continue;
+        }
         let answer = match &watchdog {
             Some(watchdog) => answer(watchdog, &message.payload).await,
             None => disabled(),
@@ -114,6 +126,11 @@ async fn decide(watchdog: &Controlled, payload: &[u8]) -> WatchdogReply {
         at_ms: wd.now_ms(),
         by: resume.by.clone(),
     });
+    if let Some(halt) = &watchdog.halt {
+        if let Err(refused) = resume_cluster(halt, &fact).await {
+            return status(wd, refused);
+        }
+    }
     let (journal, recorder) = (journal.clone(), wd.clone());
     let written = tokio::task::spawn_blocking(move || {
         journal.append_then(&[Entry::Fact { fact: &fact }], || {
@@ -140,7 +157,24 @@ async fn decide(watchdog: &Controlled, payload: &[u8]) -> WatchdogReply {
     }
 }
 
-fn status(wd: &Watchdog<Ec2Provider>, message: String) -> WatchdogReply {
+/// Writes the resume to the cluster's halt key over the halt it clears; the reason in
+/// words when it cannot (then nothing is resumed anywhere).
+async fn resume_cluster(halt: &HaltKey, fact: &Fact) -> Result<(), String> {
+    let unreadable = |err| format!("not resumed: the cluster's halt cannot be read ({err})");
+    let revision = match halt.read().await.map_err(unreadable)? {
+        Some((Fact::Halted(_), revision)) => revision,
+        // The bucket holds no halt to clear: this daemon's own never reached it (its
+        // write was cut short), so the resume here is all there is.
+        _ => return Ok(()),
+    };
+    match halt.resume(fact, revision).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("not resumed: the cluster's halt changed meanwhile; ask again".to_owned()),
+        Err(err) => Err(format!("not resumed: {err}")),
+    }
+}
+
+fn status(wd: &Watchdog<Fenced>, message: String) -> WatchdogReply {
     let halted = wd.halted();
     let message = if message.is_empty() {
         match &halted {

@@ -13,18 +13,32 @@
 //!
 //! Missing AWS credentials are not fatal: the watchdog says so and retries every sweep,
 //! and the guard runs regardless.
+//!
+//! In a cluster (issue 49 §2) every daemon keeps the whole cluster's facts and halt, and
+//! only the holder of the watchdog role acts ([`role`], `cluster/watchdog_role.rs`):
+//! * facts: journaled where applied, then shared through `FUSEBOX_WATCHDOG_FACTS`
+//!   ([`fact_stream`]), which every daemon follows;
+//! * the halt: the KV key `FUSEBOX_WATCHDOG/halt` ([`halt_key`]), written by the holder
+//!   that halts and by the resume, followed by every daemon, read by a new holder
+//!   before its first pass;
+//! * passes run only while the role is held, terminations only within its fence;
+//! * `fusebox.control.watchdog` is answered by the holder alone: one answer.
 
 mod control;
+mod fact_stream;
 mod feed;
+mod halt_key;
 mod journal;
 mod outcomes;
 mod query;
+mod role;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream;
 use fusebox_metrics::Metrics;
 use fusebox_watchdog::{
     Clock, Ec2Provider, Fact, PermissionStatus, Provider, SteadyClock, Watchdog, WatchdogConfig,
@@ -32,8 +46,12 @@ use fusebox_watchdog::{
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::cluster::watchdog_role::RoleKeeper;
+use crate::config::ClusterConfig;
 pub use feed::{FactSink, FeedStore};
+use halt_key::HaltKey;
 use journal::{Entry, Journal};
+use role::{Authority, Fenced};
 
 /// How often the watchdog's gauges are copied into the metrics registry.
 const STATS_EVERY: Duration = Duration::from_secs(1);
@@ -44,6 +62,19 @@ pub enum WatchdogError {
     Journal { dir: String, source: std::io::Error },
     #[error("[watchdog]: {0}")]
     Config(#[from] fusebox_watchdog::ConfigError),
+    #[error("watchdog in cluster mode: {0}")]
+    Cluster(String),
+}
+
+/// How long start-up waits for JetStream (a cluster electing its leaders) before the
+/// watchdog's shared bucket and stream are given up on.
+const STARTUP_PATIENCE: Duration = Duration::from_secs(30);
+
+/// What the watchdog shares in a cluster.
+struct Cluster {
+    role: RoleKeeper,
+    halt: Arc<HaltKey>,
+    js: jetstream::Context,
 }
 
 /// A running watchdog; [`Running::shutdown`] stops it cleanly.
@@ -57,15 +88,23 @@ pub struct Running {
     control: JoinHandle<()>,
     stop_publisher: oneshot::Sender<()>,
     publisher: JoinHandle<()>,
+    /// The role's keeper, given back once the last pass has finished.
+    role: Option<RoleKeeper>,
+    /// The followers of the shared halt and facts, and the facts' publisher: stopped
+    /// last, after the partitions (which feed facts) and the watchdog.
+    stop_sharing: watch::Sender<bool>,
+    sharing: Vec<JoinHandle<()>>,
 }
 
 /// Starts the watchdog unless `[watchdog] enabled = false`; returns it with the sink the
-/// guard store feeds facts into.
+/// guard store feeds facts into. `cluster`: this daemon is one of a cluster's, and acts
+/// as the watchdog only while it holds the role.
 pub async fn start(
     cfg: WatchdogConfig,
     data_dir: &Path,
     metrics: Arc<Metrics>,
     client: async_nats::Client,
+    cluster: Option<&ClusterConfig>,
 ) -> Result<Option<(Running, Arc<dyn FactSink>)>, WatchdogError> {
     if !cfg.enabled {
         tracing::info!("cloud watchdog disabled ([watchdog] enabled = false)");
@@ -90,7 +129,19 @@ pub async fn start(
         sweep = %cfg.sweep_cron,
         "cloud watchdog starting (credentials: standard AWS chain)"
     );
-    let provider = Ec2Provider::from_env(&cfg).await;
+    let shared = match cluster {
+        Some(cluster) => Some(share(&client, cluster).await?),
+        None => None,
+    };
+    let authority = match &shared {
+        Some((_, authority)) => authority.clone(),
+        None => Authority::Always,
+    };
+    let shared = shared.map(|(cluster, _)| cluster);
+    let provider = Fenced {
+        inner: Ec2Provider::from_env(&cfg).await,
+        authority: authority.clone(),
+    };
     let provider_name = provider.name().to_owned();
     let (records, received) = mpsc::unbounded_channel();
     // Deadlines move closer by elapsed time only: a step of the host's clock neither
@@ -103,6 +154,17 @@ pub async fn start(
         Arc::new(outcomes::ChannelSink(records)),
     )?;
     let restored = opened.facts.len();
+    // Published again on every start: a fact journaled here whose publish was cut short
+    // by a kill reaches the others now (repeats are dropped or known).
+    let republish: Vec<Fact> = match &shared {
+        Some(_) => opened
+            .facts
+            .iter()
+            .filter(|f| fact_stream::shared(f))
+            .cloned()
+            .collect(),
+        None => Vec::new(),
+    };
     wd.restore(opened.facts);
     tracing::info!(
         journal = %journal.path().display(),
@@ -120,7 +182,36 @@ pub async fn start(
         client.clone(),
         metrics.clone(),
         recent.clone(),
+        shared.as_ref().map(|c| c.halt.clone()),
     ));
+    let (stop_sharing, sharing_stopped) = watch::channel(false);
+    let mut sharing = Vec::new();
+    let mut to_share = None;
+    if let Some(cluster) = &shared {
+        sharing.push(tokio::spawn(halt_key::follow(
+            cluster.halt.clone(),
+            wd.clone(),
+            journal.clone(),
+            sharing_stopped.clone(),
+        )));
+        sharing.push(tokio::spawn(fact_stream::follow(
+            cluster.js.clone(),
+            wd.clone(),
+            journal.clone(),
+            data_dir.to_owned(),
+            sharing_stopped.clone(),
+        )));
+        let (queue, queued) = mpsc::unbounded_channel();
+        for fact in republish {
+            let _ = queue.send(fact);
+        }
+        sharing.push(tokio::spawn(fact_stream::publish(
+            cluster.js.clone(),
+            queued,
+            sharing_stopped,
+        )));
+        to_share = Some(queue);
+    }
     let (stop, stopped) = watch::channel(false);
     if let Some(halted) = wd.halted() {
         tracing::error!(since_ms = halted.at_ms, why = %halted.why,
@@ -130,9 +221,17 @@ pub async fn start(
         wd: wd.clone(),
         journal: journal.clone(),
         recent,
+        authority: authority.clone(),
+        halt: shared.as_ref().map(|c| c.halt.clone()),
     };
     let control = tokio::spawn(control::serve(client, Some(controlled), stopped.clone()));
-    let engine = tokio::spawn(serve(wd.clone(), stopped.clone()));
+    let engine = tokio::spawn(serve(
+        wd.clone(),
+        authority,
+        shared.as_ref().map(|c| c.halt.clone()),
+        journal.clone(),
+        stopped.clone(),
+    ));
     let stats = tokio::spawn(copy_stats(
         wd.clone(),
         clock,
@@ -148,22 +247,72 @@ pub async fn start(
         control,
         stop_publisher,
         publisher,
+        role: shared.map(|c| c.role),
+        stop_sharing,
+        sharing,
     };
-    Ok(Some((running, Arc::new(Facts { journal, wd }))))
+    let facts = Facts {
+        journal,
+        wd,
+        to_share,
+    };
+    Ok(Some((running, Arc::new(facts))))
+}
+
+/// The role's keeper, the shared halt and the facts stream of a cluster's watchdog.
+async fn share(
+    client: &async_nats::Client,
+    cluster: &ClusterConfig,
+) -> Result<(Cluster, Authority), WatchdogError> {
+    let js = jetstream::new(client.clone());
+    let started = std::time::Instant::now();
+    let halt = loop {
+        let ready = async {
+            let halt = HaltKey::open(&js, cluster.replicas).await?;
+            fusebox_nats::setup::ensure_stream(&js, fact_stream::stream_config(cluster.replicas))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(halt)
+        };
+        match ready.await {
+            Ok(ready) => break ready,
+            Err(err) if started.elapsed() < STARTUP_PATIENCE => {
+                tracing::warn!(%err, "watchdog: JetStream not ready; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(err) => return Err(WatchdogError::Cluster(err)),
+        }
+    };
+    let lease = Duration::from_millis(cluster.lease_ms);
+    let (role, until) = RoleKeeper::start(client.clone(), cluster.node_id.clone(), lease);
+    let shared = Cluster {
+        role,
+        halt: Arc::new(halt),
+        js,
+    };
+    Ok((shared, Authority::Until(until)))
 }
 
 impl Running {
-    /// Finishes the pass in progress, then publishes what it produced.
+    /// Finishes the pass in progress, gives the role back, then publishes what the
+    /// pass produced and stops sharing.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         if let Err(err) = self.engine.await {
             tracing::error!(%err, "watchdog task failed");
+        }
+        if let Some(role) = self.role {
+            role.stop().await;
         }
         let _ = self.stats.await;
         let _ = self.control.await;
         let _ = self.stop_publisher.send(());
         if let Err(err) = self.publisher.await {
             tracing::error!(%err, "watchdog publisher failed");
+        }
+        let _ = self.stop_sharing.send(true);
+        for task in self.sharing {
+            let _ = task.await;
         }
         tracing::info!("cloud watchdog stopped");
     }
@@ -173,16 +322,73 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Permission check, then the watchdog's own loop (which sweeps once first).
-async fn serve(wd: Watchdog<Ec2Provider>, stop: watch::Receiver<bool>) {
+/// Permission check, then the watchdog's own loop (which sweeps once first) whenever
+/// this daemon holds the role (always, alone), until it loses it.
+async fn serve(
+    wd: Watchdog<Fenced>,
+    mut authority: Authority,
+    halt: Option<Arc<HaltKey>>,
+    journal: Arc<Journal>,
+    stop: watch::Receiver<bool>,
+) {
     tokio::select! {
         () = check_permissions(&wd) => {}
         () = stopped(stop.clone()) => return,
     }
-    wd.run(stopped(stop)).await;
+    loop {
+        tokio::select! {
+            () = authority.taken() => {}
+            () = stopped(stop.clone()) => return,
+        }
+        if let Some(halt) = &halt {
+            if let Err(err) = adopt_halt(&wd, &journal, halt).await {
+                tracing::warn!(%err, "the cluster's halt is unreadable: no pass until it is read");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    () = stopped(stop.clone()) => return,
+                }
+            }
+            tracing::info!("watchdog active: this daemon holds the cluster's watchdog role");
+        }
+        let mut lost = authority.clone();
+        let told = stopped(stop.clone());
+        wd.run(async move {
+            tokio::select! {
+                () = lost.lost() => {}
+                () = told => {}
+            }
+        })
+        .await;
+        if *stop.borrow() {
+            return;
+        }
+        tracing::warn!("watchdog inactive: the role is no longer held here");
+    }
 }
 
-async fn check_permissions(wd: &Watchdog<Ec2Provider>) {
+/// Before a new holder's first pass: the bucket's halt or resume, which a holder that
+/// halted or an operator wrote; or, the bucket never told of one, this daemon's own
+/// journaled halt, written there (a halt whose write was cut short stays a halt).
+async fn adopt_halt(
+    wd: &Watchdog<Fenced>,
+    journal: &Arc<Journal>,
+    halt: &HaltKey,
+) -> Result<(), String> {
+    match halt.read().await? {
+        Some((fact, _)) => {
+            let (wd, journal) = (wd.clone(), journal.clone());
+            tokio::task::spawn_blocking(move || halt_key::apply(&wd, &journal, fact))
+                .await
+                .map_err(|e| e.to_string())
+        }
+        None => match wd.halted() {
+            Some(halted) => halt.halt(&Fact::Halted(halted)).await,
+            None => Ok(()),
+        },
+    }
+}
+
+async fn check_permissions(wd: &Watchdog<Fenced>) {
     let checks = wd.check_permissions().await;
     let granted = checks
         .iter()
@@ -213,7 +419,7 @@ async fn check_permissions(wd: &Watchdog<Ec2Provider>) {
 }
 
 /// Compacts the journal when it has grown enough; a failure leaves the old journal in place.
-fn compact_if_due(journal: &Journal, wd: &Watchdog<Ec2Provider>) {
+fn compact_if_due(journal: &Journal, wd: &Watchdog<Fenced>) {
     if !journal.compaction_due() {
         return;
     }
@@ -238,7 +444,7 @@ fn compact_if_due(journal: &Journal, wd: &Watchdog<Ec2Provider>) {
 /// Copies the watchdog's gauges and counters into the registry, and compacts the journal
 /// when due (off the async threads: it reads, writes and fsyncs a file).
 async fn copy_stats(
-    wd: Watchdog<Ec2Provider>,
+    wd: Watchdog<Fenced>,
     clock: Arc<SteadyClock>,
     journal: Arc<Journal>,
     metrics: Arc<Metrics>,
@@ -293,10 +499,12 @@ async fn copy_stats(
     }
 }
 
-/// The guard store's fact sink: durable first, then the watchdog's timers.
+/// The guard store's fact sink: durable first, then the watchdog's timers, then (in a
+/// cluster) the other daemons.
 struct Facts {
     journal: Arc<Journal>,
-    wd: Watchdog<Ec2Provider>,
+    wd: Watchdog<Fenced>,
+    to_share: Option<mpsc::UnboundedSender<Fact>>,
 }
 
 impl FactSink for Facts {
@@ -313,6 +521,13 @@ impl FactSink for Facts {
             // The live timers still get the facts; only a restart before the next sweep
             // would miss them (the sweep finds tagged instances on its own).
             tracing::error!(%err, "cannot journal watchdog facts");
+        }
+        if let Some(queue) = &self.to_share {
+            for fact in facts {
+                // Fails only once the publisher has stopped, at the very end of a
+                // shutdown: the journal has the fact, republished at the next start.
+                let _ = queue.send(fact);
+            }
         }
     }
 }

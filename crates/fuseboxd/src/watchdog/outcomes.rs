@@ -3,7 +3,9 @@
 //! [`ChannelSink`] is the watchdog's sink: it only puts each record on an unbounded
 //! channel, so a pass never waits for the disk or NATS. [`publish`] drains the channel:
 //! journal (fsync) first, so what was announced is on disk, then
-//! `fusebox.watchdog.<tenant>.terminated`, then the metrics.
+//! `fusebox.watchdog.<tenant>.terminated`, then the metrics. In a cluster a halt is also
+//! written to the cluster's halt key (`halt_key.rs`), so no other daemon that takes the
+//! role over terminates anything either.
 
 use std::sync::Arc;
 
@@ -13,8 +15,14 @@ use fusebox_watchdog::{
 };
 use tokio::sync::{mpsc, oneshot};
 
+use super::halt_key::HaltKey;
 use super::journal::{Entry, Journal};
 use super::query::Recent;
+
+/// How long a halt's write to the cluster's key is retried (JetStream electing) before
+/// it is left to the next holder's start (`adopt_halt`, from this daemon's journal) or
+/// its own pass.
+const HALT_WRITE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub enum Record {
     Termination(Termination),
@@ -59,29 +67,60 @@ pub async fn publish(
     client: async_nats::Client,
     metrics: Arc<Metrics>,
     recent: Recent,
+    halt: Option<Arc<HaltKey>>,
 ) {
+    let out = Out {
+        journal,
+        client,
+        metrics,
+        recent,
+        halt,
+    };
     loop {
         tokio::select! {
             biased;
-            Some(record) = records.recv() => {
-                handle(record, &journal, &client, &metrics, &recent).await;
-            }
+            Some(record) = records.recv() => handle(record, &out).await,
             _ = &mut stop => break,
         }
     }
     while let Ok(record) = records.try_recv() {
-        handle(record, &journal, &client, &metrics, &recent).await;
+        handle(record, &out).await;
     }
 }
 
-async fn handle(
-    record: Record,
-    journal: &Arc<Journal>,
-    client: &async_nats::Client,
-    metrics: &Metrics,
-    recent: &Recent,
-) {
-    let journal = journal.clone();
+/// Where records go.
+struct Out {
+    journal: Arc<Journal>,
+    client: async_nats::Client,
+    metrics: Arc<Metrics>,
+    recent: Recent,
+    halt: Option<Arc<HaltKey>>,
+}
+
+/// Writes a halt to the cluster's key, retried while JetStream does not answer.
+async fn share_halt(halt: &HaltKey, fact: &Fact) {
+    let started = std::time::Instant::now();
+    loop {
+        match halt.halt(fact).await {
+            Ok(()) => {
+                tracing::info!("the halt is the cluster's (FUSEBOX_WATCHDOG/halt)");
+                return;
+            }
+            Err(err) if started.elapsed() < HALT_WRITE_PATIENCE => {
+                tracing::warn!(%err, "cannot write the cluster's halt yet; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(err) => {
+                tracing::error!(%err, "cannot write the cluster's halt; this daemon stays halted, and writes it when it takes the role again");
+                return;
+            }
+        }
+    }
+}
+
+async fn handle(record: Record, out: &Out) {
+    let (client, metrics, recent) = (&out.client, &*out.metrics, &out.recent);
+    let journal = out.journal.clone();
     let (record, written) = tokio::task::spawn_blocking(move || {
         let entry = match &record {
             Record::Termination(termination) => Entry::Termination { termination },
@@ -128,10 +167,15 @@ async fn handle(
             reason = %p.reason,
             "overdue instance kept alive by fusebox:protect (journaled)"
         ),
-        Record::Halted(fact) => tracing::error!(
-            ?fact,
-            "watchdog halted (journaled): it terminates nothing until `fusebox watchdog resume`"
-        ),
+        Record::Halted(fact) => {
+            tracing::error!(
+                ?fact,
+                "watchdog halted (journaled): it terminates nothing until `fusebox watchdog resume`"
+            );
+            if let Some(halt) = &out.halt {
+                share_halt(halt, &fact).await;
+            }
+        }
         Record::BlastRadius(a) => {
             metrics.watchdog_blast_radius_limited();
             tracing::error!(
