@@ -7,6 +7,7 @@
 //! installs and the workspace builds, and a missing one fails with the command to run.
 
 pub mod cluster;
+pub mod cluster_watchdog;
 pub mod daemon;
 pub mod deploy_nats;
 pub mod engine;
