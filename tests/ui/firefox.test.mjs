@@ -2,14 +2,16 @@
 // puppeteer-core over WebDriver BiDi (playwright-core drives only Playwright's own
 // patched Firefox, which is not reachable here). The core checks of ui.test.mjs: the
 // runs page updates live, a run's page shows its blocks and stop report, markup from
-// an event is text.
+// an event is text; the summary says why in words and its steps are the timeline's; a
+// live update keeps what was unfolded and the focus; filters match in any case; bad
+// input is a page at once; this daemon runs without a watchdog, and its page says so.
 //   node --test tests/ui/firefox.test.mjs
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
-import { REPO, SHOTS, agent, killAll, startStack, startUi } from './support.mjs';
+import { REPO, SHOTS, agent, cli, killAll, startStack, startUi } from './support.mjs';
 
 const require = createRequire(path.join(REPO, 'tests/npm/package.json'));
 const puppeteer = require('puppeteer-core');
@@ -78,5 +80,57 @@ test("Firefox: a stopped run's page shows the blocks, the stop report, and marku
   assert.equal(await page.$$eval('script', (s) => s.length), 1, "only the page's own script");
   assert.deepEqual(page.dialogs, [], 'no script of the event ran');
   await page.screenshot({ path: path.join(SHOTS, 'firefox-run.png'), fullPage: true });
+  await page.close();
+});
+
+test("Firefox: the summary says why in words, and the report's steps are the timeline's", async () => {
+  const [status] = await cli(stack.nats_url, ['run', 'ui/runaway']);
+  const page = await newPage();
+  await page.goto(`${base}runs/ui/runaway`);
+  assert.equal(await text(page, '#stop-message'), status.stop_message);
+  assert.match(await text(page, '#summary-told'), /warn at step \d+: search\(/);
+  const guards = await page.$$eval('#fired-guards li', (items) => items.map((li) => [li.querySelector('span').innerText, li.querySelector('a').getAttribute('href')]));
+  assert.ok(guards.length >= 3);
+  for (const [action, href] of guards) {
+    // A block that escalated to the stop is that step's: its decision is the stop.
+    const decided = await page.$eval(`#timeline tr${href}`, (tr) => tr.dataset.action);
+    assert.ok(decided === action || decided === 'stop', `${href}: ${action} against ${decided}`);
+  }
+  await page.screenshot({ path: path.join(SHOTS, 'firefox-summary.png'), fullPage: true });
+  await page.close();
+});
+
+test("Firefox: a live update keeps the unfolded argument and the focus", async () => {
+  const slow = agent(stack.nats_url, 'loop', 'ff-slow', ['--pause-ms', '900']);
+  await slow.line(/^execute/);
+  const page = await newPage();
+  await page.goto(`${base}runs/ui/ff-slow`);
+  const fold = '#timeline tr.e-tool_call td.args details';
+  await page.waitForSelector(fold);
+  const key = await page.$eval(fold, (d) => d.dataset.key);
+  await page.click(`${fold} summary`);
+  await page.focus(`details[data-key="${key}"] summary`);
+  const before = await page.$$eval('#timeline tbody tr', (rows) => rows.length);
+  await page.waitForFunction((n) => document.querySelectorAll('#timeline tbody tr').length > n, { timeout: 15000 }, before);
+  assert.equal(await page.$eval(`details[data-key="${key}"]`, (d) => d.open), true, 'still unfolded');
+  assert.equal(await page.evaluate(() => document.activeElement?.closest('details')?.dataset.key), key, 'focus kept');
+  await page.close();
+});
+
+test('Firefox: filters in any case; bad input a page at once; the watchdog page of a daemon without one', async () => {
+  const page = await newPage();
+  await page.goto(`${base}?tenant=UI&reason=Consecutive`);
+  await page.waitForSelector(row('runaway'));
+  assert.match(await text(page, '#position'), /^Runs 1–1 of 1/);
+  const started = Date.now();
+  const long = await page.goto(`${base}runs/ui/${'r'.repeat(4096)}`);
+  assert.equal(long.status(), 404);
+  assert.ok(Date.now() - started < 1500, 'at once');
+  const watchdog = await page.goto(`${base}watchdog`);
+  assert.equal(watchdog.status(), 200);
+  assert.match(await text(page, '#watchdog-disabled'), /disabled on this daemon/);
+  const [answer] = await cli(stack.nats_url, ['watchdog', 'status']);
+  assert.equal(answer.enabled, false);
+  await page.screenshot({ path: path.join(SHOTS, 'firefox-watchdog-off.png'), fullPage: true });
   await page.close();
 });

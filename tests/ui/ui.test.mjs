@@ -182,8 +182,8 @@ test('the watchdog panel shows the held instances with deadline and reason, and 
   const heldRow = page.locator(`#instances tr[data-instance="${held}"]`);
   await heldRow.waitFor({ timeout: 20000 });
   assert.equal(await heldRow.locator('td.reason').innerText(), 'max_lifetime');
-  const launchMs = Number(await heldRow.locator('td:nth-child(5) time').getAttribute('title'));
-  const deadlineMs = Number(await heldRow.locator('td.deadline time').getAttribute('title'));
+  const launchMs = Date.parse(await heldRow.locator('td:nth-child(5) time').getAttribute('datetime'));
+  const deadlineMs = Date.parse(await heldRow.locator('td.deadline time').getAttribute('datetime'));
   assert.equal(deadlineMs - launchMs, 3600 * 1000, 'the deadline is launch + the max-lifetime tag');
   assert.match(await heldRow.innerText(), /ui\/wd-held/);
 
@@ -198,6 +198,21 @@ test('the watchdog panel shows the held instances with deadline and reason, and 
   await page.locator(`#instances tr[data-instance="${overdue}"]`).waitFor({ state: 'detached', timeout: 10000 });
   assert.equal(await heldRow.count(), 1, 'the held one is still held');
   await page.screenshot({ path: path.join(SHOTS, 'watchdog.png'), fullPage: true });
+  await page.close();
+});
+
+test('a protected instance past its deadline says so, and a tag naming no known run is not a link', async () => {
+  const protectedId = await launchInstance(stack.moto_url, {
+    'fusebox:managed': 'true', 'fusebox:tenant': 'ui', 'fusebox:run': 'wd-nobody', 'fusebox:max-lifetime': '1', 'fusebox:protect': 'true',
+  });
+  const page = await newPage();
+  await page.goto(`${base}watchdog`);
+  const kept = page.locator(`#instances tr[data-instance="${protectedId}"]`);
+  await kept.locator('td.left', { hasText: 'past its deadline' }).waitFor({ timeout: 20000 });
+  assert.match(await kept.locator('td.left').innerText(), /^past its deadline by \d+s \(protected: kept\)$/);
+  assert.doesNotMatch(await kept.innerText(), /-\d+s/);
+  assert.equal(await kept.locator('a').count(), 0, 'fuseboxd knows no run wd-nobody');
+  assert.match(await kept.innerText(), /ui\/wd-nobody \(not a run fuseboxd knows\)/);
   await page.close();
 });
 
@@ -276,6 +291,170 @@ test("a tree's run page shows each run under its parent, and a cancel from the p
   await page.close();
 });
 
+test("a stopped run's page says why in words first, in the words the model was told", async () => {
+  const [status] = await cli(stack.nats_url, ['run', 'ui/runaway']);
+  assert.match(status.stop_message, /refused calls kept being retried/);
+  const page = await newPage();
+  await page.goto(`${base}runs/ui/runaway`);
+  const summary = page.locator('#summary');
+  // First: before the tree, the timeline and the report's fields.
+  const order = await page.evaluate(() => ['summary', 'timeline', 'stop-report']
+    .map((id) => document.getElementById(id)).map((el, i, all) => i === 0 || (all[i - 1].compareDocumentPosition(el) & Node.DOCUMENT_POSITION_FOLLOWING) !== 0));
+  assert.deepEqual(order, [true, true, true], 'the summary comes before the timeline and the report');
+  assert.match(await summary.locator('h2').innerText(), /Why it stopped/);
+  assert.equal(await page.locator('#stop-message').innerText(), status.stop_message, "the stop's own sentence, whole");
+  assert.match(await page.locator('#summary-calls').innerText(), /search \d+ calls, \d+ refused/);
+  // Folded where long, and all of it there to unfold.
+  const told = await page.locator('#summary-told').evaluate((el) => el.textContent);
+  assert.match(told, /warn at step \d+: search\(.*already ran/s, 'the warning the model read');
+  assert.match(told, /block at step [\d, ]+(and \d+)?: /, 'the refusals the model read');
+  assert.match(await page.locator('#summary-resume').innerText(), /To resume: evidence that something changed.*verified_precondition_change/s);
+
+  // The report's steps are the timeline's: each fired guard links to its row, whose
+  // decision is the guard's action.
+  const guards = page.locator('#fired-guards li');
+  assert.ok(await guards.count() >= 3, 'warn, block and stop fired');
+  for (const guard of await guards.all()) {
+    const action = await guard.locator('span').first().innerText();
+    const href = await guard.locator('a').getAttribute('href');
+    const step = href.replace('#step-', '');
+    const target = page.locator(`#timeline tr${href}`);
+    // A block that escalated to the stop is that step's: its decision is the stop.
+    const decided = await target.getAttribute('data-action');
+    assert.ok(decided === action || decided === 'stop', `step ${step}: ${action} against ${decided}`);
+    assert.equal(await target.locator('td').first().innerText(), step);
+  }
+  // Times to the millisecond, UTC; a result shows how long after its call it came; the
+  // arguments column shows a call's arguments, not the whole event.
+  const first = page.locator('#timeline tbody tr').first();
+  assert.match(await first.locator('td').nth(1).innerText(), /^\d\d:\d\d:\d\d\.\d{3}$/);
+  assert.match(await page.locator('#timeline thead').innerText(), /Time \(UTC\)/);
+  assert.match(await page.locator('#timeline tr.e-tool_result .took').first().innerText(), /^\+\d+(\.\d+)? (ms|s)$/);
+  const call = page.locator('#timeline tr.e-tool_call').first();
+  await call.locator('td.args summary').click();
+  const args = JSON.parse(await call.locator('td.args pre').innerText());
+  assert.deepEqual(Object.keys(args).sort(), ['notes', 'query']);
+  // The stop's sentence unfolded reads as prose: not cut inside a word.
+  const stopRow = page.locator('#timeline tr[data-action="stop"]').first();
+  const folded = stopRow.locator('details summary');
+  if (await folded.count()) {
+    assert.match(await folded.innerText(), /\S+…$/);
+    assert.ok(!/\w…$/.test(status.stop_message.slice(0, (await folded.innerText()).length)), 'cut at a space');
+  }
+  await page.screenshot({ path: path.join(SHOTS, 'run-summary.png'), fullPage: true });
+
+  // Download history: the same events, as JSON, as a file.
+  const exported = await fetch(`${base}runs/ui/runaway/history.json`);
+  assert.equal(exported.status, 200);
+  assert.match(exported.headers.get('content-disposition'), /attachment; filename="ui-runaway.history.json"/);
+  const history = await exported.json();
+  assert.equal(history.events.length, await page.locator('#timeline tbody tr').count());
+  assert.equal(history.status.stop_message, status.stop_message);
+  await page.close();
+});
+
+test('a completed run shows how it ended, not a stop report', async () => {
+  await agent(stack.nats_url, 'done', 'finished').line(/^FINISHED complete/);
+  const page = await newPage();
+  await page.goto(`${base}runs/ui/finished`);
+  assert.match(await page.locator('#summary h2').innerText(), /How it ended/);
+  assert.match(await page.locator('#summary').innerText(), /finished normally after 2 steps: \W?all issues triaged/);
+  assert.doesNotMatch(await page.locator('main').innerText(), /Stop report|Why it stopped|To resume/);
+  assert.match(await page.locator('#stop-report h2').innerText(), /Final report/);
+  await page.close();
+});
+
+test("live updates keep the reader's place: focus and what was unfolded", async () => {
+  const slow = agent(stack.nats_url, 'loop', 'slow-loop', ['--pause-ms', '900']);
+  await slow.line(/^execute/);
+  const page = await newPage();
+  await page.goto(`${base}runs/ui/slow-loop`);
+  const rows = page.locator('#timeline tbody tr');
+  const fold = page.locator('#timeline tr.e-tool_call td.args details').first();
+  await fold.waitFor();
+  const key = await fold.getAttribute('data-key');
+  await fold.locator('summary').click();
+  await fold.locator('summary').focus();
+  const before = await rows.count();
+  await page.waitForFunction((n) => document.querySelectorAll('#timeline tbody tr').length > n, before, { timeout: 15000 });
+  const kept = page.locator(`details[data-key="${key}"]`);
+  assert.equal(await kept.evaluate((d) => d.open), true, 'still unfolded after the update');
+  assert.equal(await page.evaluate((k) => document.activeElement?.closest('details')?.dataset.key ?? document.activeElement?.tagName, key), key, 'focus kept');
+  // The same on the runs list: a focused link stays focused while rows change.
+  await page.goto(base);
+  const link = page.locator('tr[data-run="ui/slow-loop"] a').first();
+  await link.focus();
+  const state = page.locator('tr[data-run="ui/slow-loop"] .state');
+  await state.getByText('STOPPED_LOOP_GUARD').waitFor({ timeout: 30000 });
+  assert.equal(await page.evaluate(() => document.activeElement?.getAttribute('href')), '/runs/ui/slow-loop', 'focus kept on the runs list');
+  await page.close();
+});
+
+test('bad input is answered at once, as a page with the right status', async () => {
+  const started = Date.now();
+  const long = await fetch(`${base}runs/ui/${'r'.repeat(4096)}`);
+  assert.equal(long.status, 404);
+  assert.ok(Date.now() - started < 1500, `answered at once (${Date.now() - started} ms)`);
+  assert.match(long.headers.get('content-type'), /text\/html/);
+  assert.match(await long.text(), /is not a run id|at most 256/);
+
+  const noToken = await fetch(`${base}runs/ui/runaway/cancel`, { method: 'POST', body: new URLSearchParams({ reason: 'x' }) });
+  assert.equal(noToken.status, 403);
+  assert.match(noToken.headers.get('content-type'), /text\/html/);
+  assert.match(await noToken.text(), /Not sent from this page/);
+
+  const badQuery = await fetch(`${base}runs/ui/runaway?after=abc`);
+  assert.equal(badQuery.status, 400);
+  assert.match(await badQuery.text(), /Bad input/);
+
+  // A valid token does not make another site's request this page's.
+  const form = await (await fetch(`${base}runs/ui/steady/cancel`)).text();
+  const csrf = form.match(/name="csrf" value="([^"]+)"/)[1];
+  const evil = await fetch(`${base}runs/ui/steady/cancel`, {
+    method: 'POST',
+    headers: { origin: 'http://evil.example', 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ csrf, reason: 'x' }),
+  });
+  assert.equal(evil.status, 403);
+  assert.match(await evil.text(), /another site/);
+  const forged = await fetch(`${base}runs/ui/steady/cancel`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ csrf: `${Math.floor(Date.now() / 1000)}.AAAAAAAAAAAAAAAAAAAAAAAA`, reason: 'x' }),
+  });
+  assert.equal(forged.status, 403, 'a token this process did not issue');
+});
+
+test('at 390 px every column is reachable, rows stay one line, and states differ by colour', async () => {
+  const page = await newPage({ width: 390, height: 844 });
+  await page.goto(base);
+  const runaway = row(page, 'runaway');
+  await runaway.waitFor();
+  const stateBox = await runaway.locator('.state').boundingBox();
+  assert.ok(stateBox.x + stateBox.width <= 390, `the state is on screen (right edge ${stateBox.x + stateBox.width})`);
+  const height = (await runaway.boundingBox()).height;
+  assert.ok(height < 40, `a row is one line tall (${height}px)`);
+  const box = page.locator('#runs-table').locator('xpath=..');
+  await box.evaluate((el) => { el.scrollLeft = el.scrollWidth; });
+  const last = await page.locator('#runs-table thead th').last().boundingBox();
+  assert.ok(last.x >= 0 && last.x + last.width <= 391, `the last column scrolls into view (${last.x}..${last.x + last.width})`);
+  const colour = (state) => page.evaluate((s) => {
+    const probe = document.createElement('span');
+    probe.className = `state s-${s}`;
+    document.body.append(probe);
+    return getComputedStyle(probe).color;
+  }, state);
+  const colours = await Promise.all(['CANCELLED', 'STOPPED_LOOP_GUARD', 'FAILED', 'OPEN'].map(colour));
+  assert.notEqual(colours[0], colours[1], 'CANCELLED is not the colour of STOPPED');
+  assert.equal(colours[1], colours[2]);
+  await page.screenshot({ path: path.join(SHOTS, 'runs-390.png'), fullPage: true });
+  await page.goto(`${base}runs/ui/runaway`);
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 1, `the run page fits (overflow ${overflow}px)`);
+  await page.screenshot({ path: path.join(SHOTS, 'run-390.png'), fullPage: true });
+  await page.close();
+});
+
 test('a non-loopback listener refuses requests without credentials, and needs them to start', async () => {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'fusebox-ui-'));
   const open = path.join(dir, 'open.toml');
@@ -303,4 +482,47 @@ test('a non-loopback listener refuses requests without credentials, and needs th
   await page.goto(`${origin}/runs/ui/runaway/cancel`);
   assert.match(await page.locator('main').innerText(), /done by ops/);
   await context.close();
+});
+
+// Last: its 130 runs are the newest, and would push the others off the first page.
+test('finding runs: any case, known values offered, a time range, and where the page is', async () => {
+  const page = await newPage();
+  for (const [query, run] of [['tenant=UI', 'runaway'], ['tenant=u', 'runaway'], ['agent=RESEARCH', 'runaway'],
+    ['reason=CONSECUTIVE', 'runaway'], ['q=RUNAWAY', 'runaway'], ['from=1h', 'runaway']]) {
+    await page.goto(`${base}?${query}`);
+    assert.equal(await row(page, run).count(), 1, query);
+  }
+  await page.goto(`${base}?from=${encodeURIComponent('2001-01-01 00:00')}&to=${encodeURIComponent('2001-01-02')}`);
+  assert.match(await page.locator('#runs-table').innerText(), /No runs match/, 'a range with no activity');
+  const bad = await page.goto(`${base}?from=yesterday`);
+  assert.equal(bad.status(), 400);
+  assert.match(await page.locator('main').innerText(), /not a time/);
+
+  await page.goto(base);
+  const known = (id) => page.locator(`#${id} option`).evaluateAll((os) => os.map((o) => o.value));
+  assert.ok((await known('known-tenants')).includes('ui'));
+  assert.ok((await known('known-agents')).includes('researcher'));
+  assert.ok((await known('known-reasons')).includes('consecutive_blocks'));
+
+  // Pages say where they are, and go back as well as on.
+  const crowd = agent(stack.nats_url, 'crowd', 'crowd', ['--max-calls', '130']);
+  await crowd.line(/^STARTED 130/, 60000);
+  await page.goto(`${base}?agent=crowd`);
+  assert.equal(await page.locator('#position').innerText(), 'Runs 1–100 of 130, newest activity first.');
+  await page.locator('#older').click();
+  await page.waitForURL(/after=/);
+  assert.equal(await page.locator('#position').innerText(), 'Runs 101–130 of 130, newest activity first.');
+  assert.equal(await page.locator('#older').count(), 0, 'the last page');
+  await page.locator('#newer').click();
+  await page.waitForURL(/before=/);
+  assert.equal(await page.locator('#position').innerText(), 'Runs 1–100 of 130, newest activity first.');
+  assert.equal(await page.locator('#runs-table tbody tr').count(), 100);
+
+  // The fleet at a glance: the last hour by state, the top stop reasons, the costliest.
+  await page.goto(base);
+  assert.match(await page.locator('#fleet-states').innerText(), /STOPPED_LOOP_GUARD \d+/);
+  assert.match(await page.locator('#fleet-reasons').innerText(), /consecutive_blocks \d+/);
+  assert.match(await page.locator('#fleet-costliest').innerText(), /Costing most now/);
+  await page.screenshot({ path: path.join(SHOTS, 'runs-fleet.png'), fullPage: true });
+  await page.close();
 });

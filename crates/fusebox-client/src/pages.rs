@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use fusebox_nats::subjects::{self, ControlVerb};
 use fusebox_nats::wire::{
-    ErrorReply, HistoryQuery, RunHistory, RunRow, RunsPage, RunsQuery, RUNS_PAGE_LIMIT,
+    ErrorReply, Fleet, HistoryQuery, RunHistory, RunRow, RunsPage, RunsQuery, COSTLIEST_LIMIT,
+    KNOWN_VALUES_LIMIT, RUNS_PAGE_LIMIT,
 };
 use futures_util::StreamExt;
 
@@ -101,16 +102,20 @@ fn arrange(mut rows: Vec<RunRow>, root: &str) -> Vec<TreeNode> {
         .collect()
 }
 
-/// Merges partitions' pages: each holds its own first `limit` rows after the cursor,
-/// so the first `limit` of their union is the merged page's.
-fn merge(parts: Vec<RunsPage>, limit: usize) -> RunsPage {
+/// Merges partitions' pages: each holds its own first `limit` rows after the cursor
+/// (its last `limit` before it, `backwards`), so the first (last) `limit` of their
+/// union is the merged page's.
+fn merge(parts: Vec<RunsPage>, limit: usize, backwards: bool) -> RunsPage {
     let mut merged = RunsPage::default();
+    let mut fleets = Vec::new();
     for part in parts {
         merged.matched += part.matched;
+        merged.ahead += part.ahead;
         for (state, count) in part.states {
             *merged.states.entry(state).or_insert(0) += count;
         }
         merged.runs.extend(part.runs);
+        fleets.extend(part.fleet);
     }
     merged.runs.sort_by(|a, b| {
         (
@@ -124,7 +129,50 @@ fn merge(parts: Vec<RunsPage>, limit: usize) -> RunsPage {
                 &b.summary.run,
             ))
     });
-    merged.runs.truncate(limit);
+    if backwards {
+        // The rows left out are ahead of the merged page's first.
+        let skipped = merged.runs.len().saturating_sub(limit);
+        merged.runs.drain(..skipped);
+        merged.ahead += skipped as u64;
+    } else {
+        merged.runs.truncate(limit);
+    }
+    merged.fleet = (!fleets.is_empty()).then(|| merge_fleets(fleets));
+    merged
+}
+
+/// The partitions' fleet figures as one fleet's: counts summed, known values joined,
+/// the costliest open runs of all.
+fn merge_fleets(fleets: Vec<Fleet>) -> Fleet {
+    let mut merged = Fleet::default();
+    let known = |into: &mut Vec<String>, from: Vec<String>| {
+        into.extend(from);
+        into.sort();
+        into.dedup();
+    };
+    for fleet in fleets {
+        for (state, n) in fleet.states {
+            *merged.states.entry(state).or_insert(0) += n;
+        }
+        for (reason, n) in fleet.stop_reasons {
+            *merged.stop_reasons.entry(reason).or_insert(0) += n;
+        }
+        merged.costliest.extend(fleet.costliest);
+        known(&mut merged.tenants, fleet.tenants);
+        known(&mut merged.agents, fleet.agents);
+        known(&mut merged.reasons, fleet.reasons);
+        merged.known_truncated |= fleet.known_truncated;
+    }
+    for list in [&mut merged.tenants, &mut merged.agents, &mut merged.reasons] {
+        if list.len() > KNOWN_VALUES_LIMIT {
+            list.truncate(KNOWN_VALUES_LIMIT);
+            merged.known_truncated = true;
+        }
+    }
+    merged
+        .costliest
+        .sort_by(|a, b| b.cost_usd.total_cmp(&a.cost_usd));
+    merged.costliest.truncate(COSTLIEST_LIMIT);
     merged
 }
 
@@ -179,7 +227,11 @@ impl FuseboxClient {
         };
         let unanswered = (0..expected).filter(|p| !parts.contains_key(p)).collect();
         Ok(RunsPageView {
-            page: merge(parts.into_values().collect(), limit),
+            page: merge(
+                parts.into_values().collect(),
+                limit,
+                query.after.is_none() && query.before.is_some(),
+            ),
             unanswered,
         })
     }
@@ -313,10 +365,50 @@ mod tests {
     fn partitions_merge_newest_first_and_sum_their_counts() {
         let a = page(vec![row("a1", 50), row("a2", 10)], 2);
         let b = page(vec![row("b1", 40), row("b2", 30)], 5);
-        let merged = merge(vec![a, b], 3);
+        let merged = merge(vec![a.clone(), b.clone()], 3, false);
         let runs: Vec<&str> = merged.runs.iter().map(|r| r.summary.run.as_str()).collect();
         assert_eq!(runs, ["a1", "b1", "b2"]);
         assert_eq!(merged.matched, 4);
         assert_eq!(merged.states["OPEN"], 7);
+        assert_eq!(merged.ahead, 0);
+        // Backwards (the page before a cursor): the last rows, the others ahead of them.
+        let merged = merge(vec![a, b], 3, true);
+        let runs: Vec<&str> = merged.runs.iter().map(|r| r.summary.run.as_str()).collect();
+        assert_eq!(runs, ["b1", "b2", "a2"]);
+        assert_eq!(merged.ahead, 1);
+    }
+
+    #[test]
+    fn partitions_fleet_figures_merge_into_one_fleets() {
+        let fleet = |tenants: &[&str], cost: f64, run: &str| Fleet {
+            states: [("OPEN".to_owned(), 2)].into(),
+            stop_reasons: [("no_progress".to_owned(), 1)].into(),
+            costliest: vec![RunRow {
+                cost_usd: cost,
+                ..row(run, 1)
+            }],
+            tenants: tenants.iter().map(|t| t.to_string()).collect(),
+            ..Fleet::default()
+        };
+        let parts = vec![
+            RunsPage {
+                fleet: Some(fleet(&["acme", "beta"], 0.5, "cheap")),
+                ..page(vec![], 0)
+            },
+            RunsPage {
+                fleet: Some(fleet(&["acme", "zeta"], 2.0, "dear")),
+                ..page(vec![], 0)
+            },
+        ];
+        let fleet = merge(parts, 3, false).fleet.unwrap();
+        assert_eq!(fleet.states["OPEN"], 4);
+        assert_eq!(fleet.stop_reasons["no_progress"], 2);
+        assert_eq!(fleet.tenants, ["acme", "beta", "zeta"]);
+        let costliest: Vec<&str> = fleet
+            .costliest
+            .iter()
+            .map(|r| r.summary.run.as_str())
+            .collect();
+        assert_eq!(costliest, ["dear", "cheap"]);
     }
 }

@@ -1,20 +1,24 @@
 //! Read-only operator queries, answered from the guard state by the applier (so they see
 //! every event committed before them).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use fusebox_core::decision::Reason;
+use fusebox_core::run::RunStatus;
 use fusebox_core::{Decision, Engine, LedgerEntry, RunState, StopReport, TerminalState};
 
 use crate::applier::RunKey;
 use crate::store::GuardStore;
 use crate::subjects::Scope;
 use crate::wire::{
-    ErrorReply, HistoryQuery, LedgerItem, LedgerListing, LedgerQuery, PartitionRuns, RunHistory,
-    RunRow, RunStatusReply, RunSummary, RunTree, RunsPage, RunsQuery, WireError, HISTORY_LIMIT,
-    LEDGER_LIMIT, RUNS_PAGE_LIMIT,
+    ErrorReply, Fleet, HistoryQuery, LedgerItem, LedgerListing, LedgerQuery, PartitionRuns,
+    RunHistory, RunRow, RunStatusReply, RunSummary, RunTree, RunsCursor, RunsPage, RunsQuery,
+    WireError, COSTLIEST_LIMIT, HISTORY_LIMIT, KNOWN_VALUES_LIMIT, LEDGER_LIMIT, RUNS_PAGE_LIMIT,
 };
 
+// One per operator request, moved once to the applier: the runs page's filters making
+// that variant larger than the others costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Query {
     /// The runs of what `scope` serves.
     Runs {
@@ -240,30 +244,190 @@ fn page_order(a: &PageRow<'_>, b: &PageRow<'_>) -> std::cmp::Ordering {
     (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2))
 }
 
-/// One page of runs: a pass over every run (filters, counts per state), then only the
-/// page's rows are built and sorted. Newest activity first; ties by tenant and run.
+/// `needle` (lower case already) anywhere in `hay`, in any ASCII case, without
+/// allocating: the pass over every run calls it once per run and filter.
+fn contains_folded(hay: &str, needle: &str) -> bool {
+    let (hay, needle) = (hay.as_bytes(), needle.as_bytes());
+    needle.is_empty()
+        || hay
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// A text filter of a runs query: exact (or a substring, for the run id), or in a
+/// `loose` query any part in any case.
+struct TextFilter {
+    wanted: Option<String>,
+    loose: bool,
+    substring: bool,
+}
+
+impl TextFilter {
+    fn new(wanted: &Option<String>, loose: bool, substring: bool) -> TextFilter {
+        TextFilter {
+            wanted: wanted.as_deref().map(|w| {
+                if loose {
+                    w.to_ascii_lowercase()
+                } else {
+                    w.to_owned()
+                }
+            }),
+            loose,
+            substring,
+        }
+    }
+
+    fn matches(&self, value: Option<&str>) -> bool {
+        let Some(wanted) = &self.wanted else {
+            return true;
+        };
+        let Some(value) = value else {
+            return false;
+        };
+        if self.loose {
+            contains_folded(value, wanted)
+        } else if self.substring {
+            value.contains(wanted.as_str())
+        } else {
+            value == wanted
+        }
+    }
+}
+
+/// The fleet's figures, counted in the same pass as the page.
+struct FleetTally<'a> {
+    since_ms: u64,
+    states: BTreeMap<&'static str, u64>,
+    stop_reasons: BTreeMap<&'static str, u64>,
+    /// (cost, tenant, run, state), at most [`COSTLIEST_LIMIT`], in no order until done.
+    costliest: Vec<(f64, &'a str, &'a str, &'a RunState)>,
+    tenants: BTreeSet<&'a str>,
+    agents: BTreeSet<&'a str>,
+    reasons: BTreeSet<&'static str>,
+    truncated: bool,
+}
+
+/// Adds `value` to a known-values set unless the set is full (then says so).
+fn know<'a>(set: &mut BTreeSet<&'a str>, value: &'a str, truncated: &mut bool) {
+    if set.len() < KNOWN_VALUES_LIMIT {
+        set.insert(value);
+    } else if !set.contains(value) {
+        *truncated = true;
+    }
+}
+
+impl<'a> FleetTally<'a> {
+    fn new(since_ms: u64) -> Self {
+        FleetTally {
+            since_ms,
+            states: BTreeMap::new(),
+            stop_reasons: BTreeMap::new(),
+            costliest: Vec::with_capacity(COSTLIEST_LIMIT + 1),
+            tenants: BTreeSet::new(),
+            agents: BTreeSet::new(),
+            reasons: BTreeSet::new(),
+            truncated: false,
+        }
+    }
+
+    fn count(&mut self, tenant: &'a str, run_id: &'a str, run: &'a RunState) {
+        // Runs come tenant by tenant: the set is asked only when the tenant changes.
+        if self.tenants.last() != Some(&tenant) {
+            know(&mut self.tenants, tenant, &mut self.truncated);
+        }
+        if let Some(agent) = run.agent.as_deref() {
+            know(&mut self.agents, agent, &mut self.truncated);
+        }
+        let report = run.report();
+        if let Some(report) = report {
+            self.reasons.insert(report.reason.as_str());
+        }
+        if run.last_ts_ms >= self.since_ms {
+            *self.states.entry(state_of(run)).or_insert(0) += 1;
+            if let Some(report) = report.filter(|r| r.terminal_state != TerminalState::Completed) {
+                *self.stop_reasons.entry(report.reason.as_str()).or_insert(0) += 1;
+            }
+        }
+        let cost = run.counters.cost_usd;
+        if report.is_none() && cost > 0.0 {
+            if self.costliest.len() < COSTLIEST_LIMIT {
+                self.costliest.push((cost, tenant, run_id, run));
+            } else if let Some(cheapest) = self
+                .costliest
+                .iter_mut()
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .filter(|c| c.0 < cost)
+            {
+                *cheapest = (cost, tenant, run_id, run);
+            }
+        }
+    }
+
+    fn done(mut self, engine: &Engine) -> Fleet {
+        self.costliest
+            .sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+        let owned = |set: BTreeSet<&str>| set.into_iter().map(str::to_owned).collect();
+        Fleet {
+            states: self
+                .states
+                .into_iter()
+                .map(|(k, n)| (k.to_owned(), n))
+                .collect(),
+            stop_reasons: self
+                .stop_reasons
+                .into_iter()
+                .map(|(k, n)| (k.to_owned(), n))
+                .collect(),
+            costliest: self
+                .costliest
+                .into_iter()
+                .map(|(_, tenant, run_id, run)| row(engine, tenant, run_id, run))
+                .collect(),
+            tenants: owned(self.tenants),
+            agents: owned(self.agents),
+            reasons: owned(self.reasons),
+            known_truncated: self.truncated,
+        }
+    }
+}
+
+/// One page of runs: a pass over every run (filters, counts per state, and when asked
+/// the fleet's figures), then only the page's rows are built and sorted. Newest
+/// activity first; ties by tenant and run.
 fn runs_page(engine: &Engine, query: &RunsQuery, scope: Scope) -> RunsPage {
     use std::cmp::Reverse;
     let limit = query.limit.unwrap_or(RUNS_PAGE_LIMIT).min(RUNS_PAGE_LIMIT);
-    let mut states: std::collections::BTreeMap<&'static str, u64> = Default::default();
+    let mut states: BTreeMap<&'static str, u64> = Default::default();
     let mut matched = 0;
+    let mut ahead = 0;
     let mut page: Vec<PageRow<'_>> = Vec::new();
-    let after = query
-        .after
+    let cursor = |c: &'_ RunsCursor| (Reverse(c.last_ts_ms), c.tenant.clone(), c.run.clone());
+    let after = query.after.as_ref().map(cursor);
+    let before = query
+        .before
         .as_ref()
-        .map(|c| (Reverse(c.last_ts_ms), c.tenant.as_str(), c.run.as_str()));
+        .filter(|_| after.is_none())
+        .map(cursor);
+    let tenant_filter = TextFilter::new(&query.tenant, query.loose, false);
+    let agent_filter = TextFilter::new(&query.agent, query.loose, false);
+    let reason_filter = TextFilter::new(&query.reason, query.loose, false);
+    let run_filter = TextFilter::new(&query.run_contains, query.loose, true);
+    let mut fleet = query.fleet_since_ms.map(FleetTally::new);
     for (tenant, run_id, run) in engine.runs() {
+        if let Some(fleet) = fleet.as_mut() {
+            fleet.count(tenant, run_id, run);
+        }
         let reason = run.report().map(|r| r.reason.as_str());
-        let others_match = query.tenant.as_deref().is_none_or(|t| t == tenant)
+        let others_match = tenant_filter.matches(Some(tenant))
+            && agent_filter.matches(run.agent.as_deref())
+            && reason_filter.matches(reason)
+            && run_filter.matches(Some(run_id))
             && query
-                .agent
-                .as_deref()
-                .is_none_or(|a| run.agent.as_deref() == Some(a))
-            && query.reason.as_deref().is_none_or(|r| reason == Some(r))
+                .active_since_ms
+                .is_none_or(|since| run.last_ts_ms >= since)
             && query
-                .run_contains
-                .as_deref()
-                .is_none_or(|needle| run_id.contains(needle))
+                .active_until_ms
+                .is_none_or(|until| run.first_ts_ms <= until)
             && query
                 .root
                 .as_deref()
@@ -278,13 +442,29 @@ fn runs_page(engine: &Engine, query: &RunsQuery, scope: Scope) -> RunsPage {
         }
         matched += 1;
         let key = (Reverse(run.last_ts_ms), tenant, run_id);
-        if after.is_some_and(|a| key <= a) {
-            continue;
+        if let Some((ts, t, r)) = &after {
+            if key <= (*ts, t.as_str(), r.as_str()) {
+                ahead += 1;
+                continue;
+            }
+        }
+        if let Some((ts, t, r)) = &before {
+            if key >= (*ts, t.as_str(), r.as_str()) {
+                continue;
+            }
         }
         page.push((key.0, key.1, key.2, run));
     }
     if page.len() > limit {
-        if limit == 0 {
+        if before.is_some() {
+            // The rows just ahead of the cursor: the last `limit` in the order.
+            let skipped = page.len() - limit;
+            if limit > 0 {
+                page.select_nth_unstable_by(skipped, page_order);
+            }
+            page.drain(..skipped);
+            ahead = skipped as u64;
+        } else if limit == 0 {
             page.clear();
         } else {
             page.select_nth_unstable_by(limit - 1, page_order);
@@ -308,6 +488,8 @@ fn runs_page(engine: &Engine, query: &RunsQuery, scope: Scope) -> RunsPage {
             .into_iter()
             .map(|(state, n)| (state.to_owned(), n))
             .collect(),
+        ahead,
+        fleet: fleet.map(|f| f.done(engine)),
     }
 }
 
@@ -427,6 +609,10 @@ pub(crate) fn answer(
                 counters: state.counters,
                 progress_version: state.progress_version,
                 report: state.report().map(|r| StopReport::clone(r)),
+                stop_message: match &state.status {
+                    RunStatus::Closed { message, .. } => Some(message.clone()),
+                    RunStatus::Open => None,
+                },
                 last_decisions: recent
                     .get(&(tenant.clone(), run.clone()))
                     .map(|d| d.iter().cloned().collect())
@@ -725,5 +911,133 @@ mod tests {
         assert_eq!(page.states["OPEN"], 3);
         assert_eq!(page.states["CANCELLED"], 1);
         assert_eq!((page.partition, page.partitions), (Some(1), Some(3)));
+    }
+
+    #[test]
+    fn loose_filters_time_ranges_and_pages_backwards() {
+        let engine = engine();
+        let cursor = |ts, tenant: &str, run: &str| RunsCursor {
+            last_ts_ms: ts,
+            tenant: tenant.to_owned(),
+            run: run.to_owned(),
+        };
+        let loose = |f: fn(&mut RunsQuery)| {
+            let mut query = RunsQuery {
+                loose: true,
+                ..Default::default()
+            };
+            f(&mut query);
+            query
+        };
+        // (query, rows, matched, ahead)
+        let cases: Vec<(RunsQuery, Vec<&str>, u64, u64)> = vec![
+            (
+                loose(|q| q.tenant = Some("U".into())),
+                vec!["u/d", "u/c"],
+                2,
+                0,
+            ),
+            (
+                loose(|q| q.reason = Some("CANCEL".into())),
+                vec!["t/b"],
+                1,
+                0,
+            ),
+            (
+                loose(|q| q.run_contains = Some("D".into())),
+                vec!["u/d"],
+                1,
+                0,
+            ),
+            (
+                RunsQuery {
+                    tenant: Some("U".into()),
+                    ..Default::default()
+                },
+                vec![],
+                0,
+                0,
+            ),
+            (
+                RunsQuery {
+                    active_since_ms: Some(20),
+                    active_until_ms: Some(25),
+                    ..Default::default()
+                },
+                vec!["u/c"],
+                1,
+                0,
+            ),
+            (
+                RunsQuery {
+                    after: Some(cursor(30, "u", "d")),
+                    limit: Some(1),
+                    ..Default::default()
+                },
+                vec!["u/c"],
+                4,
+                2,
+            ),
+            // The page before `t/a`: the two rows just ahead of it, one more ahead.
+            (
+                RunsQuery {
+                    before: Some(cursor(10, "t", "a")),
+                    limit: Some(2),
+                    ..Default::default()
+                },
+                vec!["u/d", "u/c"],
+                4,
+                1,
+            ),
+            (
+                RunsQuery {
+                    before: Some(cursor(30, "u", "d")),
+                    limit: Some(2),
+                    ..Default::default()
+                },
+                vec!["t/b"],
+                4,
+                0,
+            ),
+        ];
+        for (query, want, matched, ahead) in cases {
+            let page = runs_page(&engine, &query, Scope::All);
+            assert_eq!(names(&page), want, "{query:?}");
+            assert_eq!((page.matched, page.ahead), (matched, ahead), "{query:?}");
+            assert!(page.fleet.is_none());
+        }
+    }
+
+    #[test]
+    fn the_fleet_figures_count_every_run_whatever_the_filters() {
+        let mut engine = engine();
+        for (run, cost) in [("a", "0.5"), ("c", "2.0")] {
+            let tenant = if run == "a" { "t" } else { "u" };
+            let turn = format!(
+                r#"{{"v":1,"id":"{run}-t","tenant":"{tenant}","run":"{run}","ts_ms":40,"type":"model_turn","stop_reason":"end_turn","cost_usd":{cost}}}"#
+            );
+            engine.apply(&parse_event(turn.as_bytes()).unwrap());
+        }
+        let query = RunsQuery {
+            tenant: Some("nobody".into()),
+            fleet_since_ms: Some(25),
+            ..Default::default()
+        };
+        let page = runs_page(&engine, &query, Scope::All);
+        assert_eq!(page.matched, 0);
+        let fleet = page.fleet.unwrap();
+        // Active since 25: a and c (their turns at 40), b and d (at 30).
+        assert_eq!(fleet.states["OPEN"], 3);
+        assert_eq!(fleet.states["CANCELLED"], 1);
+        assert_eq!(fleet.stop_reasons["cancelled"], 1);
+        let costliest: Vec<&str> = fleet
+            .costliest
+            .iter()
+            .map(|r| r.summary.run.as_str())
+            .collect();
+        assert_eq!(costliest, ["c", "a"]);
+        assert_eq!(fleet.tenants, ["t", "u"]);
+        assert_eq!(fleet.agents, ["x", "y"]);
+        assert_eq!(fleet.reasons, ["cancelled"]);
     }
 }

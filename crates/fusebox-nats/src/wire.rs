@@ -173,6 +173,10 @@ pub struct RunStatusReply {
     pub progress_version: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report: Option<StopReport>,
+    /// The words the model was told when the run closed (the stop decision's message,
+    /// written by the engine with the report): what an operator reads first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_message: Option<String>,
     /// The run's latest notable decisions seen by this daemon process, oldest first.
     pub last_decisions: Vec<Decision>,
     /// The run's place in its tree of runs (guard contract §6). Absent from daemons
@@ -236,9 +240,53 @@ pub struct RunsQuery {
     /// previous page).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<RunsCursor>,
+    /// The page of runs just ahead of this one in the order (keyset paging backwards:
+    /// the first row of the page after it). Ignored when `after` is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<RunsCursor>,
     /// At most this many runs (default and cap [`RUNS_PAGE_LIMIT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<usize>,
+    /// Tenant, agent and reason match any part of the value, and they and
+    /// `run_contains` match in any case (what a person types on the operator's page);
+    /// otherwise tenant, agent and reason match exactly.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub loose: bool,
+    /// Only runs active at some time in this range (from their first event to their
+    /// last, `ts_ms`): active since …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_since_ms: Option<u64>,
+    /// … and until.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_until_ms: Option<u64>,
+    /// Also answer the fleet's figures ([`RunsPage::fleet`]) for runs active since this
+    /// time, and the filters' known values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet_since_ms: Option<u64>,
+}
+
+/// Values a filter may take, as many as [`KNOWN_VALUES_LIMIT`] each, in order.
+pub const KNOWN_VALUES_LIMIT: usize = 200;
+
+/// Open runs listed as costing most.
+pub const COSTLIEST_LIMIT: usize = 5;
+
+/// What a person looks at first across the fleet (all runs, no filter), and what the
+/// filters can choose from.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Fleet {
+    /// Runs active since `fleet_since_ms`, per state (`OPEN` or terminal).
+    pub states: std::collections::BTreeMap<String, u64>,
+    /// Runs closed by a stop (not completed) active since then, per reason.
+    pub stop_reasons: std::collections::BTreeMap<String, u64>,
+    /// The open runs that spent most, most first (at most [`COSTLIEST_LIMIT`]).
+    pub costliest: Vec<RunRow>,
+    /// Every tenant, agent and stop reason of the runs known (capped: `known_truncated`).
+    pub tenants: Vec<String>,
+    pub agents: Vec<String>,
+    pub reasons: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub known_truncated: bool,
 }
 
 pub const RUNS_PAGE_LIMIT: usize = 500;
@@ -308,6 +356,13 @@ pub struct RunsPage {
     pub matched: u64,
     /// Runs per state matching every filter but the state's.
     pub states: std::collections::BTreeMap<String, u64>,
+    /// Matching runs ahead of this page's first row in the order: the page shows rows
+    /// `ahead + 1 ..= ahead + runs.len()` of `matched`.
+    #[serde(default)]
+    pub ahead: u64,
+    /// Asked for with [`RunsQuery::fleet_since_ms`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<Fleet>,
 }
 
 /// Body of `fusebox.control.<t>.<r>.history`: which part of the run's timeline.

@@ -9,7 +9,10 @@
 //!   so the key stays in flight for an operator to resolve;
 //! * `--mode tree`: a small tree of runs — the run, two sub-agents `<run>-a` and
 //!   `<run>-b`, and `<run>-a-1` below the first — each with a model turn ($0.01), then
-//!   steady steps in turn until stopped from outside (the page's cancel of a node).
+//!   steady steps in turn until stopped from outside (the page's cancel of a node);
+//! * `--mode done`: two steps, then `run_finished` — a run that completed;
+//! * `--mode crowd`: `--max-calls` runs `<run>-<n>` that only start (agent `crowd`),
+//!   enough to fill more than one page of the runs list; prints `STARTED <n>`.
 //!
 //! Prints one line per answer, and `STOPPED <terminal state> <reason>` once it knows
 //! the run is stopped (in tree mode one line per run, its id last); `--pause-ms` between
@@ -30,6 +33,8 @@ enum Mode {
     Steady,
     Hold,
     Tree,
+    Done,
+    Crowd,
 }
 
 #[derive(Debug, Parser)]
@@ -157,6 +162,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Mode::Steady => "triager",
         Mode::Hold => "mailer",
         Mode::Tree => return tree(&client, &args).await,
+        Mode::Done => "summariser",
+        Mode::Crowd => {
+            for n in 1..=args.max_calls {
+                let options = RunOptions {
+                    agent: Some("crowd".to_owned()),
+                    ..RunOptions::default()
+                };
+                client
+                    .start_run(&args.tenant, &format!("{}-{n}", args.run), options)
+                    .await?;
+            }
+            println!("STARTED {}", args.max_calls);
+            return Ok(());
+        }
     };
     let run = client
         .start_run(
@@ -201,7 +220,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             run.compaction(Some("context_full".to_owned())).await?;
             run.progress(1, Some("plan made".to_owned())).await?;
         }
-        Mode::Steady | Mode::Tree => {}
+        Mode::Done => {
+            for page in 1..=2 {
+                step(&run, page).await?;
+            }
+            let finished = run.finish(Some("all issues triaged".to_owned())).await?;
+            let action = finished.as_ref().map_or("?", |d| d.action.as_str());
+            println!("FINISHED {action}");
+            return Ok(());
+        }
+        Mode::Steady | Mode::Tree | Mode::Crowd => {}
     }
     let mut calls = 0;
     while calls < args.max_calls && run.stopped().is_none() {

@@ -133,7 +133,7 @@ pub fn answer(
                         @if let Some(reason) = decision.reason { " (" (reason.as_str()) ")" } "." }
                     @if let Some(message) = &decision.message { p { (message) } }
                     (note)
-                    (folded_json(&serde_json::to_value(decision).unwrap_or_default()))
+                    (folded_json("answer", &serde_json::to_value(decision).unwrap_or_default()))
                 }
             },
         ),

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::rejection::{FormRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
@@ -13,7 +14,8 @@ use axum::{Extension, Form, Router};
 use fusebox_client::{
     parse_run_ref, ClientError, FuseboxClient, LedgerItem, LedgerQuery, Resolve, TreeView,
 };
-use fusebox_nats::wire::{HistoryQuery, RunHistory, RunStatusReply};
+use fusebox_core::parse::MAX_ID_LEN;
+use fusebox_nats::wire::{HistoryEntry, HistoryQuery, RunHistory, RunStatusReply};
 use maud::html;
 use serde::Deserialize;
 use serde_json::Value;
@@ -23,7 +25,7 @@ use crate::access::{Access, Caller};
 use crate::layout::problem;
 use crate::run_view::{run_live, run_page, RunPage};
 use crate::runs_view::{runs_live, runs_page, RunsParams};
-use crate::watchdog_view::{watchdog_live, watchdog_page};
+use crate::watchdog_view::{watchdog_live, watchdog_page, KnownRuns};
 use crate::{actions_view, live};
 
 pub struct Ui {
@@ -31,8 +33,9 @@ pub struct Ui {
     pub access: Access,
     /// `by` for callers without a user name of their own (loopback, bearer token).
     pub default_by: String,
-    /// Every form carries it; a POST without it is refused (another site's form cannot
-    /// act with the operator's browser credentials).
+    /// The secret behind the forms' CSRF tokens ([`Ui::form_token`]): a POST without a
+    /// valid, recent token is refused (another site's form cannot act with the
+    /// operator's browser credentials).
     pub csrf: String,
     /// A notable decision of some run arrived: `(tenant, run)`.
     pub decisions: broadcast::Sender<(String, String)>,
@@ -56,6 +59,7 @@ pub fn router(ui: Shared) -> Router {
         .route(&format!("{run}/cancel"), get(cancel_form).post(cancel))
         .route(&format!("{run}/resume"), get(resume_form).post(resume))
         .route(&format!("{run}/resolve"), get(resolve_form).post(resolve))
+        .route(&format!("{run}/history.json"), get(export))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(ui.clone(), admit))
         .with_state(ui)
@@ -107,6 +111,10 @@ async fn admit(State(ui): State<Shared>, mut request: Request, next: Next) -> Re
     response
 }
 
+/// How long a form's token is accepted: a confirmation page left open over a shift
+/// still works, a token copied out of an old page does not.
+const TOKEN_LIFETIME_S: u64 = 12 * 3600;
+
 impl Ui {
     fn by(&self, caller: &Caller) -> String {
         match caller {
@@ -114,6 +122,95 @@ impl Ui {
             Caller::Local | Caller::Token => self.default_by.clone(),
         }
     }
+
+    fn token_mac(&self, issued_s: u64) -> String {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let mac = sha2::Sha256::digest(format!("{}.{issued_s}", self.csrf));
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&mac[..18])
+    }
+
+    /// A fresh token for a form: when it was issued, and a MAC of that under the
+    /// process's secret. Each page gets its own, and each expires.
+    pub fn form_token(&self) -> String {
+        let now = crate::runs_view::now() / 1000;
+        format!("{now}.{}", self.token_mac(now))
+    }
+
+    /// A token this process issued less than [`TOKEN_LIFETIME_S`] ago.
+    fn token_ok(&self, token: &str) -> bool {
+        let Some((issued, mac)) = token.split_once('.') else {
+            return false;
+        };
+        let Ok(issued_s) = issued.parse::<u64>() else {
+            return false;
+        };
+        let now = crate::runs_view::now() / 1000;
+        let expected = self.token_mac(issued_s);
+        // Compared in full whatever differs first: the time taken says nothing.
+        let same = expected.len() == mac.len()
+            && expected
+                .bytes()
+                .zip(mac.bytes())
+                .fold(0u8, |d, (a, b)| d | (a ^ b))
+                == 0;
+        same && issued_s <= now + 60 && now - issued_s.min(now) <= TOKEN_LIFETIME_S
+    }
+}
+
+/// Whether a POST comes from this page. A browser says where a request comes from in
+/// `Sec-Fetch-Site` (anything but `same-origin`, or `none` for one a person made, is
+/// another site: a same-site neighbour on another port included) and in `Origin` (sent
+/// as `null` under this page's `no-referrer` policy, so a named origin must be this
+/// host). A request with neither (curl, a script) is judged by its token alone.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if text("sec-fetch-site").is_some_and(|site| site != "same-origin" && site != "none") {
+        return false;
+    }
+    match (text("origin"), text("host")) {
+        (None | Some("null"), _) => true,
+        (Some(origin), Some(host)) => origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|authority| authority.eq_ignore_ascii_case(host)),
+        (Some(_), None) => false,
+    }
+}
+
+/// The checks every action's POST passes before fuseboxd is asked: the form parsed,
+/// sent from this page, with a token this process issued.
+fn checked<T>(
+    ui: &Ui,
+    headers: &HeaderMap,
+    form: Result<Form<T>, FormRejection>,
+) -> Result<T, Box<Response>>
+where
+    T: HasToken,
+{
+    if !same_origin(headers) {
+        return Err(Box::new(page_response(
+            StatusCode::FORBIDDEN,
+            problem(
+                "Not sent from this page",
+                "The request came from another site (its Origin is not this page's): nothing was done.",
+            ),
+        )));
+    }
+    let Form(form) = form.map_err(|err| {
+        Box::new(bad_input(&format!(
+            "The form could not be read ({}): reload the page and try again.",
+            err.body_text()
+        )))
+    })?;
+    if !ui.token_ok(form.token()) {
+        return Err(Box::new(forged()));
+    }
+    Ok(form)
+}
+
+trait HasToken {
+    fn token(&self) -> &str;
 }
 
 pub fn page_response(code: StatusCode, markup: maud::Markup) -> Response {
@@ -146,8 +243,8 @@ pub fn trouble(err: &ClientError) -> Response {
 /// The page of runs for `params`, or the page that says why not.
 pub async fn runs_markup(ui: &Ui, params: &RunsParams, whole: bool) -> Result<String, Response> {
     let query = params
-        .query()
-        .map_err(|e| page_response(StatusCode::BAD_REQUEST, problem("Bad page position", &e)))?;
+        .query(crate::runs_view::now())
+        .map_err(|e| page_response(StatusCode::BAD_REQUEST, problem("Bad filter", &e)))?;
     let view = ui.client.runs_page(&query).await.map_err(|e| trouble(&e))?;
     let markup = if whole {
         runs_page(params, &view.page, &view.unanswered)
@@ -157,7 +254,22 @@ pub async fn runs_markup(ui: &Ui, params: &RunsParams, whole: bool) -> Result<St
     Ok(markup.into_string())
 }
 
-async fn runs(State(ui): State<Shared>, Query(params): Query<RunsParams>) -> Response {
+/// A query string that does not parse, as a page (not the framework's plain text).
+pub fn bad_query(err: QueryRejection) -> Response {
+    bad_input(&format!(
+        "The address's query could not be read: {}",
+        err.body_text()
+    ))
+}
+
+async fn runs(
+    State(ui): State<Shared>,
+    params: Result<Query<RunsParams>, QueryRejection>,
+) -> Response {
+    let Query(params) = match params {
+        Ok(params) => params,
+        Err(err) => return bad_query(err),
+    };
     match runs_markup(&ui, &params.normalised(), true).await {
         Ok(html) => Html(html).into_response(),
         Err(response) => response,
@@ -167,10 +279,11 @@ async fn runs(State(ui): State<Shared>, Query(params): Query<RunsParams>) -> Res
 /// The watchdog page (or its live part), or the page that says why not.
 pub async fn watchdog_markup(ui: &Ui, whole: bool) -> Result<String, Response> {
     let status = ui.client.watchdog_first().await.map_err(|e| trouble(&e))?;
+    let known = known_runs(ui, &status).await;
     let markup = if whole {
-        watchdog_page(&status)
+        watchdog_page(&status, &known)
     } else {
-        watchdog_live(&status)
+        watchdog_live(&status, &known)
     };
     Ok(markup.into_string())
 }
@@ -182,9 +295,42 @@ async fn watchdog(State(ui): State<Shared>) -> Response {
     }
 }
 
+/// Owners asked about at most, per watchdog page: beyond them a tag is shown unlinked.
+const OWNERS_ASKED: usize = 100;
+
+/// Which of the runs the instances' tags name fuseboxd knows (asked together; a run it
+/// does not know, or that could not be asked, is not linked).
+async fn known_runs(ui: &Ui, status: &fusebox_nats::wire::WatchdogReply) -> KnownRuns {
+    let owners: KnownRuns = status
+        .instances
+        .iter()
+        .map(|i| (&i.tenant, &i.run))
+        .chain(status.terminations.iter().map(|t| (&t.tenant, &t.run)))
+        .filter_map(|(t, r)| Some((t.clone()?, r.clone()?)))
+        .filter(|(t, r)| run_id(t, r).is_ok())
+        .take(OWNERS_ASKED)
+        .collect();
+    let asked = owners.into_iter().map(|(tenant, run)| async move {
+        let known = ui.client.run_status(&tenant, &run).await.is_ok();
+        known.then_some((tenant, run))
+    });
+    futures_util::future::join_all(asked)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// A tenant and run id that can be a run (the subjects' character set): anything else is
 /// no run at all, and never reaches a subject.
 pub fn run_id(tenant: &str, run: &str) -> Result<(String, String), NotARun> {
+    // Longer than any id the daemon accepts: no run, and no question to ask it.
+    if tenant.len() > MAX_ID_LEN || run.len() > MAX_ID_LEN {
+        return Err(NotARun(format!(
+            "an id of {} characters (ids have at most {MAX_ID_LEN})",
+            tenant.len().max(run.len())
+        )));
+    }
     parse_run_ref(&format!("{tenant}/{run}")).map_err(|_| NotARun(format!("{tenant}/{run}")))
 }
 
@@ -288,8 +434,12 @@ pub fn render_run(
 async fn one_run(
     State(ui): State<Shared>,
     Path((tenant, run)): Path<(String, String)>,
-    Query(params): Query<RunParams>,
+    params: Result<Query<RunParams>, QueryRejection>,
 ) -> Response {
+    let Query(params) = match params {
+        Ok(params) => params,
+        Err(err) => return bad_query(err),
+    };
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
         Err(not_a_run) => return not_a_run.into_response(),
@@ -298,6 +448,66 @@ async fn one_run(
         Ok(data) => Html(render_run(&tenant, &run, params.after, &data, true)).into_response(),
         Err(response) => response,
     }
+}
+
+/// Entries an export holds at most: 100 pages of the history.
+const EXPORT_LIMIT: usize = 100 * fusebox_nats::wire::HISTORY_LIMIT;
+
+/// `…/history.json`: the run's status and its whole timeline (every event with its
+/// decision, in applied order) as one JSON file, to keep or attach to an incident.
+async fn export(State(ui): State<Shared>, Path((tenant, run)): Path<(String, String)>) -> Response {
+    let (tenant, run) = match run_id(&tenant, &run) {
+        Ok(ids) => ids,
+        Err(not_a_run) => return not_a_run.into_response(),
+    };
+    let status = match ui.client.run_status(&tenant, &run).await {
+        Ok(status) => status,
+        Err(err) => return trouble(&err),
+    };
+    let mut events: Vec<HistoryEntry> = Vec::new();
+    let mut after = None;
+    let truncated = loop {
+        let page = match ui
+            .client
+            .history(&tenant, &run, &HistoryQuery { after, limit: None })
+            .await
+        {
+            Ok(page) => page,
+            Err(err) => return trouble(&err),
+        };
+        after = page.entries.last().map(|e| e.position);
+        events.extend(page.entries);
+        if !page.more || after.is_none() {
+            break false;
+        }
+        if events.len() >= EXPORT_LIMIT {
+            break true;
+        }
+    };
+    let body = serde_json::json!({
+        "tenant": tenant,
+        "run": run,
+        "status": status,
+        "events": events,
+        "truncated": truncated,
+    });
+    let disposition = format!("attachment; filename=\"{tenant}-{run}.history.json\"");
+    (
+        StatusCode::OK,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+            (
+                header::CONTENT_DISPOSITION,
+                HeaderValue::from_str(&disposition)
+                    .unwrap_or(HeaderValue::from_static("attachment")),
+            ),
+        ],
+        serde_json::to_vec_pretty(&body).unwrap_or_default(),
+    )
+        .into_response()
 }
 
 fn forged() -> Response {
@@ -326,12 +536,13 @@ async fn cancel_form(
     let open_below = status.tree.map_or(0, |t| t.open_below);
     page_response(
         StatusCode::OK,
-        actions_view::confirm_cancel(&tenant, &run, open_below, &ui.csrf, &ui.by(&caller)),
+        actions_view::confirm_cancel(&tenant, &run, open_below, &ui.form_token(), &ui.by(&caller)),
     )
 }
 
 #[derive(Debug, Deserialize)]
 struct CancelForm {
+    #[serde(default)]
     csrf: String,
     #[serde(default)]
     reason: String,
@@ -341,15 +552,17 @@ async fn cancel(
     State(ui): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path((tenant, run)): Path<(String, String)>,
-    Form(form): Form<CancelForm>,
+    headers: HeaderMap,
+    form: Result<Form<CancelForm>, FormRejection>,
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
         Err(not_a_run) => return not_a_run.into_response(),
     };
-    if form.csrf != ui.csrf {
-        return forged();
-    }
+    let form = match checked(&ui, &headers, form) {
+        Ok(form) => form,
+        Err(refused) => return *refused,
+    };
     let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
     let by = ui.by(&caller);
     let outcome = ui
@@ -384,7 +597,7 @@ async fn resume_form(
     match &status.report {
         Some(report) => page_response(
             StatusCode::OK,
-            actions_view::confirm_resume(&tenant, &run, report, &ui.csrf, &ui.by(&caller)),
+            actions_view::confirm_resume(&tenant, &run, report, &ui.form_token(), &ui.by(&caller)),
         ),
         None => page_response(
             StatusCode::CONFLICT,
@@ -398,7 +611,9 @@ async fn resume_form(
 
 #[derive(Debug, Deserialize)]
 struct ResumeForm {
+    #[serde(default)]
     csrf: String,
+    #[serde(default)]
     evidence: String,
 }
 
@@ -410,15 +625,17 @@ async fn resume(
     State(ui): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path((tenant, run)): Path<(String, String)>,
-    Form(form): Form<ResumeForm>,
+    headers: HeaderMap,
+    form: Result<Form<ResumeForm>, FormRejection>,
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
         Err(not_a_run) => return not_a_run.into_response(),
     };
-    if form.csrf != ui.csrf {
-        return forged();
-    }
+    let form = match checked(&ui, &headers, form) {
+        Ok(form) => form,
+        Err(refused) => return *refused,
+    };
     let evidence: Value = match serde_json::from_str(&form.evidence) {
         Ok(value @ Value::Object(_)) => value,
         Ok(_) => {
@@ -434,6 +651,7 @@ async fn resume(
 
 #[derive(Debug, Deserialize)]
 struct OpKeyParams {
+    #[serde(default)]
     op_key: String,
 }
 
@@ -441,22 +659,36 @@ async fn resolve_form(
     State(ui): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path((tenant, run)): Path<(String, String)>,
-    Query(params): Query<OpKeyParams>,
+    params: Result<Query<OpKeyParams>, QueryRejection>,
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
         Err(not_a_run) => return not_a_run.into_response(),
     };
+    let params = match params {
+        Ok(Query(params)) if !params.op_key.trim().is_empty() => params,
+        Ok(_) => return bad_input("Which op_key? The address names none (?op_key=…)."),
+        Err(err) => return bad_query(err),
+    };
     page_response(
         StatusCode::OK,
-        actions_view::confirm_resolve(&tenant, &run, &params.op_key, &ui.csrf, &ui.by(&caller)),
+        actions_view::confirm_resolve(
+            &tenant,
+            &run,
+            &params.op_key,
+            &ui.form_token(),
+            &ui.by(&caller),
+        ),
     )
 }
 
 #[derive(Debug, Deserialize)]
 struct ResolveForm {
+    #[serde(default)]
     csrf: String,
+    #[serde(default)]
     op_key: String,
+    #[serde(default)]
     resolution: String,
     #[serde(default)]
     output: String,
@@ -468,15 +700,17 @@ async fn resolve(
     State(ui): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path((tenant, run)): Path<(String, String)>,
-    Form(form): Form<ResolveForm>,
+    headers: HeaderMap,
+    form: Result<Form<ResolveForm>, FormRejection>,
 ) -> Response {
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
         Err(not_a_run) => return not_a_run.into_response(),
     };
-    if form.csrf != ui.csrf {
-        return forged();
-    }
+    let form = match checked(&ui, &headers, form) {
+        Ok(form) => form,
+        Err(refused) => return *refused,
+    };
     let resolution = match form.resolution.as_str() {
         "completed" => match serde_json::from_str(&form.output) {
             Ok(output) => Resolve::Completed { output },
@@ -493,4 +727,22 @@ async fn resolve(
         .await;
     let (code, markup) = actions_view::answer("Resolve", &tenant, &run, &outcome, &html! {});
     page_response(code, markup)
+}
+
+impl HasToken for CancelForm {
+    fn token(&self) -> &str {
+        &self.csrf
+    }
+}
+
+impl HasToken for ResumeForm {
+    fn token(&self) -> &str {
+        &self.csrf
+    }
+}
+
+impl HasToken for ResolveForm {
+    fn token(&self) -> &str {
+        &self.csrf
+    }
 }

@@ -7,13 +7,16 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use tokio::sync::broadcast;
 
-use crate::app::{fetch_run, render_run, run_id, runs_markup, watchdog_markup, RunParams, Shared};
+use crate::app::{
+    bad_query, fetch_run, render_run, run_id, runs_markup, watchdog_markup, RunParams, Shared,
+};
 use crate::runs_view::RunsParams;
 
 /// Which decisions wake a stream.
@@ -98,8 +101,14 @@ where
 }
 
 /// `/live/runs?…`: the runs page's counts, table and pager.
-pub async fn runs(State(ui): State<Shared>, Query(params): Query<RunsParams>) -> Response {
-    let params = params.normalised();
+pub async fn runs(
+    State(ui): State<Shared>,
+    params: Result<Query<RunsParams>, QueryRejection>,
+) -> Response {
+    let params = match params {
+        Ok(Query(params)) => params.normalised(),
+        Err(err) => return bad_query(err),
+    };
     let first = match runs_markup(&ui, &params, false).await {
         Ok(html) => html,
         Err(response) => return response,
@@ -117,8 +126,12 @@ pub async fn runs(State(ui): State<Shared>, Query(params): Query<RunsParams>) ->
 pub async fn run(
     State(ui): State<Shared>,
     Path((tenant, run)): Path<(String, String)>,
-    Query(params): Query<RunParams>,
+    params: Result<Query<RunParams>, QueryRejection>,
 ) -> Response {
+    let params = match params {
+        Ok(Query(params)) => params,
+        Err(err) => return bad_query(err),
+    };
     let (tenant, run) = match run_id(&tenant, &run) {
         Ok(ids) => ids,
         Err(not_a_run) => return not_a_run.into_response(),

@@ -3,11 +3,14 @@
 
 use fusebox_client::{LedgerItem, TreeView};
 use fusebox_core::decision::{ResumeCondition, StopReport};
+use std::collections::HashMap;
+
+use fusebox_core::decision::TerminalState;
 use fusebox_nats::wire::{HistoryEntry, RunHistory, RunStatusReply};
 use maud::{html, Markup};
 use serde_json::Value;
 
-use crate::layout::{folded, folded_json, page, state, time};
+use crate::layout::{clock, duration, folded, folded_json, folded_prose, page, state, time};
 use crate::runs_view::{run_href, RunsParams};
 
 /// What the run page shows, as the daemon told it.
@@ -98,42 +101,215 @@ pub fn run_live(view: &RunPage<'_>) -> Markup {
             @if let Some(report) = view.status.report.as_ref().filter(|r| resumable(r)) {
                 a #resume href={(base) "/resume"} { "Resume… (" (resume_condition(report.resume_condition).0) ")" }
             }
+            a #export href={(base) "/history.json"} download { "Download history (JSON)" }
             a href="/" { "All runs" }
         }
         @if let Some(report) = &view.status.report {
-            (stop_report(report))
+            (summary(view, report))
         }
         @if let Some(tree) = view.tree {
             (tree_section(view, tree))
         }
         (timeline(view))
+        @if let Some(report) = &view.status.report {
+            (stop_report(report))
+        }
         (ledger(view))
     }
 }
 
-fn list(items: &[String]) -> Markup {
+fn list(key: &str, items: &[String]) -> Markup {
     html! {
         @if items.is_empty() { span.muted { "none" } }
-        @else { ul { @for item in items { li { (folded(item)) } } } }
+        @else { ul { @for (i, item) in items.iter().enumerate() { li { (folded(&format!("{key}-{i}"), item)) } } } }
     }
 }
 
+/// A `fired_guards` entry, `guard:action@step`, with its step linked to the timeline
+/// row of that step (the report counts steps as the timeline's first column does).
+fn fired_guard(entry: &str) -> Markup {
+    let parsed = entry.rsplit_once('@').and_then(|(what, step)| {
+        let (guard, action) = what.split_once(':')?;
+        Some((guard, action, step.parse::<u64>().ok()?))
+    });
+    match parsed {
+        Some((guard, action, step)) => html! {
+            code { (guard) } " " span class={"a-" (action)} { (action) } " at "
+            a href={"#step-" (step)} { "step " (step) }
+        },
+        None => html! { code { (entry) } },
+    }
+}
+
+/// The report as the daemon sent it, field by field (the summary above says it in
+/// words); a completed run's is its final report, not a stop report.
 fn stop_report(report: &StopReport) -> Markup {
     let (condition, meaning) = resume_condition(report.resume_condition);
+    let completed = report.terminal_state == TerminalState::Completed;
     html! {
         section #stop-report aria-labelledby="stop-report-h" {
-            h2 #stop-report-h { "Stop report" }
+            h2 #stop-report-h { @if completed { "Final report" } @else { "Stop report" } }
             dl.facts {
                 dt { "Terminal state" } dd { (state(report.terminal_state.as_str())) }
-                dt { "Reason" } dd { (report.reason.as_str()) }
-                @if let Some(detail) = &report.detail { dt { "Detail" } dd { (folded(detail)) } }
-                dt { "Fired guards" } dd { (list(&report.fired_guards)) }
-                dt { "Completed operations" } dd { (list(&report.completed_operations)) }
+                dt { "Reason" } dd { code { (report.reason.as_str()) } }
+                @if let Some(detail) = &report.detail { dt { "Detail" } dd { (folded("report-detail", detail)) } }
+                dt { "Fired guards" } dd {
+                    @if report.fired_guards.is_empty() { span.muted { "none" } }
+                    @else { ul #fired-guards { @for entry in &report.fired_guards { li { (fired_guard(entry)) } } } }
+                }
+                dt { "Completed operations" } dd { (list("report-ops", &report.completed_operations)) }
                 dt { "Completed steps" } dd { (report.completed_steps) }
                 dt { "Progress version" } dd { (report.progress_version.map_or("—".to_owned(), |v| v.to_string())) }
                 dt { "Last safe checkpoint" } dd { (report.last_safe_checkpoint.as_deref().unwrap_or("—")) }
                 dt { "Unmet precondition" } dd { (report.unmet_precondition.as_deref().unwrap_or("—")) }
                 dt { "Resume condition" } dd { code { (condition) } " — " (meaning) }
+            }
+        }
+    }
+}
+
+/// A run's own step number for an entry: the event's `seq` (what the stop report's
+/// `@N` counts), else its place in the daemon's log.
+fn step_of(entry: &HistoryEntry) -> u64 {
+    entry
+        .event
+        .get("seq")
+        .and_then(Value::as_u64)
+        .unwrap_or(entry.position)
+}
+
+/// `6`, `6, 7 and 9`, `8, 9, 10, … (12 times)`.
+fn steps_text(steps: &[u64]) -> String {
+    const SHOWN: usize = 6;
+    let shown: Vec<String> = steps.iter().take(SHOWN).map(u64::to_string).collect();
+    match steps.len() {
+        0 => String::new(),
+        1 => shown[0].clone(),
+        n if n <= SHOWN => format!("{} and {}", shown[..n - 1].join(", "), shown[n - 1]),
+        n => format!("{}, … ({n} times)", shown.join(", ")),
+    }
+}
+
+/// What the model was told before the stop: each distinct message the guard sent with
+/// a decision, in the order first sent, with the steps it was sent at.
+struct Told<'a> {
+    action: &'a str,
+    message: &'a str,
+    steps: Vec<u64>,
+}
+
+/// The tool calls of the timeline: per tool, how many there were and how many the
+/// guard refused or answered from the ledger instead of running them.
+struct Calls<'a> {
+    tool: &'a str,
+    calls: u64,
+    refused: u64,
+    answered: u64,
+}
+
+fn told_and_calls<'a>(entries: &'a [HistoryEntry], stop: &str) -> (Vec<Told<'a>>, Vec<Calls<'a>>) {
+    let mut told: Vec<Told<'a>> = Vec::new();
+    let mut calls: Vec<Calls<'a>> = Vec::new();
+    for entry in entries {
+        let d = &entry.decision;
+        let action = d.action.as_str();
+        if entry.event.get("type").and_then(Value::as_str) == Some("tool_call") {
+            let tool = entry
+                .event
+                .get("tool")
+                .and_then(Value::as_str)
+                .unwrap_or("?");
+            let at = match calls.iter().position(|c| c.tool == tool) {
+                Some(at) => at,
+                None => {
+                    calls.push(Calls {
+                        tool,
+                        calls: 0,
+                        refused: 0,
+                        answered: 0,
+                    });
+                    calls.len() - 1
+                }
+            };
+            let c = &mut calls[at];
+            c.calls += 1;
+            match action {
+                "block" | "stop" => c.refused += 1,
+                "use_completed_result" => c.answered += 1,
+                _ => {}
+            }
+        }
+        let Some(message) = d.message.as_deref().filter(|m| *m != stop) else {
+            continue;
+        };
+        let step = step_of(entry);
+        match told
+            .iter_mut()
+            .find(|t| t.message == message && t.action == action)
+        {
+            Some(t) => t.steps.push(step),
+            None => told.push(Told {
+                action,
+                message,
+                steps: vec![step],
+            }),
+        }
+    }
+    (told, calls)
+}
+
+/// The run's end said first, in words: the sentence the model was told when the run
+/// closed, what ran how often and what was refused, what else the guard told the model
+/// on the way, and what a resume needs. Every sentence is the daemon's (the stop
+/// decision's message, the decisions' messages, the producer's detail); the counts are
+/// the timeline's.
+fn summary(view: &RunPage<'_>, report: &StopReport) -> Markup {
+    let completed = report.terminal_state == TerminalState::Completed;
+    let stop = view.status.stop_message.as_deref().unwrap_or("");
+    let (told, calls) = told_and_calls(&view.history.entries, stop);
+    let (condition, meaning) = resume_condition(report.resume_condition);
+    let partial = view.after.is_some() || view.history.more;
+    html! {
+        section #summary .summary.ended[completed] aria-labelledby="summary-h" {
+            h2 #summary-h { @if completed { "How it ended" } @else { "Why it stopped" } }
+            @if completed {
+                p.headline { "It finished normally after " (report.completed_steps) " steps"
+                    @if let Some(detail) = &report.detail { ": " q { (detail) } } "." }
+            } @else {
+                @if !stop.is_empty() { p.headline #stop-message { (stop) } }
+                @if let Some(detail) = &report.detail {
+                    p { "In its own words: " q #stop-detail { (detail) } }
+                }
+            }
+            @if !calls.is_empty() {
+                p { "What it called" @if partial { " (on the events shown below)" } ":" }
+                ul #summary-calls {
+                    @for c in &calls {
+                        li {
+                            code { (c.tool) } " " (c.calls) (if c.calls == 1 { " call" } else { " calls" })
+                            @if c.refused > 0 { ", " strong.a-block { (c.refused) " refused" } }
+                            @if c.answered > 0 { ", " (c.answered) " answered from the ledger" }
+                        }
+                    }
+                }
+            }
+            @if !told.is_empty() {
+                p { "What the guard told the model on the way:" }
+                ul #summary-told {
+                    @for (i, t) in told.iter().enumerate().take(12) {
+                        li {
+                            span class={"a-" (t.action)} { (t.action) } " at step " (steps_text(&t.steps)) ": "
+                            (folded_prose(&format!("told-{i}"), t.message))
+                        }
+                    }
+                }
+            }
+            @if !completed {
+                p #summary-resume {
+                    "To resume: " (meaning) "."
+                    @if let Some(unmet) = &report.unmet_precondition { " Unmet precondition: " code { (unmet) } "." }
+                    " (" code { (condition) } ")"
+                }
             }
         }
     }
@@ -159,7 +335,7 @@ fn tree_section(view: &RunPage<'_>, tree: &TreeView) -> Markup {
                     " since this run's task began: what its budgets count besides its own. Cancelling a run cancels every run below it."
                 }
             }
-            div.scroll { table #tree-table {
+            div.scroll { table.rows #tree-table {
                 thead { tr {
                     th { "Run" } th { "Agent" } th { "State" } th { "Reason" } th { "Steps" }
                     th title="the run's and every listed run's below it" { "Tree steps" }
@@ -208,37 +384,65 @@ fn tree_section(view: &RunPage<'_>, tree: &TreeView) -> Markup {
 /// Envelope fields every event has: shown in their own columns, not in the details.
 const ENVELOPE: [&str; 7] = ["v", "id", "tenant", "run", "seq", "ts_ms", "type"];
 
-fn timeline_row(entry: &HistoryEntry) -> Markup {
+/// What the arguments column shows of an event: a call's arguments, a result's
+/// output, anything else's own fields (the envelope has columns of its own).
+fn payload(event: &Value, kind: &str) -> Value {
+    let field = match kind {
+        "tool_call" => Some("args"),
+        "tool_result" => Some("output"),
+        _ => None,
+    };
+    if let Some(value) = field.and_then(|f| event.get(f)) {
+        return value.clone();
+    }
+    let skip: &[&str] = match kind {
+        "tool_call" | "tool_result" => &["call_id", "tool", "kind"],
+        _ => &[],
+    };
+    Value::Object(
+        event
+            .as_object()
+            .map(|fields| {
+                fields
+                    .iter()
+                    .filter(|(k, _)| !ENVELOPE.contains(&k.as_str()) && !skip.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    )
+}
+
+fn timeline_row(entry: &HistoryEntry, called_at: &HashMap<&str, u64>) -> Markup {
     let event = &entry.event;
     let kind = event.get("type").and_then(Value::as_str).unwrap_or("?");
     let tool = event.get("tool").and_then(Value::as_str);
+    let ts_ms = event.get("ts_ms").and_then(Value::as_u64).unwrap_or(0);
     let result_kind = (kind == "tool_result")
         .then(|| event.get("kind").and_then(Value::as_str))
         .flatten();
-    let details: serde_json::Map<String, Value> = event
-        .as_object()
-        .map(|fields| {
-            fields
-                .iter()
-                .filter(|(k, _)| !ENVELOPE.contains(&k.as_str()))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
+    // A result's time after its call's (when the call is on this page).
+    let took = (kind == "tool_result")
+        .then(|| event.get("call_id").and_then(Value::as_str))
+        .flatten()
+        .and_then(|call| called_at.get(call))
+        .map(|at| duration(ts_ms.saturating_sub(*at)));
+    let step = step_of(entry);
     let d = &entry.decision;
     let action = d.action.as_str();
+    let position = entry.position;
     html! {
-        tr class={"e-" (kind)} data-action=(action) {
-            td.n { (entry.position) }
-            td { (time(event.get("ts_ms").and_then(Value::as_u64).unwrap_or(0))) }
+        tr id={"step-" (step)} class={"e-" (kind)} data-action=(action) data-step=(step) {
+            td.n title={"log position " (position)} { (step) }
+            td { (clock(ts_ms)) @if let Some(took) = took { br; span.muted.took { "+" (took) } } }
             td { strong { (kind) } @if let Some(tool) = tool { " " code { (tool) } } }
-            td { (folded_json(&Value::Object(details))) }
+            td.wrap.args { (folded_json(&format!("a{position}"), &payload(event, kind))) }
             td { (result_kind.unwrap_or("")) }
             td { span class={"a-" (action)} { (action) } }
             td { (d.reason.map(|r| r.as_str()).unwrap_or("")) }
             td { (d.detector.map(|x| x.as_str()).unwrap_or("")) }
             td.n { (d.count.map(|n| n.to_string()).unwrap_or_default()) }
-            td { @if let Some(message) = &d.message { (folded(message)) } }
+            td.wrap { @if let Some(message) = &d.message { (folded_prose(&format!("m{position}"), message)) } }
         }
     }
 }
@@ -246,21 +450,33 @@ fn timeline_row(entry: &HistoryEntry) -> Markup {
 fn timeline(view: &RunPage<'_>) -> Markup {
     let base = run_href(view.tenant, view.run);
     let entries = &view.history.entries;
+    let called_at: HashMap<&str, u64> = entries
+        .iter()
+        .filter(|e| e.event.get("type").and_then(Value::as_str) == Some("tool_call"))
+        .filter_map(|e| {
+            Some((
+                e.event.get("call_id")?.as_str()?,
+                e.event.get("ts_ms")?.as_u64()?,
+            ))
+        })
+        .collect();
     html! {
         section #timeline aria-labelledby="timeline-h" {
             h2 #timeline-h { "Timeline" }
             p.muted {
                 (entries.len()) " events"
-                @if let Some(after) = view.after { " after position " (after) }
-                ", in the order the daemon applied them. Long arguments and outputs are folded: open them to read all of it."
+                @if let Some(after) = view.after { " after log position " (after) }
+                ", in the order the daemon applied them. Step is the run's own number for the event (its "
+                code { "seq" } "), the one the stop report's " code { "@N" } " names; times are UTC, a result's "
+                code { "+" } " the time since its call. Long arguments and outputs are folded: open them to read all of it."
             }
             div.scroll {
-                table {
+                table.rows {
                     thead { tr {
-                        th { "#" } th { "Time" } th { "Event" } th { "Arguments / output" } th { "Result" }
+                        th title="the event's seq in its run" { "Step" } th { "Time (UTC)" } th { "Event" } th { "Arguments / output" } th { "Result" }
                         th { "Decision" } th { "Reason" } th { "Detector" } th { "Count" } th { "Message" }
                     } }
-                    tbody { @for entry in entries { (timeline_row(entry)) } }
+                    tbody { @for entry in entries { (timeline_row(entry, &called_at)) } }
                 }
             }
             nav.actions aria-label="Timeline pages" {
@@ -290,7 +506,7 @@ fn ledger(view: &RunPage<'_>) -> Markup {
                             td { code { (item.call_id) } }
                             td { @if let Some(t) = item.since_ms { (time(t)) } }
                             td { @if let Some(t) = item.lease_ends_ms { (time(t)) } }
-                            td { @if let Some(result) = &item.result { (folded_json(result)) } }
+                            td { @if let Some(result) = &item.result { (folded_json(&format!("ledger-{}", item.op_key), result)) } }
                             td { a href={(base) "/resolve?" (serde_urlencoded::to_string([("op_key", &item.op_key)]).unwrap_or_default())} { "Resolve…" } }
                         }
                     } }

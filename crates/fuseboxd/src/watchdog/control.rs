@@ -48,7 +48,7 @@ pub async fn serve(
             return;
         }
     };
-    let stopped = super::stopped(stop);
+    let stopped = until_told(stop);
     tokio::pin!(stopped);
     loop {
         let message = tokio::select! {
@@ -72,6 +72,16 @@ pub async fn serve(
         if let Err(err) = client.publish(reply, body.into()).await {
             tracing::warn!(%err, "cannot answer a watchdog control request");
         }
+    }
+}
+
+/// Resolves when `stop` says so. A sender gone without saying it is no stop: a daemon
+/// whose watchdog is disabled keeps no sender, and must still answer that it is
+/// disabled (`enabled: false`) rather than leave the asker to time out; this loop then
+/// ends with the connection, when its subscription does.
+async fn until_told(mut stop: watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -194,5 +204,31 @@ fn status(wd: &Watchdog<Fenced>, message: String) -> WatchdogReply {
         instances: Vec::new(),
         region_errors: Default::default(),
         terminations: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A disabled watchdog's answering loop is given a receiver whose sender is already
+    /// gone: that must not end the loop (it did, and `fusebox watchdog status` timed out).
+    #[test]
+    fn only_a_stop_said_ends_the_answering_loop() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let orphan = watch::channel(false).1;
+            let waited = tokio::time::timeout(Duration::from_millis(50), until_told(orphan));
+            assert!(waited.await.is_err(), "a dropped sender is no stop");
+            let (tell, told) = watch::channel(false);
+            tell.send(true).unwrap();
+            let waited = tokio::time::timeout(Duration::from_millis(50), until_told(told));
+            assert!(waited.await.is_ok(), "a stop said ends it");
+        });
     }
 }
