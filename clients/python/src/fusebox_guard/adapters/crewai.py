@@ -136,6 +136,9 @@ class FuseboxCrew:
         """`crew.kickoff(inputs)` with every tool call gated; `RunStopped` on a stop.
         Call it from a thread other than the run's loop (sync code, or `kickoff_async`)."""
         callbacks = self._install(crew)
+        # This thread's agents at work: none yet (a kickoff that ended with an error may
+        # have left its own behind).
+        self._local.frames = []
         try:
             output = crew.kickoff(inputs=inputs)
         except Exception as err:
