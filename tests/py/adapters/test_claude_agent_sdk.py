@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from support.guard import (
     send_email_output,
 )
 from support.scenarios import next_calls, op_key_for
+from support.shapes import CELLS, Read, assert_cell, shaped
 from support.stack import Stack
 from support.sub_agents import (
     FOUND,
@@ -64,7 +66,9 @@ PREFIX = f"mcp__{SERVER}__"
 TOOLS = ["search", "open_page", "list_issues", "send_email"]
 
 
-def make_server(log: ToolLog, on_tool: Any = None) -> Any:
+def make_server(log: ToolLog, on_tool: Any = None, search_shape: str | None = None) -> Any:
+    """The scenario tools; `search_shape`: `search` returns that shape of `SHAPES`."""
+
     def ran(name: str, args: dict[str, Any], output: Any) -> dict[str, Any]:
         log.calls.append((name, args))
         if on_tool is not None:
@@ -73,6 +77,9 @@ def make_server(log: ToolLog, on_tool: Any = None) -> Any:
 
     @tool("search", "Search the web", {"query": str})
     async def search(args: dict[str, Any]) -> dict[str, Any]:
+        if search_shape is not None:
+            log.calls.append(("search", args))
+            return mcp_result(shaped(search_shape))
         return ran("search", args, search_output(args["query"]))
 
     @tool("open_page", "Open a web page", {"url": str})
@@ -88,6 +95,19 @@ def make_server(log: ToolLog, on_tool: Any = None) -> Any:
         return ran("send_email", args, send_email_output(args["to"]))
 
     return create_sdk_mcp_server(SERVER, tools=[search, open_page, list_issues, send_email])
+
+
+def mcp_result(value: Any) -> dict[str, Any]:
+    """An SDK MCP tool's result for a value of `SHAPES`: MCP results are content blocks,
+    so a string is a text block, content blocks are themselves, nothing is no block,
+    and any other value is a text block of its JSON."""
+    if value is None:
+        return {"content": []}
+    if isinstance(value, str):
+        return {"content": [{"type": "text", "text": value}]}
+    if isinstance(value, list) and all(isinstance(v, dict) and "type" in v for v in value):
+        return {"content": value}
+    return {"content": [{"type": "text", "text": json.dumps(value)}]}
 
 
 def scripted(scenario: str) -> FakeAnthropic:
@@ -153,6 +173,73 @@ async def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     assert unanswered_tool_uses(api) == []
     refused = [r for r in api.tool_results() if r.is_error]
     assert refused and all("fusebox" in r.content for r in refused), refused
+
+
+def read_per_call(api: FakeAnthropic) -> list[str]:
+    """What the model read for each call, in order, from the last request: the call's
+    tool_result, then the text blocks the CLI sent beside it (a hook's additional
+    context), each without the CLI's own reminders."""
+    texts = []
+    for message in api.message_requests()[-1]["messages"]:
+        blocks = message["content"] if message["role"] == "user" else []
+        blocks = blocks if isinstance(blocks, list) else []
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        beside = [str(b["text"]) for b in blocks if b.get("type") == "text"]
+        for result in results:
+            content = result.get("content")
+            parts = content if isinstance(content, list) else [{"text": content or ""}]
+            text = "\n".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+            text = "\n".join([text, *beside])
+            texts.append(without_reminders(text))
+    return texts
+
+
+def without_reminders(text: str) -> str:
+    """`text` without the CLI's token-count reminders, which it adds to some results
+    and not others."""
+    return re.sub(
+        r"\s*<system-reminder>\s*<total_tokens>.*?</system-reminder>", "", text, flags=re.S
+    )
+
+
+#: One runaway per shape, read by that shape's three cells of the table (the CLI is
+#: slow to start: one run per shape, not per cell).
+_runaways: dict[str, tuple[str, Read, list[str]]] = {}
+
+
+async def shaped_runaway(stack: Stack, shape: str, tmp_path: Path) -> tuple[str, Read, list[str]]:
+    if shape not in _runaways:
+        guard, api, log = await guarded(stack, "runaway", tmp_path)
+        state = None
+        with api:
+            try:
+                server = make_server(log, search_shape=shape)
+                await guard.run_agent("weather in tokyo?", options(api, tmp_path, server))
+            except RunStopped as stop:
+                state = stop.report.state_name if stop.report is not None else None
+        assert unanswered_tool_uses(api) == []
+        texts = read_per_call(api)
+        # `continue: false` ends the session at the stopped call: no model reads it.
+        read = Read(
+            texts, log.count("search"), state, model_reads_stop=False, tool=f"{PREFIX}search"
+        )
+        _runaways[shape] = (guard.run.id, read, [r.content for r in api.tool_results()])
+    return _runaways[shape]
+
+
+@pytest.mark.parametrize(("shape", "decision"), CELLS)
+async def test_every_result_shape_through_a_warn_a_block_and_a_stop(
+    stack: Stack, tmp_path: Path, shape: str, decision: str
+) -> None:
+    """Issue 49 §1 across result shapes (an MCP tool's content: a text block, JSON text,
+    content blocks, no block): the warning is the hook's additional context beside the
+    result, which stays what the tool returned; a block is the guard's words; a stop
+    is `RunStopped` and the daemon's STOPPED_LOOP_GUARD."""
+    run_id, read, results = await shaped_runaway(stack, shape, tmp_path)
+    await asyncio.to_thread(assert_cell, stack, run_id, shape, decision, read)
+    if decision == "warn":
+        first, warned = (without_reminders(results[i]) for i in (0, RUNAWAY_EXECUTIONS - 1))
+        assert warned == first and "fusebox" not in warned, results
 
 
 async def test_ping_pong_is_stopped(stack: Stack, tmp_path: Path) -> None:

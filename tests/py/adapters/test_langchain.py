@@ -38,6 +38,7 @@ from support.guard import (
     send_email_output,
 )
 from support.scenarios import Call, next_calls, op_key_for
+from support.shapes import CELLS, Read, assert_cell, shaped
 from support.stack import Stack
 from support.sub_agents import (
     DELEGATE,
@@ -121,17 +122,23 @@ class ScriptedChatModel(OfflineChatModel):
         return message
 
 
-def make_tools(log: ToolLog, on_tool: Callable[[int], None] | None = None) -> list[BaseTool]:
+def make_tools(
+    log: ToolLog,
+    on_tool: Callable[[int], None] | None = None,
+    search_shape: str | None = None,
+) -> list[BaseTool]:
+    """The scenario tools; `search_shape`: `search` returns that shape of `SHAPES`."""
+
     def ran(name: str, arg: Any) -> None:
         log.calls.append((name, arg))
         if on_tool is not None:
             on_tool(len(log.calls))
 
     @tool
-    def search(query: str) -> dict[str, Any]:
+    def search(query: str) -> Any:
         """Search the web."""
         ran("search", query)
-        return search_output(query)
+        return search_output(query) if search_shape is None else shaped(search_shape)
 
     @tool
     def open_page(url: str) -> dict[str, Any]:
@@ -169,12 +176,13 @@ def drive(
     *,
     graph: str = "create_agent",
     on_tool: Callable[[str], Callable[[int], None]] | None = None,
+    search_shape: str | None = None,
     **connect: Any,
 ) -> tuple[dict[str, Any], FuseboxMiddleware]:
     """Runs the scenario's agent behind a fresh run; returns the final state and guard."""
     run_id = fresh_run(f"lc-{mode}-{scenario}")
     model = ScriptedChatModel(scenario=scenario)
-    tools = make_tools(log, on_tool(run_id) if on_tool else None)
+    tools = make_tools(log, on_tool(run_id) if on_tool else None, search_shape)
     config = {"recursion_limit": 500}
     prompt = {"messages": [HumanMessage("go")]}
 
@@ -239,6 +247,49 @@ def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
     assert read[RUNAWAY_EXECUTIONS].startswith("fusebox blocked search")
     assert "fusebox stopped this run" in read[-1]
     assert_history_valid(state["messages"])
+
+
+#: One runaway per (graph, mode, shape), read by that shape's three cells of the table.
+_runaways: dict[tuple[str, str, str], tuple[str, Read, list[BaseMessage]]] = {}
+
+
+def shaped_runaway(
+    stack: Stack, graph: str, mode: str, shape: str
+) -> tuple[str, Read, list[BaseMessage]]:
+    if (graph, mode, shape) not in _runaways:
+        log = ToolLog()
+        state, guard = drive(stack.nats_url, "runaway", mode, log, graph=graph, search_shape=shape)
+        messages = list(state["messages"])
+        texts = [str(m.content) for m in messages if isinstance(m, ToolMessage)]
+        report = guard.run.stopped
+        read = Read(texts, log.count("search"), report.state_name if report else None)
+        _runaways[(graph, mode, shape)] = (guard.run.id, read, messages)
+    return _runaways[(graph, mode, shape)]
+
+
+@pytest.mark.parametrize(("shape", "decision"), CELLS)
+@pytest.mark.parametrize("graph", ["create_agent", "tool_node"])
+@pytest.mark.parametrize("mode", MODES)
+def test_every_result_shape_through_a_warn_a_block_and_a_stop(
+    stack: Stack, mode: str, graph: str, shape: str, decision: str
+) -> None:
+    """Issue 49 §1 across result shapes: the warned call's ToolMessage is the tool's
+    result as LangChain gives it for any call (the first one's content), then the
+    warning in the same form: appended to text, one more block after content blocks
+    (not the blocks flattened into JSON text); a block and a stop are the guard's words."""
+    run_id, read, messages = shaped_runaway(stack, graph, mode, shape)
+    assert_cell(stack, run_id, shape, decision, read)
+    if decision == "warn":
+        results = [m.content for m in messages if isinstance(m, ToolMessage)]
+        first, warned = results[0], results[RUNAWAY_EXECUTIONS - 1]
+        if isinstance(first, list):
+            assert isinstance(warned, list) and warned[:-1] == first, warned
+            last = warned[-1]
+            assert isinstance(last, dict) and last["type"] == "text", warned
+            assert str(last["text"]).startswith("[fusebox warning] "), warned
+        else:
+            assert str(warned).startswith(f"{first}\n\n[fusebox warning] "), warned
+    assert_history_valid(messages)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -1,5 +1,6 @@
 """The table every adapter is run through for issue 49 §1: a tool whose result is a
-string, a dict, a list or nothing, through a warn, a block and a stop. The runaway
+string, a dict, a list (of values, of content blocks) or nothing, through a warn, a
+block and a stop. The runaway
 scenario (the same search every turn) reaches all three decisions in one run, so each
 adapter runs it once per shape and each (shape, decision) cell checks its own call."""
 
@@ -18,6 +19,9 @@ SHAPES: dict[str, Any] = {
     "string": "jma.go.jp: sunny in Tokyo",
     "dict": {"hits": ["jma.go.jp"], "query": "weather tokyo"},
     "list": ["jma.go.jp", "tenki.jp"],
+    # A list of content blocks: what a multimodal tool returns, which some frameworks
+    # (LangChain) hand the model as blocks rather than as text.
+    "blocks": [{"type": "text", "text": "jma.go.jp: sunny in Tokyo"}],
     "none": None,
 }
 
@@ -45,6 +49,8 @@ class Read:
     #: The model reads the stop as the stopped call's result (False: the framework's
     #: run ends at the call, a tripwire, and no model is asked again to read anything).
     model_reads_stop: bool = True
+    #: The tool's name as the framework calls it (an MCP tool's has its server's prefix).
+    tool: str = "search"
 
 
 def call_of(decision: str, read: Read) -> str:
@@ -64,7 +70,7 @@ def assert_cell(stack: Stack, run_id: str, shape: str, decision: str, read: Read
     if decision == "warn":
         assert "one more identical call will be blocked" in text, text
     elif decision == "block":
-        assert "fusebox blocked search" in text, text
+        assert f"fusebox blocked {read.tool}" in text, text
     else:
         if read.model_reads_stop:
             assert "fusebox stopped this run" in text, text

@@ -12,7 +12,8 @@ tool call gated by fuseboxd, sync and async (neither path delegates to the other
 
 - A refused call (block, stop, guard unavailable under deny) is answered with a
   `ToolMessage` for its call id without calling the tool; `use_completed_result` answers
-  with the stored result. A `warn`'s message is appended to the tool's output.
+  with the stored result. A `warn`'s message is appended to the tool's output: to its
+  text, or as one more text block after its content blocks (images stay blocks).
 - A stop ends the graph: `create_agent`'s tools→model edge ignores a `Command(goto=END)`
   from a tool, so the stop is kept in the run handle (and, through `before_model`, in the
   state's `fusebox_stop`) and `before_model` jumps to the end before the model is called
@@ -490,9 +491,17 @@ def _result_of(outcome: ToolOutcome) -> tuple[ResultKind, Any]:
 
 
 def _with_warning(gate: Gate, outcome: ToolOutcome) -> ToolOutcome:
-    if gate.warning and isinstance(outcome, ToolMessage):
-        return outcome.model_copy(update={"content": gate.reads(outcome.content)})
-    return outcome
+    """A warned call's message: its content, then the warning, in the content's own
+    form. LangChain keeps a tool's content blocks (text, images) as a list: the warning
+    is one more text block after them, so no block is flattened into JSON text."""
+    warning = gate.warning
+    if not warning or not isinstance(outcome, ToolMessage):
+        return outcome
+    content = outcome.content
+    if isinstance(content, list):
+        block = {"type": "text", "text": f"[fusebox warning] {warning}"}
+        return outcome.model_copy(update={"content": [*content, block]})
+    return outcome.model_copy(update={"content": gate.reads(content)})
 
 
 def _model_turn(state: Mapping[str, Any]) -> tuple[str, Usage | None] | None:
