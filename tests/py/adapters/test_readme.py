@@ -1,8 +1,9 @@
 """The package README's snippets as a new user copies them (issue 49 §4): the Google ADK
-and Pydantic AI examples run as written, with nothing but what the README's earlier
-sections give them (`run`, the tools `search` and `send_email`) and the model swapped
-for a scripted one; and its two op_key examples do what the README says beside them
-(tenant-wide: a later run is answered from the stored result; per run: it runs again)."""
+and Pydantic AI examples (and docs/python.md's ADK one) run as written, with nothing but
+what the README's earlier sections give them (`run`, the tools `search` and
+`send_email`) and the model swapped for a scripted one; and its two op_key examples do
+what the README says beside them (tenant-wide: a later run is answered from the stored
+result; per run: it runs again)."""
 
 from __future__ import annotations
 
@@ -173,6 +174,33 @@ async def test_the_snippet_runs_as_written_with_only_what_the_readme_gave_before
         assert isinstance(answer, list) and all(isinstance(e, Event) for e in answer), answer
     assert log.count("search") == 1
     assert_closed(stack, run_id, "completed")
+
+
+async def test_the_python_guides_adk_snippet_runs_as_written(stack: Stack) -> None:
+    """docs/python.md's shorter ADK example, the same way: it makes its agent, session
+    and message, and `run_async` returns the invocation's events, the answer last."""
+    (code,) = [
+        b for b in python_blocks((REPO / "docs/python.md").read_text()) if "FuseboxPlugin(" in b
+    ]
+    assert '"gemini-2.5-flash"' in code, code
+    log = ToolLog()
+    search, _ = tools(log)
+    async with await Fusebox.connect(stack.nats_url, tenant=TENANT) as fb:
+        run = await fb.start_run(fresh_run("guide-adk"))
+        names: dict[str, Any] = {
+            "run": run,
+            "search": search,
+            "scripted_model": ScriptedGemini(scenario="one_search"),
+        }
+        code = code.replace('"gemini-2.5-flash"', "scripted_model")
+        await eval(
+            compile(code, "docs/python.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), names
+        )
+    events = names["events"]
+    assert isinstance(events, list) and all(isinstance(e, Event) for e in events), events
+    last = events[-1].content
+    assert last is not None and last.parts and last.parts[0].text == "done", events[-1]
+    assert log.count("search") == 1
 
 
 def readme_op_keys(run: Run) -> dict[str, Callable[[str, Any], str | None]]:

@@ -107,7 +107,9 @@ class FuseboxCapability(AbstractCapability[Any]):
 
     # --- the run -----------------------------------------------------------------------
 
-    async def run_agent(self, agent: Agent[Any, Any], *args: Any, **kwargs: Any) -> Any:
+    async def run_agent(
+        self, agent: Agent[Any, Any], *args: Any, **kwargs: Any
+    ) -> AgentRunResult[Any]:
         """`await agent.run(...)` with the guard's stop as `RunStopped` (its `history`:
         the messages so far); `agent.run` itself raises Pydantic AI's `RunCancelled`."""
         try:
@@ -118,7 +120,9 @@ class FuseboxCapability(AbstractCapability[Any]):
                 raise
             raise stop from None
 
-    def run_agent_sync(self, agent: Agent[Any, Any], *args: Any, **kwargs: Any) -> Any:
+    def run_agent_sync(
+        self, agent: Agent[Any, Any], *args: Any, **kwargs: Any
+    ) -> AgentRunResult[Any]:
         """`agent.run_sync(...)`, the same way."""
         try:
             return agent.run_sync(*args, **kwargs)
