@@ -106,6 +106,24 @@ async fn every_operator_command_works_as_the_operator_and_is_refused_to_a_tenant
     )));
     let status: Value = serde_json::from_str(out.trim()).expect("status JSON");
     assert_eq!(status["summary"]["run"], "r1");
+    // One rule: `--json` alone chooses JSON. Piped (as here) without it, `run` and
+    // `runs` print the same table a terminal shows.
+    for args in [&["run", "acme/r1"][..], &["runs"][..]] {
+        let out = ok(&run(fusebox(&stack, "operator", Via::Env, args)));
+        assert!(
+            out.lines()
+                .all(|line| serde_json::from_str::<Value>(line).is_err()),
+            "{args:?} piped must print its table, not JSON:\n{out}"
+        );
+        assert!(out.contains("acme/r1"), "{args:?}: {out}");
+    }
+    let help = ok(&run(fusebox(
+        &stack,
+        "operator",
+        Via::Env,
+        &["run", "--help"],
+    )));
+    assert!(help.contains("instead of a table"), "{help}");
 
     // tail follows the run while cancel stops it.
     let mut tail = fusebox(

@@ -9,7 +9,17 @@ use serde_json::Value;
 
 pub struct GuardConfig {
     pub policies: PolicySet,
+    pub input: InputRules,
+}
+
+/// What a daemon of this config admits besides a valid event, applied by the offline
+/// readers (`replay`, `whatif`, `tune`) as fuseboxd applies it on the wire.
+#[derive(Debug, Clone)]
+pub struct InputRules {
     pub max_event_bytes: usize,
+    /// The clouds whose `instance_launched` is accepted: the watchdog's drivers, none
+    /// when `[watchdog] enabled = false`.
+    pub instance_providers: Vec<String>,
 }
 
 /// Reads the config file (if any) and layers it over the preset. Raised settings are
@@ -39,9 +49,26 @@ pub fn load(path: Option<&Path>, preset: Option<Preset>) -> Result<GuardConfig, 
             .filter(|n| *n > 0)
             .ok_or("[guard] max_event_bytes must be a positive integer")?,
     };
+    let watchdog_on = match doc.pointer("/watchdog/enabled") {
+        None => true,
+        Some(v) => v
+            .as_bool()
+            .ok_or("[watchdog] enabled must be true or false")?,
+    };
+    let instance_providers = if watchdog_on {
+        fusebox_nats::WATCHDOG_DRIVERS
+            .iter()
+            .map(|d| (*d).to_owned())
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(GuardConfig {
         policies,
-        max_event_bytes,
+        input: InputRules {
+            max_event_bytes,
+            instance_providers,
+        },
     })
 }
 

@@ -58,7 +58,8 @@ struct Remote {
     /// How long to wait for fuseboxd's answer.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     timeout: Duration,
-    /// Print JSON (one object per line) instead of a table.
+    /// Print JSON (one object per line) instead of a table. Without it the table is
+    /// printed, to a terminal or a pipe alike.
     #[arg(long)]
     json: bool,
 }

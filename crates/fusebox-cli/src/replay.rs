@@ -14,7 +14,7 @@ use fusebox_core::{parse_event_bounded, Admission, Decision, Engine, Event, Even
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::config::GuardConfig;
+use crate::config::{GuardConfig, InputRules};
 
 /// What a replay saw, for the exit code and the stderr summary.
 #[derive(Debug, Default)]
@@ -159,7 +159,7 @@ const BATCH: usize = 1024;
 /// back on `spent` and are freed here, by the allocator's thread that made them.
 pub(crate) fn read_and_admit(
     files: Vec<String>,
-    max_event_bytes: usize,
+    rules: InputRules,
     batches: mpsc::SyncSender<Admitted>,
     spent: mpsc::Receiver<Vec<Event>>,
 ) -> io::Result<()> {
@@ -185,8 +185,10 @@ pub(crate) fn read_and_admit(
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let admitted = parse_event_bounded(&line, max_event_bytes)
-                .and_then(|event| sequencer.admit(event));
+            let admitted = parse_event_bounded(&line, rules.max_event_bytes).and_then(|event| {
+                fusebox_nats::check_watched(&event, &rules.instance_providers)?;
+                sequencer.admit(event)
+            });
             match admitted {
                 Ok(Admission::Ready(events)) => batch.events.extend(events),
                 Ok(Admission::Held { .. }) => {}
@@ -236,8 +238,8 @@ pub fn run(config: &GuardConfig, files: &[String], quiet: bool) -> io::Result<bo
     let (give_back, spent) = mpsc::channel::<Vec<Event>>();
     let reader = {
         let files = files.to_vec();
-        let max_event_bytes = config.max_event_bytes;
-        std::thread::spawn(move || read_and_admit(files, max_event_bytes, sender, spent))
+        let input = config.input.clone();
+        std::thread::spawn(move || read_and_admit(files, input, sender, spent))
     };
     for admitted in batches {
         replay.take(&admitted)?;

@@ -88,6 +88,76 @@ fn bad_lines_are_reported_with_their_place_and_the_good_ones_still_count() {
     assert_eq!(actions, ["execute", "stop", "stop"]);
 }
 
+/// An instance of a cloud the daemon's watchdog would not watch is refused with its
+/// line, as fuseboxd refuses it on the wire (`unwatched_provider`); the other runs
+/// are undisturbed. Without a watchdog (`[watchdog] enabled = false`) every launch is.
+#[test]
+fn an_instance_nobody_would_watch_is_reported_with_its_line() {
+    let launch = |run: &str, provider: &str| {
+        format!(
+            r#"{{"v":1,"id":"{run}-i","tenant":"t","run":"{run}","ts_ms":2,"type":"instance_launched","provider":"{provider}","region":"us-east-1","instance_id":"i-{run}"}}"#
+        )
+    };
+    let input = [
+        launch("watched", "ec2"),
+        launch("elsewhere", "gcp"),
+        r#"{"v":1,"id":"f","tenant":"t","run":"watched","ts_ms":3,"type":"run_finished"}"#
+            .to_owned(),
+    ]
+    .join("\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let no_watchdog = dir.path().join("fusebox.toml");
+    std::fs::write(&no_watchdog, "[watchdog]\nenabled = false\n").expect("config");
+    let cases: [(&[&str], &[&str]); 2] = [
+        (
+            &[],
+            &["-:2: unwatched_provider: instance i-elsewhere of provider \"gcp\""],
+        ),
+        (
+            &["--policy", no_watchdog.to_str().unwrap()],
+            &[
+                "-:1: unwatched_provider: instance i-watched",
+                "-:2: unwatched_provider: instance i-elsewhere",
+                "runs no cloud watchdog",
+            ],
+        ),
+    ];
+    for (flags, expected) in cases {
+        let mut child = Command::new(FUSEBOX)
+            .arg("replay")
+            .args(flags)
+            .arg("-")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("fusebox runs");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("written");
+        let out = child.wait_with_output().expect("finished");
+        assert_eq!(out.status.code(), Some(2), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        for want in expected {
+            assert!(stderr.contains(want), "{flags:?}: {want:?} in {stderr}");
+        }
+        // The watched run's own events still apply: it finishes.
+        let summaries: Vec<Value> = lines(&out.stdout)
+            .into_iter()
+            .filter_map(|l| l.get("summary").cloned())
+            .collect();
+        assert!(
+            summaries
+                .iter()
+                .any(|s| s["run"] == "watched" && s["terminal_state"] == "COMPLETED"),
+            "{flags:?}: {summaries:?}"
+        );
+    }
+}
+
 #[test]
 fn a_missing_file_is_a_clear_error() {
     let out = Command::new(FUSEBOX)

@@ -57,30 +57,47 @@ pub(crate) fn parse_on(
                 .to_owned(),
         );
     }
-    // An instance reported for a cloud nobody watches would bill on while its operator
-    // believes the watchdog has it: refused, so the producer's error reply, the dead
-    // letter and `fusebox_events_rejected_total{reason="unwatched_provider"}` say so.
-    if let EventBody::InstanceLaunched(launched) = &event.body {
-        if !accept.instance_providers.contains(&launched.provider) {
-            let drivers = if accept.instance_providers.is_empty() {
-                "this daemon runs no cloud watchdog ([watchdog] enabled = false)".to_owned()
-            } else {
-                format!(
-                    "this daemon's watchdog has drivers for {} only",
-                    accept.instance_providers.join(", ")
-                )
-            };
-            return refuse(
-                RejectReason::UnwatchedProvider,
-                format!(
-                    "instance {} of provider {:?} would not be watched: {drivers}; nothing would terminate it",
-                    launched.instance_id,
-                    launched.provider.chars().take(40).collect::<String>()
-                ),
-            );
-        }
+    if let Err(mut err) = check_watched(&event, &accept.instance_providers) {
+        err.event_id = Some(event.id.clone());
+        return Err(err);
     }
     Ok(event)
+}
+
+/// The clouds `fusebox-watchdog` has drivers for (its `Provider::name`s, `ec2.rs`): what
+/// a daemon running its watchdog accepts in `instance_launched`, and what `fusebox replay`
+/// checks a stream against.
+pub const WATCHDOG_DRIVERS: &[&str] = &["ec2"];
+
+/// An instance reported for a cloud nobody watches would bill on while its operator
+/// believes the watchdog has it: refused, so the producer's error reply (or replay's
+/// `file:line`), the dead letter and `fusebox_events_rejected_total{reason=
+/// "unwatched_provider"}` say so. `providers`: what the watchdog watches (empty: none).
+pub fn check_watched(event: &Event, providers: &[String]) -> Result<(), EventError> {
+    let EventBody::InstanceLaunched(launched) = &event.body else {
+        return Ok(());
+    };
+    if providers.contains(&launched.provider) {
+        return Ok(());
+    }
+    let drivers = if providers.is_empty() {
+        "this daemon runs no cloud watchdog ([watchdog] enabled = false)".to_owned()
+    } else {
+        format!(
+            "this daemon's watchdog has drivers for {} only",
+            providers.join(", ")
+        )
+    };
+    let mut err = EventError::new(
+        RejectReason::UnwatchedProvider,
+        format!(
+            "instance {} of provider {:?} would not be watched: {drivers}; nothing would terminate it",
+            launched.instance_id,
+            launched.provider.chars().take(40).collect::<String>()
+        ),
+    );
+    err.event_id = Some(event.id.clone());
+    Err(err)
 }
 
 /// What the inbound paths accept, beyond a valid event on its own subject.

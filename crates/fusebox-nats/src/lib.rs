@@ -34,6 +34,7 @@ pub mod subjects;
 mod ticks;
 pub mod wire;
 
+pub use inbound::{check_watched, WATCHDOG_DRIVERS};
 pub use observer::{NoopObserver, Observer};
 pub use service::{Service, ServiceError, ServiceOptions};
 pub use setup::SetupError;

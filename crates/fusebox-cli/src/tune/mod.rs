@@ -31,14 +31,14 @@ pub struct Args {
 pub fn main(args: Args) -> Result<ExitCode, String> {
     let source = args.input.source()?;
     let choice = args.input.baseline();
-    let max_event_bytes = choice.load()?.max_event_bytes;
+    let input = choice.load()?.input;
     let (baseline, baseline_text) = whatif::baseline_for(&source, &choice)?;
     let fixed = match &baseline {
         Baseline::Fixed(set) => Some(set.clone()),
         Baseline::AsRecorded => None,
     };
     let mut items = Vec::new();
-    let tally = source::read(&source, max_event_bytes, &mut |item, _| items.push(item))?;
+    let tally = source::read(&source, &input, &mut |item, _| items.push(item))?;
     let source_text = whatif::describe_read(&source, &tally);
     let history = History::new(items, baseline);
     let completed = history.completed().count();

@@ -71,12 +71,12 @@ pub fn baseline_for(source: &Source, choice: &PolicyChoice) -> Result<(Baseline,
 /// Compares `candidate` with `baseline` over every record of `source`.
 pub fn compare_source(
     source: &Source,
-    max_event_bytes: usize,
+    input: &config::InputRules,
     baseline: Baseline,
     candidate: PolicySet,
 ) -> Result<(CandidateHalf, Disagreements, ReadTally), String> {
     let mut pipeline = Pipeline::new(baseline, candidate);
-    let tally = source::read(source, max_event_bytes, &mut |item, recorded| {
+    let tally = source::read(source, input, &mut |item, recorded| {
         pipeline.feed(item, recorded)
     })?;
     let (candidate, disagreements) = pipeline.finish()?;
@@ -91,7 +91,7 @@ pub fn run(options: &Options) -> Result<u8, String> {
     let (baseline, baseline_text) = baseline_for(&options.source, &options.baseline)?;
     let (comparison, disagreements, tally) = compare_source(
         &options.source,
-        candidate.max_event_bytes,
+        &candidate.input,
         baseline,
         candidate.policies,
     )?;

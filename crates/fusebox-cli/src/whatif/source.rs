@@ -20,6 +20,7 @@ use fusebox_log::log::{decode_frame, frames, last_position, records};
 use fusebox_log::{inspect, LogOp, Record, SledLog};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::config::InputRules;
 use crate::replay::{read_and_admit, Admitted};
 use crate::whatif::compare::Compact;
 
@@ -62,31 +63,24 @@ pub struct ReadTally {
 pub type Sink<'a> = dyn FnMut(Item, Option<Compact>) + 'a;
 
 /// Reads every record of `source` in applied order into `sink`.
-pub fn read(
-    source: &Source,
-    max_event_bytes: usize,
-    sink: &mut Sink<'_>,
-) -> Result<ReadTally, String> {
+pub fn read(source: &Source, input: &InputRules, sink: &mut Sink<'_>) -> Result<ReadTally, String> {
     match source {
-        Source::Files(files) => read_files(files, max_event_bytes, sink).map_err(|e| e.to_string()),
+        Source::Files(files) => read_files(files, input, sink).map_err(|e| e.to_string()),
         Source::DataDir(dir) => read_data_dir(dir, sink),
     }
 }
 
 /// JSONL through the same reader thread and sequencer as `fusebox replay`, so the two
 /// apply the same events in the same order.
-fn read_files(
-    files: &[String],
-    max_event_bytes: usize,
-    sink: &mut Sink<'_>,
-) -> io::Result<ReadTally> {
+fn read_files(files: &[String], input: &InputRules, sink: &mut Sink<'_>) -> io::Result<ReadTally> {
     let mut tally = ReadTally::default();
     let (sender, batches) = mpsc::sync_channel::<Admitted>(8);
     // The events go on to the sink, none comes back to the reader.
     let (_, spent) = mpsc::channel();
     let reader = {
         let files = files.to_vec();
-        std::thread::spawn(move || read_and_admit(files, max_event_bytes, sender, spent))
+        let input = input.clone();
+        std::thread::spawn(move || read_and_admit(files, input, sender, spent))
     };
     for admitted in batches {
         tally.duplicates += admitted.duplicates;
