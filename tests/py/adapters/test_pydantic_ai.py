@@ -13,8 +13,15 @@ import pytest
 from fusebox_guard import Fusebox, GateOnError, RunStopped, SyncFusebox
 from fusebox_guard.adapters.pydantic_ai import FuseboxCapability
 from fusebox_guard.types import to_text
+from pydantic import BaseModel
 from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, Tool, ToolCallPart
-from pydantic_ai.messages import ModelRequest, ToolReturnPart
+from pydantic_ai.messages import (
+    BinaryContent,
+    ModelRequest,
+    ToolReturn,
+    ToolReturnPart,
+    UserPromptPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage, UsageLimits
 from support.guard import (
@@ -33,7 +40,7 @@ from support.guard import (
     send_email_output,
 )
 from support.scenarios import next_calls, op_key_for
-from support.shapes import CELLS, SHAPES, Read, assert_cell, call_of, shaped
+from support.shapes import CELLS, DECISIONS, SHAPES, Read, assert_cell, call_of, shaped
 from support.stack import Stack
 from support.sub_agents import (
     DELEGATE,
@@ -51,6 +58,22 @@ MODES = ["sync", "async"]
 #: What the scripted model reports per response: 150 input tokens (100 of them cache
 #: reads) and 25 output, 175 in the contract's sum.
 USAGE = RequestUsage(input_tokens=150, output_tokens=25, cache_read_tokens=100)
+
+
+class Forecast(BaseModel):
+    city: str
+    sky: str
+
+
+#: What only Pydantic AI's tools return (the table's own rows beside `SHAPES`): its
+#: `ToolReturn`, multimodal content, a Pydantic model.
+RICH: dict[str, Callable[[], Any]] = {
+    "tool_return": lambda: ToolReturn(
+        return_value={"hits": ["jma.go.jp"]}, content="see jma.go.jp"
+    ),
+    "image": lambda: BinaryContent(data=b"\x89PNG\r\n\x1a\n", media_type="image/png"),
+    "model": lambda: Forecast(city="Tokyo", sky="sunny"),
+}
 
 
 @dataclass
@@ -99,6 +122,8 @@ def make_tools(
     def search(query: str) -> Any:
         """Search the web."""
         ran("search", query)
+        if search_shape in RICH:
+            return RICH[search_shape]()
         return search_output(query) if search_shape is None else shaped(search_shape)
 
     def open_page(url: str) -> dict[str, Any]:
@@ -235,24 +260,34 @@ def test_runaway_is_stopped_after_the_same_executions_as_the_rust_demo(
 
 
 #: One runaway per (mode, shape), read by that shape's three cells of the table.
-_runaways: dict[tuple[str, str], tuple[Outcome, Read]] = {}
+_runaways: dict[tuple[str, str], tuple[Outcome, Read, list[ToolReturnPart]]] = {}
 
 
-def shaped_runaway(stack: Stack, mode: str, shape: str) -> tuple[Outcome, Read]:
+def shaped_runaway(
+    stack: Stack, mode: str, shape: str
+) -> tuple[Outcome, Read, list[ToolReturnPart]]:
+    """The runaway with `search` returning `shape`: what was read per call (its result,
+    then what was sent beside it as user content), and each call's result part."""
     if (mode, shape) not in _runaways:
         log = ToolLog()
         outcome = drive(stack.nats_url, "runaway", mode, log, search_shape=shape)
         stopped = outcome.stopped
-        history = stopped.history if stopped is not None else []
-        texts = [
-            str(part.content)
-            for m in history
-            if isinstance(m, ModelRequest)
-            for part in m.parts
-            if isinstance(part, ToolReturnPart)
-        ]
+        texts, results = [], []
+        for m in stopped.history if stopped is not None else []:
+            if not isinstance(m, ModelRequest):
+                continue
+            beside = [
+                p.content if isinstance(p.content, str) else "\n".join(map(str, p.content))
+                for p in m.parts
+                if isinstance(p, UserPromptPart)
+            ]
+            for part in m.parts:
+                if isinstance(part, ToolReturnPart):
+                    results.append(part)
+                    texts.append("\n".join([str(part.content), *beside]))
         state = stopped.report.state_name if stopped and stopped.report else None
-        _runaways[(mode, shape)] = (outcome, Read(texts, log.count("search"), state))
+        read = Read(texts, log.count("search"), state)
+        _runaways[(mode, shape)] = (outcome, read, results)
     return _runaways[(mode, shape)]
 
 
@@ -264,12 +299,31 @@ def test_every_result_shape_through_a_warn_a_block_and_a_stop(
     """Issue 49 §1 across result shapes: a warned result is what the model reads as text
     (the tool's value, as Pydantic AI serialises it, then the warning), whatever the
     tool returned; a block and a stop are the guard's words."""
-    outcome, read = shaped_runaway(stack, mode, shape)
+    outcome, read, _ = shaped_runaway(stack, mode, shape)
     assert outcome.error is None, outcome.error
     assert_cell(stack, outcome.run_id, shape, decision, read)
     if decision == "warn":
         value, _, warning = call_of("warn", read).partition("\n\n[fusebox warning] ")
         assert value == to_text(SHAPES[shape]) and warning, read
+
+
+@pytest.mark.parametrize(("shape", "decision"), [(s, d) for s in RICH for d in DECISIONS])
+@pytest.mark.parametrize("mode", MODES)
+def test_pydantic_ais_own_results_keep_their_form_through_a_warn_a_block_and_a_stop(
+    stack: Stack, mode: str, shape: str, decision: str
+) -> None:
+    """The table's rows only Pydantic AI has: a `ToolReturn`, an image, a model. As text
+    they would be their repr (the image lost); warned, the result the model reads is
+    the same as when not warned, and the warning comes beside it as user content."""
+    outcome, read, results = shaped_runaway(stack, mode, shape)
+    assert outcome.error is None, outcome.error
+    assert_cell(stack, outcome.run_id, shape, decision, read)
+    if decision == "warn":
+        first, warned = results[0], results[RUNAWAY_EXECUTIONS - 1]
+        assert warned.content == first.content, warned
+        assert "[fusebox warning] " in call_of("warn", read), read
+        if shape == "tool_return":  # its own content first, then the warning
+            assert "see jma.go.jp\n[fusebox warning] " in call_of("warn", read), read
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -10,10 +10,11 @@ fuseboxd, as a capability.
   unreachable, unless `gate_on_error=allow`) answers the call with the guard's message
   as a failed tool result (`ToolFailed`: the model reads it, the tool's retry budget is
   not spent); `use_completed_result` returns the stored result; `warn` runs the tool
-  and adds the message to what the model reads; `stop` answers the call the same way
-  and cancels the run (`ctx.cancel()`: what completed stays in its history). Parallel
-  calls are each gated; once the run is stopped the rest are refused without a round
-  trip.
+  and adds the message to what the model reads (after a plain result's text; beside a
+  `ToolReturn`, an image or a model, as a `ToolReturn`'s content, their form kept);
+  `stop` answers the call the same way and cancels the run (`ctx.cancel()`: what
+  completed stays in its history). Parallel calls are each gated; once the run is
+  stopped the rest are refused without a round trip.
 - The tool's result, or its error (RETRYABLE, no wait), is reported as `tool_result`.
 - `after_model_request`: each model response's usage → `model_turn`; a stop answered
   there (a budget) cancels the run before its tools run. `before_model_request`: a run
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 from pydantic_ai import Agent, ModelMessage, ModelResponse, RunContext, ToolCallPart, ToolDefinition
@@ -54,7 +55,7 @@ from pydantic_ai.capabilities.abstract import (
     WrapToolExecuteHandler,
 )
 from pydantic_ai.exceptions import ModelRetry, RunCancelled, ToolFailed
-from pydantic_ai.messages import ModelRequest, ModelRequestPart, ToolReturnPart
+from pydantic_ai.messages import ModelRequest, ModelRequestPart, ToolReturn, ToolReturnPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_core import to_jsonable_python
@@ -252,7 +253,7 @@ class FuseboxCapability(AbstractCapability[Any]):
             decision = None
         if is_stop(decision):
             ctx.cancel()
-        return gate.reads(result) if gate.warning else result
+        return _warned(gate, result) if gate.warning else result
 
     async def _report_error(
         self, bridge: Bridge, call_id: str, tool: str, error: str, *, code: str = "tool_error"
@@ -272,6 +273,37 @@ class FuseboxCapability(AbstractCapability[Any]):
             )
         except FuseboxError as err:
             report_failed(f"error of {tool} ({call_id})", err)
+
+
+def _warned(gate: Gate, result: Any) -> Any:
+    """A warned call's result with the warning, in a form Pydantic AI takes for what the
+    tool returned. Plain data (a string, a dict, a list, a number, nothing) is read as
+    text: the value, then the warning. Anything else keeps its form, the warning sent
+    beside it as a `ToolReturn`'s content (a user part after the result): a `ToolReturn`
+    of the tool's own gets it after its content; multimodal content (an image), a
+    Pydantic model and the like are the return value of one (as text, an image would
+    be its repr)."""
+    warning = f"[fusebox warning] {gate.warning}"
+    if isinstance(result, ToolReturn):
+        content = result.content
+        beside: list[Any] = (
+            [] if content is None else [content] if isinstance(content, str) else list(content)
+        )
+        return replace(result, content=[*beside, warning])
+    if _plain(result):
+        return gate.reads(result)
+    return ToolReturn(return_value=result, content=warning)
+
+
+def _plain(value: Any) -> bool:
+    """JSON's own values, all the way down: what text renders without loss."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return True
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return False
 
 
 def _refused(ctx: RunContext[Any], gate: Gate) -> Any:
