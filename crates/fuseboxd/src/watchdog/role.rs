@@ -171,4 +171,28 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(5));
         assert!(Authority::Always.holds());
     }
+
+    /// Not the holder, or past the fence: refused before anything is sent to EC2 (the
+    /// endpoint is a closed port, so a call that went out would fail otherwise), as a
+    /// client error, which the pass does not retry.
+    #[tokio::test]
+    async fn no_termination_without_the_role_or_past_its_fence() {
+        let cfg = fusebox_watchdog::WatchdogConfig {
+            regions: vec!["us-east-1".to_owned()],
+            endpoint_url: Some("http://127.0.0.1:9".to_owned()),
+            ..Default::default()
+        };
+        let (fence, watched) = watch::channel(None);
+        let fenced = Fenced {
+            inner: Ec2Provider::from_env(&cfg).await,
+            authority: Authority::Until(watched),
+        };
+        let ids = ["i-0a".to_owned()];
+        for until in [None, Some(Instant::now())] {
+            fence.send_replace(until);
+            let refused = fenced.terminate("us-east-1", &ids).await.unwrap_err();
+            assert_eq!(refused.code, "NotWatchdogRoleHolder", "{refused}");
+            assert_eq!(refused.kind, ErrorKind::Client);
+        }
+    }
 }
