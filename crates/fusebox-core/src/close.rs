@@ -155,6 +155,10 @@ pub(crate) fn close(
     let report = Arc::new(report);
     decided.report = Some(report.clone());
     run.status = RunStatus::Closed { report, message };
+    // A closed run calls no model: what its model calls in flight held is let go (and,
+    // by the engine's carry-up, from its ancestors too); a turn that still comes in
+    // counts as spent, as ever.
+    run.reserved.release_all();
     decided
 }
 

@@ -127,6 +127,7 @@ impl Engine {
             run.last_seq = event.seq;
         }
         let before = tree::own(run);
+        let reserved = run.reserved.total();
         let was_open = run.is_open();
         let had_parent = run.node.parent.is_some();
         let (decided, touched) = match &event.body {
@@ -153,10 +154,11 @@ impl Engine {
             ),
             EventBody::InstanceLaunched(_) => (decision(event, None, Action::Continue), None),
             EventBody::Prompt(_) => (observe::prompt(run, event), None),
+            EventBody::ModelCall(call) => (observe::model_call(run, event, call, &lineage), None),
         };
         // What the run spent or became, for the runs above it.
         if run.node.parent.is_some() {
-            let change = tree::Change::between(&before, was_open, run);
+            let change = tree::Change::between(&before, reserved, was_open, run);
             let parent = (lineage.is_empty() && !change.is_nothing())
                 .then(|| run.node.parent.clone())
                 .flatten();
@@ -262,11 +264,12 @@ fn ledger_resolve(ledger: &mut Ledger, event: &Event, resolve: &LedgerResolve) -
 }
 
 /// The ancestors of the event's run, for the events the tree bears on (a call, a model
-/// turn, a tick, a start that names a parent). Empty for a root.
+/// call or turn, a tick, a start that names a parent). Empty for a root.
 fn lineage(runs: &TenantRuns, event: &Event) -> Lineage {
     let bears = matches!(
         event.body,
         EventBody::ToolCall(_)
+            | EventBody::ModelCall(_)
             | EventBody::ModelTurn(_)
             | EventBody::Tick(_)
             | EventBody::RunStarted(_)

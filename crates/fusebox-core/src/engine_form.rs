@@ -20,7 +20,7 @@ use crate::fixed_hash::FixedHasher;
 use crate::ledger::Ledger;
 use crate::policy::{Policy, PolicySet};
 use crate::run::{
-    CompactionLog, Counters, Detection, Node, PendingCall, RunState, RunStatus, Task,
+    CompactionLog, Counters, Detection, Node, PendingCall, Reserved, RunState, RunStatus, Task,
 };
 
 #[derive(Serialize)]
@@ -94,6 +94,7 @@ struct RunOut<'a> {
     resume_tokens: &'a Vec<String>,
     task: &'a Task,
     node: &'a Node,
+    reserved: &'a Reserved,
 }
 
 impl<'a> RunOut<'a> {
@@ -118,6 +119,7 @@ impl<'a> RunOut<'a> {
             resume_tokens,
             task,
             node,
+            reserved,
         } = run;
         RunOut {
             agent,
@@ -139,6 +141,7 @@ impl<'a> RunOut<'a> {
             resume_tokens,
             task,
             node,
+            reserved,
         }
     }
 }
@@ -168,6 +171,9 @@ struct RunIn {
     /// Snapshots written before trees read as roots.
     #[serde(default)]
     node: Node,
+    /// Snapshots written before reservations hold none.
+    #[serde(default)]
+    reserved: Reserved,
 }
 
 impl RunIn {
@@ -192,6 +198,7 @@ impl RunIn {
             resume_tokens: self.resume_tokens,
             task: self.task,
             node: self.node,
+            reserved: self.reserved,
         }
     }
 }

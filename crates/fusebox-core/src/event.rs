@@ -53,6 +53,7 @@ pub enum EventBody {
     Tick(Tick),
     LedgerResolve(LedgerResolve),
     Prompt(Prompt),
+    ModelCall(ModelCall),
 }
 
 impl EventBody {
@@ -71,12 +72,14 @@ impl EventBody {
             EventBody::Tick(_) => "tick",
             EventBody::LedgerResolve(_) => "ledger_resolve",
             EventBody::Prompt(_) => "prompt",
+            EventBody::ModelCall(_) => "model_call",
         }
     }
 }
 
-/// Every type name the contract knows, in the order of guard.md §2.
-pub const EVENT_TYPES: [&str; 13] = [
+/// Every type name the contract knows, in the order of guard.md §2 (then `model_call`,
+/// which the contract does not name yet).
+pub const EVENT_TYPES: [&str; 14] = [
     "run_started",
     "tool_call",
     "tool_result",
@@ -90,6 +93,7 @@ pub const EVENT_TYPES: [&str; 13] = [
     "tick",
     "ledger_resolve",
     "prompt",
+    "model_call",
 ];
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
@@ -334,6 +338,19 @@ pub struct ModelTurn {
     pub cost_usd: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub valid: Option<bool>,
+}
+
+/// The agent is about to call its model: asked inline, like a tool call, so a model call
+/// that would pass a token, cost or model-turn budget (its run's, or an ancestor's over
+/// its subtree) is refused before it runs. Its reservation is the estimate when given,
+/// else the run's mean per model turn so far; the run's next `model_turn` releases it
+/// and counts what was actually spent.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct ModelCall {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate_usd: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]

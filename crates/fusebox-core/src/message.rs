@@ -253,6 +253,12 @@ pub fn stop(report: &StopReport) -> String {
     let why = match report.reason {
         Reason::StepBudget => "the step budget is spent".to_owned(),
         Reason::TimeBudget => "the time budget is spent".to_owned(),
+        // A model call refused for what it would reserve says how far the budget is.
+        Reason::TokenBudget | Reason::CostBudget | Reason::TurnBudget
+            if report.detail.is_some() =>
+        {
+            report.detail.clone().unwrap_or_default()
+        }
         Reason::TokenBudget => "the token budget is spent".to_owned(),
         Reason::CostBudget => "the cost budget is spent".to_owned(),
         Reason::TurnBudget => "the model-turn budget is spent".to_owned(),

@@ -641,12 +641,67 @@ fn time_check(run: &mut RunState, event: &Event) -> Decision {
     decision(event, None, Action::Continue)
 }
 
+/// The agent is about to call its model. Refused with a stop when a token, cost or
+/// model-turn budget has no room for it — the run's own over its subtree, or an
+/// ancestor's over its own subtree — counting what the model calls in flight there
+/// already hold: so however many sub-agents call their models at once, the calls
+/// together never reserve past a budget. Let through, its reservation is held (and
+/// carried up to every ancestor) until the run's next model turn.
+pub(crate) fn model_call(
+    run: &mut RunState,
+    event: &Event,
+    call: &ModelCall,
+    lineage: &Lineage,
+) -> Decision {
+    if let Some(decided) = latched(run, event, None) {
+        return decided;
+    }
+    if let Some(closing) = lineage.stopped() {
+        return close::close(run, event, None, closing);
+    }
+    if run.time_budget_spent() {
+        return close::close(run, event, None, Closing::guard(Reason::TimeBudget));
+    }
+    let reservation = reservation(run, call);
+    let refused = tree::model_call_refused_own(run, reservation)
+        .or_else(|| lineage.model_call_refused(reservation));
+    if let Some(closing) = refused {
+        return close::close(run, event, None, closing);
+    }
+    run.reserved.hold(reservation.tokens, reservation.cost_usd);
+    decision(event, None, Action::Continue)
+}
+
+/// What a model call reserves: one model turn, and the producer's estimate of its tokens
+/// and cost, else the run's own mean per model turn so far (nothing before its first
+/// turn: then only the turn count reserves). Rounded up, so the mean never reserves less
+/// than the turns it was taken from spent.
+fn reservation(run: &RunState, call: &ModelCall) -> Below {
+    let turns = run.counters.model_turns;
+    Below {
+        steps: 0,
+        model_turns: 1,
+        tokens: call.estimate_tokens.unwrap_or(match turns {
+            0 => 0,
+            n => run.counters.tokens.div_ceil(n),
+        }),
+        cost_usd: call.estimate_usd.unwrap_or(match turns {
+            0 => 0.0,
+            n => run.counters.cost_usd / n as f64,
+        }),
+    }
+}
+
 pub(crate) fn model_turn(
     run: &mut RunState,
     event: &Event,
     turn: &ModelTurn,
     lineage: &Lineage,
 ) -> Decision {
+    // The turn answers the run's oldest model call in flight: what that one reserved is
+    // replaced by what the turn spent (nothing to release for a producer that sends no
+    // `model_call`, which is judged exactly as before reservations).
+    run.reserved.release();
     let counters = &mut run.counters;
     counters.model_turns += 1;
     run.task.model_turns += 1;

@@ -211,6 +211,8 @@ struct WireEvent<'a> {
     usage: Option<Usage>,
     cost_usd: Option<f64>,
     valid: Option<bool>,
+    estimate_tokens: Option<u64>,
+    estimate_usd: Option<f64>,
     by: Option<String>,
     reason: Option<String>,
     evidence: Option<Value>,
@@ -427,6 +429,19 @@ impl WireEvent<'_> {
                     valid: self.valid,
                 })
             }
+            "model_call" => {
+                if let Some(usd) = self.estimate_usd {
+                    if !(usd.is_finite() && usd >= 0.0) {
+                        return Err(invalid(format!(
+                            "`estimate_usd` must be a finite, non-negative number, got {usd}"
+                        )));
+                    }
+                }
+                EventBody::ModelCall(ModelCall {
+                    estimate_tokens: self.estimate_tokens,
+                    estimate_usd: self.estimate_usd,
+                })
+            }
             "compaction" => EventBody::Compaction(Compaction {
                 reason: self.reason,
             }),
@@ -576,6 +591,8 @@ const FIELD_SHAPES: &[(&str, Shape)] = &[
     ("usage", Shape::Object),
     ("cost_usd", Shape::Number),
     ("valid", Shape::Bool),
+    ("estimate_tokens", Shape::UInt),
+    ("estimate_usd", Shape::Number),
     ("by", Shape::Text),
     ("reason", Shape::Text),
     ("status", Shape::Text),

@@ -63,6 +63,10 @@ pub struct RunState {
     /// Where the run sits in its tree of runs, and what its subtree spent.
     #[serde(default)]
     pub node: Node,
+    /// Model calls of this run and of its subtree that were let through and have no
+    /// model turn yet. (Defaults here too: older snapshots lack it.)
+    #[serde(default)]
+    pub reserved: Reserved,
 }
 
 /// A run's place in its tree (guard contract §6): its parent, its depth, and what the
@@ -97,6 +101,76 @@ pub struct Below {
     pub model_turns: u64,
     pub tokens: u64,
     pub cost_usd: f64,
+}
+
+/// Most reservations a run holds at once. A model call that failed sends no
+/// `model_turn`, so its reservation would be held until the run closes; past this many,
+/// the oldest is let go, which bounds both the state and the room a producer's failed
+/// calls can hold.
+pub const RESERVATION_MEMORY: usize = 16;
+
+/// What model calls in flight hold (`model_call` let through, its `model_turn` not in
+/// yet): the run's own, oldest first, and the sum of its subtree's. Budgets are judged
+/// on spent + held at a model call only; a tool call never waits on a turn in flight.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Reserved {
+    /// Each own model call in flight: (tokens, cost) it reserved.
+    pub held: VecDeque<(u64, f64)>,
+    /// The sum of `held`, its count as `model_turns` (steps stay 0).
+    pub own: Below,
+    /// What the runs below hold, carried up as they reserve and release.
+    pub below: Below,
+}
+
+impl Reserved {
+    /// Holds one more model call's reservation (letting go of the oldest past
+    /// [`RESERVATION_MEMORY`]).
+    pub fn hold(&mut self, tokens: u64, cost_usd: f64) {
+        if self.held.len() == RESERVATION_MEMORY {
+            self.release();
+        }
+        self.held.push_back((tokens, cost_usd));
+        self.own.model_turns += 1;
+        self.own.tokens = self.own.tokens.saturating_add(tokens);
+        self.own.cost_usd += cost_usd;
+    }
+
+    /// Lets go of the oldest reservation: its model turn came in (FIFO, as a run's
+    /// turns answer its calls in order). Nothing when none is held.
+    pub fn release(&mut self) {
+        let Some((tokens, cost_usd)) = self.held.pop_front() else {
+            return;
+        };
+        self.own.model_turns -= 1;
+        self.own.tokens = self.own.tokens.saturating_sub(tokens);
+        // Sums of floats do not come back to exactly 0 by subtraction.
+        self.own.cost_usd = if self.held.is_empty() {
+            0.0
+        } else {
+            (self.own.cost_usd - cost_usd).max(0.0)
+        };
+    }
+
+    /// Lets go of everything the run holds itself (it closed).
+    pub fn release_all(&mut self) {
+        self.held.clear();
+        self.own = Below::default();
+    }
+
+    /// The run's and its subtree's reservations together.
+    pub fn total(&self) -> Below {
+        add(self.own, self.below)
+    }
+}
+
+/// Two spendings (or reservations) added.
+pub(crate) fn add(a: Below, b: Below) -> Below {
+    Below {
+        steps: a.steps + b.steps,
+        model_turns: a.model_turns + b.model_turns,
+        tokens: a.tokens.saturating_add(b.tokens),
+        cost_usd: a.cost_usd + b.cost_usd,
+    }
 }
 
 /// Sub-task outcomes and stopped children remembered per run (newest kept).
@@ -484,6 +558,7 @@ impl RunState {
             compactions: CompactionLog::default(),
             resume_tokens: Vec::new(),
             node: Node::default(),
+            reserved: Reserved::default(),
         }
     }
 

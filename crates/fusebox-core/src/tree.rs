@@ -17,7 +17,7 @@ use crate::engine::TenantRuns;
 use crate::fingerprint::Fingerprint;
 use crate::fixed_hash::fnv1a;
 use crate::policy::Policy;
-use crate::run::{push_bounded, Below, RunState, CHILD_MEMORY};
+use crate::run::{add, push_bounded, Below, RunState, CHILD_MEMORY};
 
 /// Longest chain of parents followed: a cycle or a broken chain ends the walk.
 const MAX_WALK: usize = 64;
@@ -32,6 +32,8 @@ pub(crate) struct Ancestor {
     pub open_below: u32,
     /// Its own spending plus its subtree's.
     pub spent: Below,
+    /// What model calls in flight hold, its own and its subtree's.
+    pub reserved: Below,
     pub child_outcomes: Vec<(u64, u64, u32)>,
 }
 
@@ -70,6 +72,7 @@ impl Lineage {
                 spawned: run.node.spawned,
                 open_below: run.node.open_below,
                 spent: spent(run),
+                reserved: run.reserved.total(),
                 child_outcomes: if outcomes && ancestors.is_empty() {
                     run.node.child_outcomes.clone()
                 } else {
@@ -133,6 +136,26 @@ impl Lineage {
                     budget_name(which),
                     a.id,
                     spent_text(&a.policy, spent)
+                )),
+            ))
+        })
+    }
+
+    /// A model call reserving `reservation` that a budget of an ancestor would not have
+    /// room for: its subtree's spending, what its model calls in flight hold, and this
+    /// one, past its token, cost or model-turn budget (or one of those already spent).
+    pub fn model_call_refused(&self, reservation: Below) -> Option<Closing> {
+        self.ancestors.iter().find_map(|a| {
+            let (which, total) = model_call_refused(&a.policy, a.spent, a.reserved, reservation)?;
+            Some(Closing::new(
+                TerminalState::StoppedLoopGuard,
+                Reason::TreeBudget,
+                Some(format!(
+                    "the {} of run {} has no room for this model call: its tree of runs spent and holds for model calls in flight {}, and this call reserves {}",
+                    budget_name(which),
+                    a.id,
+                    spent_text(&a.policy, total),
+                    reservation_text(reservation)
                 )),
             ))
         })
@@ -216,6 +239,56 @@ pub(crate) fn budget_spent(policy: &Policy, spent: Below) -> Option<Reason> {
     }
 }
 
+/// Which budget of `policy` a model call reserving `reservation` has no room in, and
+/// the spending and holdings it was judged on: one already spent (as for any call), or
+/// one that spent + held + this reservation would pass. A model call counts as one
+/// model turn; "pass" is the model turn's own test (`model_turns` above the budget,
+/// tokens or cost above it — a call that would land exactly on a token or cost budget
+/// may run, the turn that lands there closes the run as it always did).
+pub(crate) fn model_call_refused(
+    policy: &Policy,
+    spent: Below,
+    reserved: Below,
+    reservation: Below,
+) -> Option<(Reason, Below)> {
+    // Steps are the gate's: a model call after the last step may still give the answer.
+    let spent = Below { steps: 0, ..spent };
+    let total = add(add(spent, reserved), reservation);
+    let which = budget_spent(policy, spent).or(if total.model_turns > policy.max_model_turns {
+        Some(Reason::TurnBudget)
+    } else if total.tokens > policy.max_tokens {
+        Some(Reason::TokenBudget)
+    } else if total.cost_usd > policy.max_cost_usd {
+        Some(Reason::CostBudget)
+    } else {
+        None
+    })?;
+    Some((which, total))
+}
+
+/// A model call reserving `reservation` that a budget of the run itself (counted over
+/// its subtree) has no room for.
+pub(crate) fn model_call_refused_own(run: &RunState, reservation: Below) -> Option<Closing> {
+    let (which, total) =
+        model_call_refused(&run.policy, spent(run), run.reserved.total(), reservation)?;
+    let mut closing = Closing::guard(which);
+    closing.detail = Some(format!(
+        "the {} has no room for this model call: this run and its sub-agents spent and hold for model calls in flight {}, and this call reserves {}",
+        budget_name(which),
+        spent_text(&run.policy, total),
+        reservation_text(reservation)
+    ));
+    Some(closing)
+}
+
+/// A model call's reservation, in a report's words.
+pub(crate) fn reservation_text(reservation: Below) -> String {
+    format!(
+        "1 model turn, {} tokens, ${:.2}",
+        reservation.tokens, reservation.cost_usd
+    )
+}
+
 /// A budget's reason in the words of a report's detail.
 fn budget_name(reason: Reason) -> &'static str {
     match reason {
@@ -226,7 +299,7 @@ fn budget_name(reason: Reason) -> &'static str {
     }
 }
 
-fn spent_text(policy: &Policy, spent: Below) -> String {
+pub(crate) fn spent_text(policy: &Policy, spent: Below) -> String {
     format!(
         "{} of {} steps, {} of {} model turns, {} of {} tokens, ${:.2} of ${:.2}",
         spent.steps,
@@ -268,6 +341,8 @@ pub(crate) fn outcome(run: &RunState) -> u64 {
 /// What changed in a run while one of its events was decided, for its ancestors.
 pub(crate) struct Change {
     pub spent: Below,
+    /// What the run (and its subtree) held for model calls in flight, before and after.
+    pub reserved: (Below, Below),
     /// It closed (with this report) or reopened.
     pub closed: Option<Arc<StopReport>>,
     pub reopened: bool,
@@ -276,7 +351,7 @@ pub(crate) struct Change {
 }
 
 impl Change {
-    pub fn between(before: &Below, was_open: bool, run: &RunState) -> Change {
+    pub fn between(before: &Below, reserved: Below, was_open: bool, run: &RunState) -> Change {
         let now = own(run);
         Change {
             spent: Below {
@@ -285,6 +360,7 @@ impl Change {
                 tokens: now.tokens.saturating_sub(before.tokens),
                 cost_usd: (now.cost_usd - before.cost_usd).max(0.0),
             },
+            reserved: (reserved, run.reserved.total()),
             closed: if was_open {
                 run.report().cloned()
             } else {
@@ -297,7 +373,10 @@ impl Change {
     }
 
     pub fn is_nothing(&self) -> bool {
-        self.spent == Below::default() && self.closed.is_none() && !self.reopened
+        self.spent == Below::default()
+            && self.reserved.0 == self.reserved.1
+            && self.closed.is_none()
+            && !self.reopened
     }
 }
 
@@ -328,6 +407,22 @@ pub(crate) fn carry_up(runs: &mut TenantRuns, run_id: &str, lineage: &Lineage, c
         below.model_turns += change.spent.model_turns;
         below.tokens = below.tokens.saturating_add(change.spent.tokens);
         below.cost_usd += change.spent.cost_usd;
+        if change.reserved.0 != change.reserved.1 {
+            let (before, after) = change.reserved;
+            let held = &mut ancestor.reserved.below;
+            held.model_turns =
+                (held.model_turns + after.model_turns).saturating_sub(before.model_turns);
+            held.tokens = held
+                .tokens
+                .saturating_add(after.tokens)
+                .saturating_sub(before.tokens);
+            // Sums of floats do not come back to exactly 0 by subtraction.
+            held.cost_usd = if held.model_turns == 0 {
+                0.0
+            } else {
+                (held.cost_usd + after.cost_usd - before.cost_usd).max(0.0)
+            };
+        }
         if change.closed.is_some() {
             ancestor.node.open_below = ancestor.node.open_below.saturating_sub(1);
         }

@@ -151,6 +151,24 @@ const CASES: &[(&str, &str, RejectReason, &str)] = &[
         RejectReason::InvalidField,
         "cost_usd",
     ),
+    (
+        "negative model call estimate",
+        r#"{"v":1,"id":"e","tenant":"a","run":"r","ts_ms":1,"type":"model_call","estimate_usd":-0.5}"#,
+        RejectReason::InvalidField,
+        "estimate_usd",
+    ),
+    (
+        "model call estimate of wrong type",
+        r#"{"v":1,"id":"e","tenant":"a","run":"r","ts_ms":1,"type":"model_call","estimate_tokens":"many"}"#,
+        RejectReason::InvalidField,
+        "`estimate_tokens`",
+    ),
+    (
+        "fractional model call estimate",
+        r#"{"v":1,"id":"e","tenant":"a","run":"r","ts_ms":1,"type":"model_call","estimate_tokens":1.5}"#,
+        RejectReason::InvalidField,
+        "`estimate_tokens`",
+    ),
 ];
 
 #[test]

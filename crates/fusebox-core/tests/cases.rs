@@ -13,6 +13,7 @@
 //! ok {"hits":[]} progress=4 terminal for=c9
 //! pending {…} | retry {…} after=500 code=rate_limited | precond code=x | fatal code=y
 //! turn {"stop_reason":"end_turn","usage":{…}}
+//! model tokens=800 usd=0.2               model_call (estimates optional)
 //! progress 5 | compaction [{"reason":"auto"}] | cancel | resume {"approval_id":"a1"} | finish [status] | tick
 //! prompt                               the user submitted a prompt (a new task)
 //! wait 5000                            advance the event clock, no event
@@ -258,6 +259,17 @@ fn parse_case(text: &str) -> (Preset, Vec<Step>) {
                 }
                 fields.entry("stop_reason").or_insert(json!("tool_use"));
                 "model_turn"
+            }
+            "model" => {
+                if let Some(n) = options.get("tokens") {
+                    let n = n.parse::<u64>().expect("a token count");
+                    fields.insert("estimate_tokens".into(), json!(n));
+                }
+                if let Some(usd) = options.get("usd") {
+                    let usd = usd.parse::<f64>().expect("a cost");
+                    fields.insert("estimate_usd".into(), json!(usd));
+                }
+                "model_call"
             }
             "progress" => {
                 fields.insert(

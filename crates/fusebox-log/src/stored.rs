@@ -10,8 +10,8 @@
 //! LZ4). The field order is the format: change it only with `FORMAT_VERSION`.
 
 use fusebox_core::event::{
-    Args, Cancel, Compaction, Effect, InstanceLaunched, LedgerResolve, ModelTurn, Output,
-    ProgressUpdate, Prompt, Resolution, ResultKind, Resume, RunFinished, RunStarted, Tick,
+    Args, Cancel, Compaction, Effect, InstanceLaunched, LedgerResolve, ModelCall, ModelTurn,
+    Output, ProgressUpdate, Prompt, Resolution, ResultKind, Resume, RunFinished, RunStarted, Tick,
     ToolCall, ToolResult, Usage,
 };
 use fusebox_core::{Event, EventBody};
@@ -122,6 +122,10 @@ enum BodyRef<'a> {
     ),
     #[serde(rename = "q")]
     Prompt,
+    /// A model call about to run, with its estimates (a variant of its own, so logs
+    /// written before reservations read unchanged).
+    #[serde(rename = "M")]
+    ModelCall(Option<u64>, Option<f64>),
 }
 
 #[derive(Serialize)]
@@ -178,6 +182,10 @@ enum BodyOwned {
     ),
     #[serde(rename = "q")]
     Prompt,
+    /// A model call about to run, with its estimates (a variant of its own, so logs
+    /// written before reservations read unchanged).
+    #[serde(rename = "M")]
+    ModelCall(Option<u64>, Option<f64>),
 }
 
 #[derive(Deserialize)]
@@ -311,6 +319,7 @@ impl<'a> From<&'a EventBody> for BodyRef<'a> {
             }
             EventBody::Tick(Tick {}) => BodyRef::Tick,
             EventBody::Prompt(Prompt {}) => BodyRef::Prompt,
+            EventBody::ModelCall(b) => BodyRef::ModelCall(b.estimate_tokens, b.estimate_usd),
             EventBody::LedgerResolve(b) => BodyRef::LedgerResolve(
                 &b.op_key,
                 b.resolution,
@@ -389,6 +398,12 @@ impl From<BodyOwned> for EventBody {
             }
             BodyOwned::Tick => EventBody::Tick(Tick {}),
             BodyOwned::Prompt => EventBody::Prompt(Prompt {}),
+            BodyOwned::ModelCall(estimate_tokens, estimate_usd) => {
+                EventBody::ModelCall(ModelCall {
+                    estimate_tokens,
+                    estimate_usd,
+                })
+            }
             BodyOwned::LedgerResolve(op_key, resolution, output, by, reason) => {
                 EventBody::LedgerResolve(LedgerResolve {
                     op_key,
@@ -437,6 +452,9 @@ mod tests {
             r#""type":"instance_launched","provider":"aws","region":"eu","instance_id":"i-1","max_lifetime_s":60"#,
             r#""type":"tick""#,
             r#""type":"prompt""#,
+            r#""type":"model_call""#,
+            r#""type":"model_call","estimate_tokens":1200,"estimate_usd":0.25"#,
+            r#""type":"model_call","estimate_usd":0.0"#,
             r#""type":"run_started","parent":"root-1""#,
             r#""type":"run_started","agent":"a","tools":["b"],"policy":{"max_steps":3},"parent":"p""#,
         ];

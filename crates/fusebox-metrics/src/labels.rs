@@ -23,6 +23,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "tick",
     "ledger_resolve",
     "prompt",
+    "model_call",
 ];
 
 /// Gate and observe actions of guard.md §3.
