@@ -1,9 +1,9 @@
 //! How long the coding-agent hooks take, as the agent sees them, against a warm
 //! fuseboxd, beside the floors measured in the same run:
 //!
-//! - each command hook (`fusebox-hook claude-code | codex | gemini-cli`, the lean binary
-//!   the printed settings install): a whole process per hook event (spawn, connect, ask,
-//!   answer, exit), beside spawning a process that does nothing (`/bin/true`), and the
+//! - each command hook (`fusebox-hook claude-code | codex | gemini-cli | opencode`, the
+//!   lean binary the printed settings and the OpenCode plugin run): a whole process per
+//!   hook event (spawn, connect, ask, answer, exit), beside spawning a process that does nothing (`/bin/true`), and the
 //!   same hook run through the full CLI (`fusebox hook claude-code`) for comparison;
 //! - the HTTP hook (`fusebox hook serve`, Claude Code's `"type": "http"`): one POST on a
 //!   kept-alive connection, beside a gate request/reply from a warm client (and a raw
@@ -66,6 +66,8 @@ enum Agent {
     ClaudeCode,
     Codex,
     GeminiCli,
+    /// What the OpenCode plugin awaits per hook: the same lean binary, one process.
+    Opencode,
 }
 
 impl Agent {
@@ -74,6 +76,7 @@ impl Agent {
             Agent::ClaudeCode => "claude-code",
             Agent::Codex => "codex",
             Agent::GeminiCli => "gemini-cli",
+            Agent::Opencode => "opencode",
         }
     }
 
@@ -104,6 +107,17 @@ impl Agent {
                 });
                 if result {
                     p["tool_response"] = json!({"llmContent": output, "returnDisplay": output});
+                }
+                p
+            }
+            Agent::Opencode => {
+                let mut p = json!({
+                    "hook": if result { "tool.execute.after" } else { "tool.execute.before" },
+                    "sessionID": session, "callID": format!("call_bench_{i}"),
+                    "tool": "bash", "args": command,
+                });
+                if result {
+                    p["output"] = json!(output);
                 }
                 p
             }
@@ -234,7 +248,12 @@ async fn main() {
             state_dir.clone(),
         ]
     };
-    let agents = [Agent::ClaudeCode, Agent::Codex, Agent::GeminiCli];
+    let agents = [
+        Agent::ClaudeCode,
+        Agent::Codex,
+        Agent::GeminiCli,
+        Agent::Opencode,
+    ];
 
     // Warm up: the daemon's runs exist, the binary is in the page cache.
     for agent in agents {

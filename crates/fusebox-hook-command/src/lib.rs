@@ -17,6 +17,7 @@ mod call_books;
 pub mod claude_code;
 mod codex;
 pub mod connection;
+mod copilot_cli;
 mod gemini_cli;
 mod kept_stops;
 mod opencode;
@@ -37,6 +38,7 @@ use clap::{Subcommand, ValueEnum};
 use fusebox_client::{parse_duration, ClientError, ClientOptions, Gate, GateOnError};
 use fusebox_hook::claude_code::{Outcome, PROTOCOL as CLAUDE_CODE};
 use fusebox_hook::codex::PROTOCOL as CODEX;
+use fusebox_hook::copilot_cli::PROTOCOL as COPILOT_CLI;
 use fusebox_hook::gemini_cli::PROTOCOL as GEMINI_CLI;
 use fusebox_hook::opencode::PROTOCOL as OPENCODE;
 use fusebox_hook::{with_result_hashed, Operations};
@@ -103,6 +105,17 @@ pub enum Agent {
     /// See docs/agents/opencode.md.
     #[command(verbatim_doc_comment)]
     Opencode(OpencodeArgs),
+    /// GitHub Copilot CLI's hooks (sessionStart, userPromptSubmitted, preToolUse,
+    /// postToolUse, sessionEnd), each run with `--event <name>`.
+    ///
+    /// Setup: `fusebox hook copilot-cli --print-config > .github/hooks/fusebox.json` in a
+    /// repository (or merge its "hooks" into ~/.copilot/settings.json). A block or stop
+    /// denies the call with the guard's message as the reason. No hook answer ends
+    /// Copilot CLI's turn, so after a stop every later call of the session is denied
+    /// with the stop report.
+    /// See docs/agents/copilot-cli.md.
+    #[command(verbatim_doc_comment)]
+    CopilotCli(CopilotCliArgs),
 }
 
 /// What every agent's hook takes.
@@ -169,6 +182,19 @@ pub struct GeminiCliArgs {
 }
 
 #[derive(clap::Args)]
+pub struct CopilotCliArgs {
+    #[command(flatten)]
+    guard: GuardArgs,
+    /// Print the hooks file that installs this hook, and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// The hook event this process answers (the printed hooks pass it: Copilot CLI's
+    /// payloads do not name their event).
+    #[arg(long, value_name = "NAME", required_unless_present = "print_config")]
+    event: Option<String>,
+}
+
+#[derive(clap::Args)]
 pub struct OpencodeArgs {
     #[command(flatten)]
     guard: GuardArgs,
@@ -212,6 +238,10 @@ pub fn run(agent: &Agent) -> Result<ExitCode, String> {
             &settings::command_line(&a.guard.flags(GEMINI_CLI.agent))?,
             a.guard.timeout,
         )),
+        Agent::CopilotCli(a) if a.print_config => Some(settings::copilot_cli(
+            &settings::command_line(&a.guard.flags(COPILOT_CLI.agent))?,
+            a.guard.timeout,
+        )),
         Agent::Opencode(a) if a.print_plugin => Some(opencode::plugin(
             &settings::command_args(&a.guard.flags(OPENCODE.agent))?,
             a.guard.on_error == OnError::Allow,
@@ -227,6 +257,10 @@ pub fn run(agent: &Agent) -> Result<ExitCode, String> {
         Agent::Codex(a) => codex::hook(&Hook::new(&a.guard, CODEX.agent)),
         Agent::GeminiCli(a) => gemini_cli::hook(&Hook::new(&a.guard, GEMINI_CLI.agent)),
         Agent::Opencode(a) => opencode::hook(&Hook::new(&a.guard, OPENCODE.agent)),
+        Agent::CopilotCli(a) => copilot_cli::hook(
+            &Hook::new(&a.guard, COPILOT_CLI.agent),
+            a.event.as_deref().unwrap_or_default(),
+        ),
     })
 }
 

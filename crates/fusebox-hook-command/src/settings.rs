@@ -222,6 +222,23 @@ pub fn gemini_cli(command: &str, deadline: Duration) -> String {
     })
 }
 
+/// Copilot CLI's hooks file (`.github/hooks/fusebox.json` in a repository, or the
+/// `hooks` of ~/.copilot/settings.json): one command per event, told its event (the
+/// payloads do not name it); timeouts in whole seconds.
+pub fn copilot_cli(command: &str, deadline: Duration) -> String {
+    let timeout_s = agent_timeout(deadline).as_secs();
+    let hooks: serde_json::Map<String, Value> = fusebox_hook::copilot_cli::HookEvent::NAMES
+        .iter()
+        .map(|event| {
+            let hook = json!({"type": "command", "bash": format!("{command} --event {event}"),
+                "timeoutSec": timeout_s});
+            ((*event).to_owned(), json!([hook]))
+        })
+        .collect();
+    serde_json::to_string_pretty(&json!({"version": 1, "hooks": hooks}))
+        .expect("JSON values serialise")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

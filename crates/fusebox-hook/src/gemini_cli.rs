@@ -149,15 +149,21 @@ impl CallBook {
     /// The call id of a BeforeTool: the one it already has if this hook event was seen,
     /// else the session's next number.
     pub fn before(&mut self, payload: &Payload) -> Result<String, String> {
-        let moment = payload.moment()?;
+        Ok(self.before_call(payload.call_key()?, payload.moment()?))
+    }
+
+    /// [`CallBook::before`] for any agent whose calls carry no id: `key` names the call
+    /// (its tool and input), `moment` this very hook event (the key and the event's
+    /// timestamp, which every hook of one event shares). Copilot CLI's hooks are such.
+    pub fn before_call(&mut self, key: String, moment: String) -> String {
         if let Some(call) = self.calls.iter().find(|c| c.before == moment) {
-            return Ok(call.id.clone());
+            return call.id.clone();
         }
         self.next += 1;
         let id = format!("g{}", self.next);
         self.calls.push(BookedCall {
             id: id.clone(),
-            key: payload.call_key()?,
+            key,
             before: moment,
             after: None,
             open: true,
@@ -166,7 +172,7 @@ impl CallBook {
         if self.calls.len() > Self::KEPT {
             self.calls.remove(0);
         }
-        Ok(id)
+        id
     }
 
     /// What the guard answered a call: a refused call gets no AfterTool; a warned one
@@ -189,21 +195,22 @@ impl CallBook {
     /// The call an AfterTool reports, with the warning its BeforeTool got; `None` for a
     /// result of no call the book knows (the hook was installed mid-session).
     pub fn after(&mut self, payload: &Payload) -> Result<Option<(String, Option<String>)>, String> {
-        let moment = payload.moment()?;
+        Ok(self.after_call(&payload.call_key()?, payload.moment()?))
+    }
+
+    /// [`CallBook::after`] by the call's key and the hook event's moment.
+    pub fn after_call(&mut self, key: &str, moment: String) -> Option<(String, Option<String>)> {
         if let Some(call) = self
             .calls
             .iter()
             .find(|c| c.after.as_ref() == Some(&moment))
         {
-            return Ok(Some((call.id.clone(), call.warning.clone())));
+            return Some((call.id.clone(), call.warning.clone()));
         }
-        let key = payload.call_key()?;
-        let Some(call) = self.calls.iter_mut().find(|c| c.open && c.key == key) else {
-            return Ok(None);
-        };
+        let call = self.calls.iter_mut().find(|c| c.open && c.key == key)?;
         call.open = false;
         call.after = Some(moment);
-        Ok(Some((call.id.clone(), call.warning.clone())))
+        Some((call.id.clone(), call.warning.clone()))
     }
 }
 

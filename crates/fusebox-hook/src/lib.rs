@@ -12,6 +12,7 @@
 pub mod claude_code;
 pub mod codex;
 mod common;
+pub mod copilot_cli;
 pub use common::{
     message_of, run_id, sub_agent_finished, sub_agent_run, sub_agent_started, with_result_hashed,
     Operations,

@@ -28,7 +28,7 @@ use fusebox_core::{Action, Event};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::common::{checked, message_of, observe_context};
+use crate::common::{checked, lines_in_one_order, message_of, observe_context};
 pub use crate::common::{run_id, Operations, Outcome};
 use crate::protocol::{before_call, before_prompt, Answers, Protocol, Step};
 
@@ -39,6 +39,9 @@ pub const PROTOCOL: Protocol = Protocol {
     prefix: "oc",
     stop_ends_run: true,
 };
+
+/// OpenCode's shell tool.
+const SHELL_TOOL: &str = "bash";
 
 /// The plugin hooks the fusebox plugin forwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,14 +161,23 @@ pub fn event_for(
                 input: payload.args.as_ref(),
             }
         }
+        // The shell's lines in one order: OpenCode's bash tool joins a command's stdout
+        // and stderr in arrival order (seen with `cat status.txt || echo running`: both
+        // orders in one run), and a new order would look like a new answer.
         HookEvent::ToolExecuteAfter => {
             let (id, tool) = payload.call()?;
+            let output = match &payload.output {
+                Some(Value::String(text)) if tool == SHELL_TOOL => {
+                    Value::String(lines_in_one_order(text.lines()))
+                }
+                other => other.clone().unwrap_or(Value::Null),
+            };
             Step::Result {
                 id,
                 tool,
                 input: payload.args.as_ref(),
                 failure: None,
-                output: payload.output.clone().unwrap_or(Value::Null),
+                output,
             }
         }
         HookEvent::SessionIdle | HookEvent::SessionDeleted if payload.parent().is_some() => {
