@@ -499,3 +499,59 @@ async def test_a_handoff_is_a_child_run(
     assert nodes[run.id].calls == []  # the handoff itself is no tool call
     await asyncio.to_thread(assert_closed, stack, run.id, root_status)
     await fb.close()
+
+
+# --- reservations: a model call is asked before the model runs ----------------------------
+
+RESEARCH_TOKENS = 300  # each researcher's response: 250 in, 50 out
+
+
+def searching(items: list[dict[str, Any]]) -> list[Call] | str:
+    """A researcher that searches on, one new query a turn, until its fourth turn."""
+    topic = str(items[0].get("content"))
+    turn = _turn(items)
+    return [("search", {"query": f"{topic} {turn}"})] if turn < 4 else f"found {topic}"
+
+
+@pytest.mark.asyncio
+async def test_a_model_call_past_the_roots_token_budget_never_reaches_the_model(
+    stack: Stack,
+) -> None:
+    """Two researchers of one lead, run at once, under the lead's 1000 tokens. Each
+    first call reserves nothing (no turn yet to take a mean from): 600 spent. From then
+    on each call reserves its run's mean, 300: one more fits (900), and every call after
+    it is refused before the model is called, in whatever order the two ask. Without
+    the reservation both second calls would run (1200) and the budget be seen crossed
+    only after."""
+    fb = await Fusebox.connect(stack.nats_url, tenant=TENANT)
+    run = await fb.start_run(fresh_run("oai-reserve"), agent="lead", policy={"max_tokens": 1000})
+    guard, log = OpenAIAgentsGuard(run), ToolLog()
+    researcher_model = playing(searching)
+    researcher_model.set_default_usage(AgentsUsage(requests=1, input_tokens=250, output_tokens=50))
+    researcher = make_agent(researcher_model, log)
+    lead_model = ScriptedModel(
+        [
+            # Two calls of the agent tool in one response: the SDK runs them at once.
+            ModelStep.respond(
+                lambda call: [
+                    function_call("research", {"input": topic}, call_id=f"research_{topic}")
+                    for topic in ("alpha", "beta")
+                ]
+            ),
+            ModelStep.respond(lambda call: [assistant_message("done")]),
+        ]
+    )
+    research = researcher.as_tool(tool_name="research", tool_description="Research a topic.")
+    lead = guard.protect(Agent(name="lead", model=lead_model, tools=[research]))
+    result = await guard.run_agent(lead, "weather report", max_turns=20)
+    assert result.final_output == "done"
+    assert len(researcher_model.calls) == 3, [c.input for c in researcher_model.calls]
+    nodes = await tree(stack, run.id)
+    first, second = children(nodes, run.id)
+    assert {first.stop_reason, second.stop_reason} == {"tree_budget"}
+    status = await asyncio.to_thread(run_status, stack, run.id)
+    assert status["tree"]["below"]["tokens"] == 3 * RESEARCH_TOKENS
+    # What the lead's model read: each researcher was stopped for the tree's budget.
+    read = " ".join(lead_read(lead_model).values())
+    assert read.count("no room for this model call") == 2, read
+    await fb.close()

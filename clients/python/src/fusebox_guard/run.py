@@ -329,6 +329,36 @@ class Run:
             body["valid"] = valid
         return await self._observe("model_turn", body)
 
+    async def model_call(
+        self,
+        *,
+        estimate_tokens: int | None = None,
+        estimate_usd: float | None = None,
+    ) -> Decision | None:
+        """Asks, before the agent calls its model, whether a token, cost or model-turn
+        budget (this run's, or one of a run above it counting its tree) has room for
+        the call; the guard holds what it reserves (the estimate, else this run's mean
+        per model turn) until the next `model_turn`. Always inline: the answer must come
+        before the model is called. A `stop` is latched like a tool call's (the run is
+        over: `raise_if_stopped` raises it); a run known to be stopped is answered with
+        its stop without a round trip. Unanswered, it raises the `FuseboxError`, or
+        returns None (the call may go ahead) under `gate_on_error=allow`."""
+        if not self._started:
+            await self.start()
+        if self._stop is not None:
+            return self._refusal(None)
+        body: dict[str, Any] = {}
+        if estimate_tokens is not None:
+            body["estimate_tokens"] = estimate_tokens
+        if estimate_usd is not None:
+            body["estimate_usd"] = estimate_usd
+        try:
+            return await self._send("model_call", body, inline=True)
+        except GuardUnavailable:
+            if self.gate_on_error is GateOnError.ALLOW:
+                return None
+            raise
+
     async def progress(self, version: int, note: str | None = None) -> Decision | None:
         body: dict[str, Any] = {"version": version}
         if note is not None:
@@ -448,7 +478,7 @@ class Run:
             seq += 1
         self._seq = seq - 1
 
-    def _refusal(self, call_id: str) -> Decision:
+    def _refusal(self, call_id: str | None) -> Decision:
         """The answer to a call of a run known to be stopped: the run's own stop."""
         assert self._stop is not None
         stop = self._stop

@@ -222,6 +222,13 @@ class SyncRun:
             self.aio.model_turn(stop_reason, usage=usage, cost_usd=cost_usd, valid=valid)
         )
 
+    def model_call(
+        self, *, estimate_tokens: int | None = None, estimate_usd: float | None = None
+    ) -> Decision | None:
+        return self._call(
+            self.aio.model_call(estimate_tokens=estimate_tokens, estimate_usd=estimate_usd)
+        )
+
     def progress(self, version: int, note: str | None = None) -> Decision | None:
         return self._call(self.aio.progress(version, note))
 

@@ -13,7 +13,10 @@ gated by fuseboxd.
 - Tool output guardrail: reports the result; a `warn`'s message is added to what the
   model reads; a `stop` answer to the result ends the run the same way.
 - Agent hooks (set by `protect` on every agent it reaches, around the agent's own):
-  each model response's usage → `model_turn`; a run stopped meanwhile (a `fusebox
+  before each model call a `model_call` (the guard reserves the run's mean tokens and
+  cost per turn; a call a budget of the run or of a run above it has no room for is
+  refused, and the model is not called: `RunStopped`); each model response's usage →
+  `model_turn`, which reconciles the reservation; a run stopped meanwhile (a `fusebox
   cancel`, a budget, an ancestor's stop) ends before the next model call. Agent hooks,
   not run hooks: a nested `Runner.run` (an agent tool's) gets no run hooks of ours.
 - `run_agent` closes the run as the agent ends: `run_finished` completed on a final
@@ -251,7 +254,19 @@ class OpenAIAgentsGuard:
         await self.scope.hand_off(source.name, target.name)
 
     async def _model_asked(self) -> None:
-        self.scope.current.run.raise_if_stopped()
+        # Asked before the model runs, so a call that a token, cost or turn budget of
+        # this run or of a run above it has no room for (what the tree's model calls in
+        # flight hold counted) never reaches the model; the guard reserves this run's
+        # mean per turn, and the turn's usage (`_model_answered`) reconciles it.
+        # Unanswered (no daemon), the model still runs: the tools it asks for stay gated
+        # by `gate_on_error`, and its turn is judged when reported.
+        bridge = self.scope.current
+        if bridge.run.stopped is None:
+            try:
+                await bridge.acall(bridge.run.model_call())
+            except FuseboxError as err:
+                report_failed("model call", err)
+        bridge.run.raise_if_stopped()
 
     async def _model_answered(self, response: ModelResponse) -> None:
         usage = response.usage
