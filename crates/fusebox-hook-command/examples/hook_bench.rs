@@ -1,10 +1,11 @@
 //! How long the coding-agent hooks take, as the agent sees them, against a warm
 //! fuseboxd, beside the floors measured in the same run:
 //!
-//! - each command hook (`fusebox-hook claude-code | codex | gemini-cli | opencode`, the
-//!   lean binary the printed settings and the OpenCode plugin run): a whole process per
-//!   hook event (spawn, connect, ask, answer, exit), beside spawning a process that does nothing (`/bin/true`), and the
-//!   same hook run through the full CLI (`fusebox hook claude-code`) for comparison;
+//! - each command hook (`fusebox-hook claude-code | codex | gemini-cli | opencode |
+//!   copilot-cli`, the lean binary the printed settings and the OpenCode plugin run): a
+//!   whole process per hook event (spawn, connect, ask, answer, exit), beside spawning a
+//!   process that does nothing (`/bin/true`), and the same hook run through the full CLI
+//!   (`fusebox hook claude-code`) for comparison;
 //! - the HTTP hook (`fusebox hook serve`, Claude Code's `"type": "http"`): one POST on a
 //!   kept-alive connection, beside a gate request/reply from a warm client (and a raw
 //!   NATS request/reply to an echo responder).
@@ -68,6 +69,7 @@ enum Agent {
     GeminiCli,
     /// What the OpenCode plugin awaits per hook: the same lean binary, one process.
     Opencode,
+    CopilotCli,
 }
 
 impl Agent {
@@ -77,7 +79,18 @@ impl Agent {
             Agent::Codex => "codex",
             Agent::GeminiCli => "gemini-cli",
             Agent::Opencode => "opencode",
+            Agent::CopilotCli => "copilot-cli",
         }
+    }
+
+    /// `args` with what the hook is told of the event: Copilot CLI's payloads do not
+    /// name theirs, so its hooks are run with `--event`.
+    fn args<'a>(self, args: &[&'a str], result: bool) -> Vec<&'a str> {
+        let mut args = args.to_vec();
+        if let Agent::CopilotCli = self {
+            args.extend(["--event", if result { "postToolUse" } else { "preToolUse" }]);
+        }
+        args
     }
 
     /// Sessions of 200 calls each, well inside the default step budget.
@@ -107,6 +120,16 @@ impl Agent {
                 });
                 if result {
                     p["tool_response"] = json!({"llmContent": output, "returnDisplay": output});
+                }
+                p
+            }
+            Agent::CopilotCli => {
+                let mut p = json!({
+                    "sessionId": session, "timestamp": 1_796_000_000_000u64 + 2 * i as u64 + u64::from(result),
+                    "cwd": "/w", "toolName": "bash", "toolArgs": command,
+                });
+                if result {
+                    p["toolResult"] = json!({"resultType": "success", "textResultForLlm": output});
                 }
                 p
             }
@@ -253,6 +276,7 @@ async fn main() {
         Agent::Codex,
         Agent::GeminiCli,
         Agent::Opencode,
+        Agent::CopilotCli,
     ];
 
     // Warm up: the daemon's runs exist, the binary is in the page cache.
@@ -260,8 +284,16 @@ async fn main() {
         let args = hook_args(agent);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         for i in 0..10 {
-            spawn(&options.hook, &args, &agent.payload(&session, false, i));
-            spawn(&options.hook, &args, &agent.payload(&session, true, i));
+            spawn(
+                &options.hook,
+                &agent.args(&args, false),
+                &agent.payload(&session, false, i),
+            );
+            spawn(
+                &options.hook,
+                &agent.args(&args, true),
+                &agent.payload(&session, true, i),
+            );
         }
     }
 
@@ -346,7 +378,11 @@ async fn main() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut hook = Vec::new();
         for i in 10..options.samples + 10 {
-            let (took, answer) = spawn(program, &args, &agent.payload(&session, false, i));
+            let (took, answer) = spawn(
+                program,
+                &agent.args(&args, false),
+                &agent.payload(&session, false, i),
+            );
             let answer: Value = serde_json::from_slice(&answer).expect("the answer is JSON");
             assert_eq!(
                 answer,
@@ -354,7 +390,11 @@ async fn main() {
                 "the guard must let a legitimate call run"
             );
             hook.push(took);
-            spawn(program, &args, &agent.payload(&session, true, i));
+            spawn(
+                program,
+                &agent.args(&args, true),
+                &agent.payload(&session, true, i),
+            );
         }
         let p50 = percentiles(
             &format!("{name} {} process, call -> execute", agent.protocol()),
