@@ -7,11 +7,16 @@
 //!   sweep interval, and a run-end deadline whose facts came from a third daemon's
 //!   partition still fires, once (moto shows the instance terminated; one termination
 //!   is logged and announced across the cluster);
+//! * the holder SIGKILLed in the middle of a pass, its TerminateInstances held in flight
+//!   by a proxy in front of moto: the call never lands, the new holder's first sweep
+//!   terminates the instance, moto gets one TerminateInstances, one termination is
+//!   logged;
 //! * a blast-radius halt on the holder: no daemon terminates anything — including the
 //!   one that takes over after the holder is killed, with the overdue count back under
 //!   the limit — until an operator resumes it, once, from any daemon's answer.
 
 use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
@@ -19,6 +24,7 @@ use aws_sdk_ec2::types::{InstanceType, ResourceType, Tag, TagSpecification};
 use fusebox_e2e::cluster::{partition_of, wait_owners, ClusterDaemon, NatsCluster};
 use fusebox_e2e::cluster_watchdog::{start_watchdog_daemon, terminated, wait_holder};
 use fusebox_e2e::deploy_nats::placeholder_password;
+use fusebox_e2e::ec2_proxy::Ec2Proxy;
 use fusebox_e2e::fleet::TENANTS;
 use fusebox_e2e::{event, now_ms, Moto};
 use futures_util::StreamExt;
@@ -148,15 +154,16 @@ async fn wait_logged(daemon: &ClusterDaemon, words: &[&str], within: Duration) {
     }
 }
 
+/// Three daemons whose watchdogs call EC2 at `endpoint`.
 fn start_three(
     dir: &std::path::Path,
     nats: &NatsCluster,
-    moto: &Moto,
+    endpoint: &str,
     extra: &str,
 ) -> Vec<ClusterDaemon> {
     ["d1", "d2", "d3"]
         .into_iter()
-        .map(|node| start_watchdog_daemon(dir, node, &nats.urls(), &moto.url(), SWEEP_S, extra))
+        .map(|node| start_watchdog_daemon(dir, node, &nats.urls(), endpoint, SWEEP_S, extra))
         .collect()
 }
 
@@ -169,7 +176,12 @@ async fn the_holder_killed_between_sweeps_the_deadline_still_fires_once() {
     // The run's end + grace is the deadline: only facts say when it is (the instance's
     // own tags allow an hour), so it fires only where the facts arrived.
     let grace_s = 15;
-    let mut daemons = start_three(dir.path(), &nats, &moto, &format!("grace_s = {grace_s}\n"));
+    let mut daemons = start_three(
+        dir.path(),
+        &nats,
+        &moto.url(),
+        &format!("grace_s = {grace_s}\n"),
+    );
     let owners = wait_owners(
         &mut daemons.iter_mut().collect::<Vec<_>>(),
         Duration::from_secs(60),
@@ -318,7 +330,7 @@ async fn a_halt_on_the_holder_stops_every_daemon_until_resumed() {
     let dir = tempfile::tempdir().unwrap();
     let extra =
         "on_blast_radius = \"halt\"\nmax_terminations_per_sweep = 1\nmax_termination_share = 1.0\n";
-    let mut daemons = start_three(dir.path(), &nats, &moto, extra);
+    let mut daemons = start_three(dir.path(), &nats, &moto.url(), extra);
     wait_owners(
         &mut daemons.iter_mut().collect::<Vec<_>>(),
         Duration::from_secs(60),
@@ -401,4 +413,80 @@ async fn a_halt_on_the_holder_stops_every_daemon_until_resumed() {
         "{text}"
     );
     eprintln!("whole test {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// The holder killed in the middle of a pass, its TerminateInstances in flight: a proxy
+/// in front of moto holds the call (never forwards it, never answers), the holder is
+/// SIGKILLed while it waits, and the daemon taking over terminates the instance at its
+/// first sweep. moto gets one TerminateInstances, and one termination is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_killed_mid_pass_the_deadline_still_fires_once() {
+    let started = Instant::now();
+    let moto = Moto::start();
+    let proxy = Ec2Proxy::start(moto.port).await;
+    let nats = NatsCluster::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemons = start_three(dir.path(), &nats, &proxy.url(), "");
+    wait_owners(
+        &mut daemons.iter_mut().collect::<Vec<_>>(),
+        Duration::from_secs(60),
+    )
+    .await;
+    let holder = wait_holder(&daemons, &[], Duration::from_secs(30)).await;
+
+    // Overdue 15 s after its launch, by its own tag: the holder's sweep finds it and
+    // arms its timer; the timer's pass is the one that dies.
+    let ec2 = ec2(&moto.url());
+    proxy.hold();
+    let instance = launch(&ec2, TENANTS[0], "mid-1", ("fusebox:max-lifetime", "15")).await;
+    let deadline = Instant::now() + Duration::from_secs(15 + 3 * SWEEP_S);
+    while proxy.state.held.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the holder never called TerminateInstances:\n{}",
+            daemons[holder].logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let killed_at = Instant::now();
+    daemons[holder].kill();
+    proxy.lift();
+    let next = wait_holder(&daemons, &[holder], Duration::from_secs(3 * SWEEP_S)).await;
+    let takeover = killed_at.elapsed();
+    assert!(
+        takeover < Duration::from_secs(SWEEP_S),
+        "takeover took {takeover:?}"
+    );
+    wait_gone(&ec2, &instance, Duration::from_secs(3 * SWEEP_S), || {
+        all_logs(&daemons)
+    })
+    .await;
+    let fired = killed_at.elapsed();
+    // Two more sweeps: nobody terminates it again.
+    tokio::time::sleep(Duration::from_secs(2 * SWEEP_S + 1)).await;
+    assert_eq!(
+        proxy.state.forwarded.load(Ordering::SeqCst),
+        1,
+        "TerminateInstances reaching moto"
+    );
+    let by_daemon: Vec<Vec<String>> = daemons.iter().map(terminated).collect();
+    assert_eq!(
+        by_daemon.concat(),
+        vec![instance.clone()],
+        "{by_daemon:?}\n{}",
+        all_logs(&daemons)
+    );
+    assert_eq!(
+        by_daemon[next],
+        vec![instance.clone()],
+        "not terminated by the new holder"
+    );
+    eprintln!(
+        "mid-pass kill of {}: {} took over in {:.2} s and terminated {instance} {:.2} s after the kill; whole test {:.1} s",
+        daemons[holder].node_id,
+        daemons[next].node_id,
+        takeover.as_secs_f64(),
+        fired.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
 }

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod cluster_watchdog;
 pub mod daemon;
 pub mod deploy_nats;
+pub mod ec2_proxy;
 pub mod engine;
 pub mod fleet;
 pub mod hooks;
