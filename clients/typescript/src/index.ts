@@ -26,6 +26,7 @@ export { Gate } from "./gate.js";
 export { keptStop, parseStop, StopWatch } from "./killswitch.js";
 export {
   type ChildRunOptions,
+  type ModelCallOptions,
   type ModelTurnOptions,
   Run,
   type RunOptions,

@@ -91,6 +91,13 @@ export interface ToolResultOptions {
   terminal?: boolean;
 }
 
+export interface ModelCallOptions {
+  /** The tokens the call is expected to spend; else the run's mean per model turn. */
+  estimateTokens?: number;
+  /** Its expected cost in USD; else the run's mean per model turn. */
+  estimateUsd?: number;
+}
+
 export interface ModelTurnOptions {
   usage?: Usage;
   costUsd?: number;
@@ -321,6 +328,30 @@ export class Run {
     return this.observe("tool_result", body);
   }
 
+  /**
+   * Asks, before the agent calls its model, whether a token, cost or model-turn budget
+   * (this run's, or one of a run above it counting its tree) has room for the call; the
+   * guard holds what it reserves (the estimate, else this run's mean per model turn)
+   * until the next `modelTurn`. Always inline: the answer must come before the model is
+   * called. A `stop` is latched like a tool call's (`throwIfStopped` throws it); a run
+   * known to be stopped is answered with its stop without a round trip. Unanswered, it
+   * throws the `FuseboxError`, or returns null (the call may go ahead) under
+   * `gateOnError: "allow"`.
+   */
+  async modelCall(opts: ModelCallOptions = {}): Promise<Decision | null> {
+    if (this.starting === null) await this.start();
+    if (this.stopDecision !== null) return this.refusal(null);
+    const body: Record<string, unknown> = {};
+    if (opts.estimateTokens !== undefined) body.estimate_tokens = opts.estimateTokens;
+    if (opts.estimateUsd !== undefined) body.estimate_usd = opts.estimateUsd;
+    try {
+      return await this.send("model_call", body, true);
+    } catch (err) {
+      if (this.gateOnError === "allow" && err instanceof GuardUnavailable) return null;
+      throw err;
+    }
+  }
+
   modelTurn(stopReason: string, opts: ModelTurnOptions = {}): Promise<Decision | null> {
     const body: Record<string, unknown> = { stop_reason: stopReason };
     if (opts.usage !== undefined) body.usage = opts.usage;
@@ -491,7 +522,7 @@ export class Run {
   }
 
   /** The answer to a call of a run known to be stopped: the run's own stop. */
-  private refusal(callId: string): Decision {
+  private refusal(callId: string | null): Decision {
     const stop = this.stopDecision as Decision;
     return { ...stop, event_id: "", call_id: callId };
   }
