@@ -1,0 +1,345 @@
+//! The OTLP/HTTP endpoint: `POST /v1/traces`, binary protobuf or JSON, with the answers
+//! the OTLP specification gives a receiver (1.5.0, "OTLP/HTTP"): 200 with
+//! `partial_success` naming the spans it refused, 400 for a body that does not decode,
+//! 401 for a missing or unknown credential, 413 past the size bound, 415 for another
+//! content type or an encoding it does not read, 503 when the events could not be
+//! stored (the exporter retries; the ids make the retry safe).
+//!
+//! It maps and forwards: each event is published to `fusebox.events.<tenant>.<run>` and
+//! its JetStream ack awaited before the answer, as `FuseboxClient::report` does, so a
+//! 200 means every mapped event is in the durable stream. Refused spans go to
+//! `fusebox.dlq.<tenant>` with their reason.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use fusebox_nats::subjects;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use prost::Message;
+use serde::Serialize;
+
+use crate::map::{map_request, Rejected};
+
+/// Who may send, and as which tenant.
+#[derive(Debug, Clone)]
+pub enum Credentials {
+    /// Every request is this tenant's (a loopback listener: whoever can reach it is on
+    /// this machine).
+    Fixed(String),
+    /// `Authorization: Bearer <token>` → tenant; no other request is accepted.
+    Tokens(HashMap<String, String>),
+}
+
+#[derive(Debug, Clone)]
+pub struct OtlpOptions {
+    pub listen: SocketAddr,
+    pub credentials: Credentials,
+    /// The largest request body read (after which: 413).
+    pub max_body_bytes: usize,
+    /// The daemon's `max_event_bytes`: a span whose event would pass it is refused here.
+    pub max_event_bytes: usize,
+}
+
+/// Where the receiver counts what it did (fuseboxd: its Prometheus registry).
+pub trait OtlpCounter: Send + Sync {
+    /// One span, by outcome: `mapped`, `skipped`, or the reason it was rejected.
+    fn span(&self, outcome: &str);
+    /// One dead letter published.
+    fn dead_letter(&self);
+}
+
+struct Shared {
+    js: jetstream::Context,
+    nats: async_nats::Client,
+    options: OtlpOptions,
+    counter: Arc<dyn OtlpCounter>,
+}
+
+pub struct OtlpListener {
+    listener: tokio::net::TcpListener,
+    router: Router,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen for OTLP on {addr}: {source}")]
+pub struct BindError {
+    addr: SocketAddr,
+    source: std::io::Error,
+}
+
+impl OtlpListener {
+    pub async fn bind(
+        options: OtlpOptions,
+        nats: async_nats::Client,
+        counter: Arc<dyn OtlpCounter>,
+    ) -> Result<Self, BindError> {
+        let addr = options.listen;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| BindError { addr, source })?;
+        let shared = Arc::new(Shared {
+            js: jetstream::new(nats.clone()),
+            nats,
+            options,
+            counter,
+        });
+        let router = Router::new()
+            .route("/v1/traces", post(traces))
+            .with_state(shared);
+        Ok(OtlpListener { listener, router })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+}
+
+/// The two encodings OTLP/HTTP defines.
+#[derive(Clone, Copy, PartialEq)]
+enum Encoding {
+    Protobuf,
+    Json,
+}
+
+/// `google.rpc.Status`, the body OTLP/HTTP gives every 4xx/5xx answer. Declared with
+/// prost's derive (the message is three fields; the OpenTelemetry crate does not ship it).
+#[derive(Clone, PartialEq, prost::Message, Serialize)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+fn error(status: StatusCode, encoding: Encoding, message: String) -> Response {
+    // gRPC codes by the HTTP status they stand for (INVALID_ARGUMENT, UNAUTHENTICATED,
+    // RESOURCE_EXHAUSTED, UNAVAILABLE …), for clients that read the body.
+    let code = match status {
+        StatusCode::BAD_REQUEST | StatusCode::UNSUPPORTED_MEDIA_TYPE => 3,
+        StatusCode::UNAUTHORIZED => 16,
+        StatusCode::PAYLOAD_TOO_LARGE => 8,
+        _ => 14,
+    };
+    let body = RpcStatus { code, message };
+    encoded(status, encoding, body.encode_to_vec(), &body)
+}
+
+fn encoded<T: Serialize>(
+    status: StatusCode,
+    encoding: Encoding,
+    protobuf: Vec<u8>,
+    value: &T,
+) -> Response {
+    let (content_type, bytes) = match encoding {
+        Encoding::Protobuf => ("application/x-protobuf", protobuf),
+        Encoding::Json => (
+            "application/json",
+            serde_json::to_vec(value).expect("OTLP answers serialise"),
+        ),
+    };
+    let mut response = (status, Body::from(bytes)).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn tenant_of(credentials: &Credentials, headers: &HeaderMap) -> Option<String> {
+    match credentials {
+        Credentials::Fixed(tenant) => Some(tenant.clone()),
+        Credentials::Tokens(tokens) => {
+            let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+            let token = value.strip_prefix("Bearer ")?.trim();
+            tokens.get(token).cloned()
+        }
+    }
+}
+
+async fn traces(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let headers = request.headers().clone();
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default();
+    let encoding = match content_type.as_str() {
+        "application/x-protobuf" => Encoding::Protobuf,
+        "application/json" => Encoding::Json,
+        other => {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Encoding::Protobuf,
+                format!("content type {other:?}: send application/x-protobuf or application/json"),
+            )
+        }
+    };
+    // No decompressor is linked in: say so instead of failing to decode the bytes.
+    if let Some(coding) = headers.get(header::CONTENT_ENCODING) {
+        let coding = coding.to_str().unwrap_or("?");
+        if !coding.eq_ignore_ascii_case("identity") {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                encoding,
+                format!("content encoding {coding:?}: send uncompressed (OTEL_EXPORTER_OTLP_COMPRESSION=none)"),
+            );
+        }
+    }
+    let Some(tenant) = tenant_of(&shared.options.credentials, &headers) else {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            encoding,
+            "no known bearer token: set OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20<token>"
+                .to_owned(),
+        );
+    };
+    let limit = shared.options.max_body_bytes;
+    let body = match to_bytes(request.into_body(), limit).await {
+        Ok(body) => body,
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                encoding,
+                format!("request body over {limit} bytes: export smaller batches (OTEL_BSP_MAX_EXPORT_BATCH_SIZE)"),
+            )
+        }
+    };
+    let decoded = match encoding {
+        Encoding::Protobuf => {
+            ExportTraceServiceRequest::decode(body.as_ref()).map_err(|e| e.to_string())
+        }
+        Encoding::Json => {
+            serde_json::from_slice::<ExportTraceServiceRequest>(&body).map_err(|e| e.to_string())
+        }
+    };
+    let request = match decoded {
+        Ok(request) => request,
+        Err(detail) => {
+            shared.counter.span("undecodable_batch");
+            return error(
+                StatusCode::BAD_REQUEST,
+                encoding,
+                format!("not an OTLP ExportTraceServiceRequest: {detail}"),
+            );
+        }
+    };
+    let mapped = map_request(&request, &tenant, shared.options.max_event_bytes);
+    if let Err(detail) = publish(&shared.js, &mapped.events).await {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            encoding,
+            format!("events not stored, retry: {detail}"),
+        );
+    }
+    for _ in 0..mapped.mapped_spans {
+        shared.counter.span("mapped");
+    }
+    for _ in 0..mapped.skipped_spans {
+        shared.counter.span("skipped");
+    }
+    for rejected in &mapped.rejected {
+        shared.counter.span(rejected.reason);
+        dead_letter(&shared, &tenant, rejected).await;
+    }
+    let partial_success = (!mapped.rejected.is_empty()).then(|| ExportTracePartialSuccess {
+        rejected_spans: mapped.rejected.len() as i64,
+        error_message: summary(&mapped.rejected),
+    });
+    let answer = ExportTraceServiceResponse { partial_success };
+    encoded(StatusCode::OK, encoding, answer.encode_to_vec(), &answer)
+}
+
+/// Publishes every event, then awaits every ack: pipelined, and in order per run (one
+/// connection keeps the publish order). The `Nats-Msg-Id` is `<tenant>.<run>.<id>`,
+/// as `FuseboxClient::report` sets it, so a re-sent batch is stored once.
+async fn publish(js: &jetstream::Context, events: &[fusebox_core::Event]) -> Result<(), String> {
+    let mut acks: Vec<PublishAckFuture> = Vec::with_capacity(events.len());
+    for event in events {
+        let payload = serde_json::to_vec(event).expect("events serialise");
+        let message = PublishMessage::build()
+            .payload(payload.into())
+            .message_id(format!("{}.{}.{}", event.tenant, event.run, event.id));
+        let ack = js
+            .send_publish(subjects::events(&event.tenant, &event.run), message)
+            .await
+            .map_err(|e| e.to_string())?;
+        acks.push(ack);
+    }
+    for ack in acks {
+        ack.await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// A refused span on `fusebox.dlq.<tenant>`, in the daemon's dead-letter form (the
+/// subject it came in on, the error, what was refused).
+async fn dead_letter(shared: &Shared, tenant: &str, rejected: &Rejected) {
+    let span = serde_json::json!({
+        "name": rejected.span_name,
+        "trace_id": rejected.trace_id,
+        "span_id": rejected.span_id,
+        "run": rejected.run,
+    });
+    let letter = fusebox_nats::wire::DeadLetter {
+        subject: "otlp:/v1/traces".to_owned(),
+        error: fusebox_nats::wire::WireError {
+            reason: rejected.reason.to_owned(),
+            message: rejected.detail.clone(),
+            event_id: None,
+        },
+        payload: span.to_string(),
+    };
+    let body = serde_json::to_vec(&letter).expect("dead letters serialise");
+    match shared
+        .nats
+        .publish(subjects::dlq(tenant), body.into())
+        .await
+    {
+        Ok(()) => shared.counter.dead_letter(),
+        Err(err) => tracing::warn!(%err, "OTLP dead letter not published"),
+    }
+}
+
+/// The partial-success message: each reason with its count and a first example.
+fn summary(rejected: &[Rejected]) -> String {
+    let mut by_reason: Vec<(&str, usize, &str)> = Vec::new();
+    for r in rejected {
+        match by_reason
+            .iter_mut()
+            .find(|(reason, _, _)| *reason == r.reason)
+        {
+            Some(entry) => entry.1 += 1,
+            None => by_reason.push((r.reason, 1, &r.detail)),
+        }
+    }
+    by_reason
+        .iter()
+        .map(|(reason, n, example)| format!("{n} span(s) {reason} (e.g. {example})"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}

@@ -1,0 +1,137 @@
+//! Data-driven tests of the OTLP → events mapping: each `fixtures/<name>.otlp.json` (an
+//! OTLP/JSON `ExportTraceServiceRequest`) must map to `fixtures/<name>.expected.jsonl`:
+//! one line per event as the daemon receives it, then one `{"rejected":…}` line per
+//! refused span, then a `{"mapped":…,"skipped":…}` count. The same request sent as
+//! protobuf must map to the same lines. `FUSEBOX_BLESS=1` rewrites the expected files
+//! (read the diff before committing it).
+
+use std::path::{Path, PathBuf};
+
+use fusebox_core::parse_event;
+use fusebox_otlp::{map_request, ExportTraceServiceRequest};
+use prost::Message;
+use serde_json::json;
+
+const MAX_EVENT_BYTES: usize = 1 << 20;
+
+fn fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("fixtures dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.to_string_lossy().ends_with(".otlp.json"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no fixtures in {}", dir.display());
+    files
+}
+
+fn render(request: &ExportTraceServiceRequest) -> String {
+    let mapped = map_request(request, "acme", MAX_EVENT_BYTES);
+    let mut lines = Vec::new();
+    for event in &mapped.events {
+        let line = serde_json::to_string(event).expect("serialises");
+        // Whatever the receiver publishes must be an event the daemon accepts.
+        parse_event(line.as_bytes()).unwrap_or_else(|e| panic!("daemon would refuse {line}: {e}"));
+        lines.push(line);
+    }
+    for r in &mapped.rejected {
+        lines.push(
+            json!({"rejected": r.reason, "span_id": r.span_id, "run": r.run, "detail": r.detail})
+                .to_string(),
+        );
+    }
+    lines.push(json!({"mapped": mapped.mapped_spans, "skipped": mapped.skipped_spans}).to_string());
+    lines.join("\n") + "\n"
+}
+
+#[test]
+fn fixtures_map_to_their_expected_events() {
+    for input in fixtures() {
+        let text = std::fs::read_to_string(&input).expect("read fixture");
+        let request: ExportTraceServiceRequest =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", input.display()));
+        let got = render(&request);
+        let expected_path = PathBuf::from(
+            input
+                .to_string_lossy()
+                .replace(".otlp.json", ".expected.jsonl"),
+        );
+        if std::env::var_os("FUSEBOX_BLESS").is_some() {
+            std::fs::write(&expected_path, &got).expect("bless");
+        }
+        let expected = std::fs::read_to_string(&expected_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
+        assert_eq!(got, expected, "{}", input.display());
+
+        // The binary encoding of the same request maps identically.
+        let decoded = ExportTraceServiceRequest::decode(request.encode_to_vec().as_slice())
+            .expect("protobuf round trip");
+        assert_eq!(
+            render(&decoded),
+            expected,
+            "{} as protobuf",
+            input.display()
+        );
+    }
+}
+
+#[test]
+fn a_resent_batch_maps_to_the_same_ids() {
+    // The exporter retries a batch it got no answer for: the ids (the JetStream dedup
+    // key) must not depend on anything but the spans.
+    for input in fixtures() {
+        let text = std::fs::read_to_string(&input).expect("read fixture");
+        let request: ExportTraceServiceRequest = serde_json::from_str(&text).expect("decodes");
+        let ids = |r: &ExportTraceServiceRequest| {
+            map_request(r, "acme", MAX_EVENT_BYTES)
+                .events
+                .iter()
+                .map(|e| (e.run.clone(), e.id.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&request), ids(&request.clone()));
+        let all = ids(&request);
+        let mut unique = all.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), all.len(), "{}: ids collide", input.display());
+    }
+}
+
+#[test]
+fn an_event_past_the_daemons_bound_is_refused_with_its_span() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pydantic_ai_run.otlp.json"),
+    )
+    .expect("fixture");
+    let request: ExportTraceServiceRequest = serde_json::from_str(&text).expect("decodes");
+    let mapped = map_request(&request, "acme", 200);
+    assert!(mapped.events.is_empty());
+    assert_eq!(mapped.rejected.len(), 4, "{:?}", mapped.rejected);
+    assert!(mapped.rejected.iter().all(|r| r.reason == "invalid_event"));
+    assert_eq!(mapped.skipped_spans, 1);
+}
+
+#[test]
+fn run_ids_stay_in_the_guards_character_set_and_length() {
+    let cases = [
+        (
+            "01a242f9-6ffe-77f4-8fee-289d8ebfb06b",
+            "01a242f9-6ffe-77f4-8fee-289d8ebfb06b".to_owned(),
+        ),
+        ("sess 42/α", "sess_42__".to_owned()),
+        ("a.b:c", "a_b_c".to_owned()),
+    ];
+    for (raw, want) in cases {
+        assert_eq!(fusebox_otlp::map::run_token(raw), want);
+    }
+    let long_a = "x".repeat(300) + "a";
+    let long_b = "x".repeat(300) + "b";
+    let (a, b) = (
+        fusebox_otlp::map::run_token(&long_a),
+        fusebox_otlp::map::run_token(&long_b),
+    );
+    assert_eq!(a.len(), 128);
+    assert_ne!(a, b, "two long ids sharing a prefix stay two runs");
+}
