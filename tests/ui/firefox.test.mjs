@@ -88,7 +88,7 @@ test("Firefox: the summary says why in words, and the report's steps are the tim
   const page = await newPage();
   await page.goto(`${base}runs/ui/runaway`);
   assert.equal(await text(page, '#stop-message'), status.stop_message);
-  assert.match(await text(page, '#summary-told'), /warn at step \d+: search\(/);
+  assert.match(await text(page, '#summary-told'), /warn at step \d+:\s*search\(/);
   const guards = await page.$$eval('#fired-guards li', (items) => items.map((li) => [li.querySelector('span').innerText, li.querySelector('a').getAttribute('href')]));
   assert.ok(guards.length >= 3);
   for (const [action, href] of guards) {

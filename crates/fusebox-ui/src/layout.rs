@@ -141,15 +141,32 @@ pub fn folded(key: &str, text: &str) -> Markup {
     }
 }
 
+/// The end of `text` a folded sentence shows: its last [`SHORT`] characters, from a
+/// word's start when there is one.
+fn tail(text: &str) -> &str {
+    let count = text.chars().count();
+    let start = text
+        .char_indices()
+        .nth(count.saturating_sub(SHORT))
+        .map_or(0, |(i, _)| i);
+    let end = &text[start..];
+    match end.find(' ') {
+        Some(space) if space < end.len() / 2 => &end[space + 1..],
+        _ => end,
+    }
+}
+
 /// A sentence for a person (a message the model was told): whole when short, else
-/// folded at a word with the rest wrapped as prose when opened.
+/// folded showing its start and its end — a guard's message names the call first
+/// (arguments and all) and says what it means last — with all of it wrapped as prose
+/// when opened.
 pub fn folded_prose(key: &str, text: &str) -> Markup {
     if text.chars().count() <= SHORT * 2 {
         return html! { span.said { (text) } };
     }
     html! {
         details data-key=(key) {
-            summary { (head(text)) "…" }
+            summary { (head(text)) " … " (tail(text)) }
             p.said { (text) }
         }
     }
@@ -266,6 +283,11 @@ mod tests {
         let word = "x".repeat(300);
         assert_eq!(head(&word).len(), SHORT, "no space: cut where it must be");
         assert_eq!(head("short\nsecond line"), "short");
+        let told = format!("search({{\"notes\":\"{}\"}}) already ran 3 times with the same result and no progress; one more identical call will be blocked", "x".repeat(300));
+        assert_eq!(
+            tail(&told),
+            "with the same result and no progress; one more identical call will be blocked"
+        );
     }
 
     #[test]
