@@ -178,9 +178,9 @@ impl FuseboxClient {
         Ok(RunsListing { runs, unanswered })
     }
 
-    /// The first daemon's watchdog answer: its state, its instances with their deadlines
-    /// and its recent terminations (each daemon of a cluster watches the same clouds), for
-    /// the operator's page, which does not wait for the others.
+    /// The watchdog's answer: its state, its instances with their deadlines and its
+    /// recent terminations (in a cluster only the daemon holding the watchdog role
+    /// answers), for the operator's page, which takes the first answer.
     pub async fn watchdog_first(&self) -> Result<WatchdogReply, ClientError> {
         self.request(subjects::CONTROL_WATCHDOG.to_owned(), Vec::new())
             .await
@@ -254,16 +254,17 @@ impl FuseboxClient {
         self.command(subject, body).await
     }
 
-    /// The cloud watchdogs' states (`fusebox watchdog status`): halted or running, one
-    /// answer per daemon (see [`FuseboxClient::watchdog_resume`]).
+    /// The cloud watchdog's state (`fusebox watchdog status`): halted or running, one
+    /// answer per answering watchdog (see [`FuseboxClient::watchdog_resume`]).
     pub async fn watchdog_status(&self) -> Result<Vec<WatchdogReply>, ClientError> {
         self.watchdogs(Vec::new()).await
     }
 
-    /// Resumes the watchdogs halted by `on_blast_radius = "halt"` (`fusebox watchdog
-    /// resume`); `by` is journaled with each resume. Every daemon runs a watchdog of its
-    /// own and hears the request, so the answers are gathered: until the client's timeout
-    /// for the first, then [`MORE_WATCHDOGS`] after the last.
+    /// Resumes the watchdog halted by `on_blast_radius = "halt"` (`fusebox watchdog
+    /// resume`); `by` is journaled with the resume. A single daemon answers for itself;
+    /// in a cluster only the role's holder answers (the halt is one for all), but a
+    /// deployment may run watchdogs outside a cluster too, so the answers are gathered:
+    /// until the client's timeout for the first, then [`MORE_WATCHDOGS`] after the last.
     pub async fn watchdog_resume(&self, by: &str) -> Result<Vec<WatchdogReply>, ClientError> {
         let request = WatchdogRequest {
             resume: Some(WatchdogResume { by: by.to_owned() }),
