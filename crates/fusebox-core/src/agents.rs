@@ -7,8 +7,10 @@
 //! `config/agents/<name>.toml` shows each one (a test keeps the two equal).
 //!
 //! Read from the real binaries the test suites run — Claude Code 2.1.327, Codex CLI
-//! 0.171.0, Gemini CLI 0.61.0 — as their hooks see the calls (the tool names and
-//! `tool_input` of PreToolUse / BeforeTool), not from their documentation alone.
+//! 0.171.0, Gemini CLI 0.61.0, OpenCode 1.18.33, Copilot CLI 1.0.102 — as their hooks see
+//! the calls (the tool names and `tool_input` of PreToolUse / BeforeTool, the `args` of
+//! OpenCode's `tool.execute.before`, the `toolArgs` of Copilot CLI's preToolUse, and the
+//! tool schemas they send the model), not from their documentation alone.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +22,8 @@ pub fn profiles() -> BTreeMap<String, Value> {
         ("claude-code".to_owned(), claude_code()),
         ("codex".to_owned(), codex()),
         ("gemini-cli".to_owned(), gemini_cli()),
+        ("opencode".to_owned(), opencode()),
+        ("copilot-cli".to_owned(), copilot_cli()),
     ])
 }
 
@@ -98,6 +102,23 @@ fn gemini_cli() -> Value {
         "invoke_agent": {"ignore_args": ["wait_for_previous"]},
         "update_topic": {"ignore_args": ["title", "summary", "wait_for_previous"]},
         "enter_plan_mode": {"ignore_args": ["reason"]}
+    }})
+}
+
+fn opencode() -> Value {
+    json!({"tools": {
+        // `bash` takes `command`, `timeout` (ms, optional) and `workdir`: the timeout
+        // bounds the wait and does not change what runs.
+        "bash": {"ignore_args": ["timeout"]}
+    }})
+}
+
+fn copilot_cli() -> Value {
+    json!({"tools": {
+        // `description` (required) is the model's prose for the user; `initial_wait`
+        // only bounds how long a sync command is waited for; `mode` is `sync` unless
+        // said.
+        "bash": {"ignore_args": ["description", "initial_wait"], "defaults": {"mode": "sync"}}
     }})
 }
 
