@@ -2,6 +2,7 @@
 
 mod config;
 mod generate;
+mod history;
 mod hook;
 mod ledger;
 mod log_commands;
@@ -204,6 +205,7 @@ enum Command {
     /// count. Exit status: 0 when every line was good, 2 when any was not.
     ///
     /// Example: fusebox replay --preset strict crates/fusebox-core/tests/fixtures/*.jsonl
+    ///          fusebox replay --from claude-code ~/.claude/projects
     #[command(verbatim_doc_comment)]
     Replay {
         /// A fusebox.toml whose [guard] preset, [policy] and [agents.*.policy] apply.
@@ -215,8 +217,11 @@ enum Command {
         /// No summary on stderr (errors are still reported).
         #[arg(long, short)]
         quiet: bool,
-        /// JSONL files, in order; "-" reads stdin.
-        #[arg(required = true, value_name = "FILE")]
+        #[command(flatten)]
+        from: history::FromArgs,
+        /// JSONL files, in order; "-" reads stdin. With --from: the agent's session
+        /// files or directories (default: where the agent keeps them).
+        #[arg(value_name = "FILE")]
         files: Vec<String>,
     },
     /// Write a deterministic mixed trace (JSONL) for benchmarks and soak tests.
@@ -364,9 +369,11 @@ fn main() -> ExitCode {
             policy,
             preset,
             quiet,
+            from,
             files,
         } => config::load(policy.as_deref(), preset.map(Preset::from)).and_then(|config| {
-            replay::run(&config, &files, quiet)
+            let input = from.input(&files)?;
+            replay::run(&config, &input, quiet)
                 .map_err(|e| e.to_string())
                 .map(|all_good| {
                     if all_good {

@@ -229,27 +229,55 @@ pub(crate) fn read_and_admit(
     Ok(())
 }
 
+/// What `replay`, `whatif` and `tune` read events from: JSONL files of events, or an
+/// agent's own history (`--from`).
+#[derive(Debug, Clone)]
+pub enum Input {
+    Files(Vec<String>),
+    History(crate::history::Import),
+}
+
+/// Starts the reader thread for `input`: `read_and_admit` for JSONL, its sibling
+/// `history::read_and_admit` for an agent's history. Either sends the same batches; the
+/// history reader also returns what it read, for the summary.
+pub(crate) fn spawn_reader(
+    input: &Input,
+    rules: InputRules,
+    batches: mpsc::SyncSender<Admitted>,
+    spent: mpsc::Receiver<Vec<Event>>,
+) -> std::thread::JoinHandle<io::Result<Option<crate::history::ImportSummary>>> {
+    let input = input.clone();
+    std::thread::spawn(move || match input {
+        Input::Files(files) => read_and_admit(files, rules, batches, spent).map(|()| None),
+        Input::History(import) => {
+            // The hook's own check bounds its events (fusebox-hook's `checked`), as live.
+            crate::history::read_and_admit(import, batches, spent).map(Some)
+        }
+    })
+}
+
 /// Runs the whole command; returns whether every line was good.
-pub fn run(config: &GuardConfig, files: &[String], quiet: bool) -> io::Result<bool> {
+pub fn run(config: &GuardConfig, input: &Input, quiet: bool) -> io::Result<bool> {
     let started = Instant::now();
     let stdout = io::stdout().lock();
     let mut replay = Replay::new(config, io::BufWriter::with_capacity(1 << 16, stdout));
     let (sender, batches) = mpsc::sync_channel::<Admitted>(8);
     let (give_back, spent) = mpsc::channel::<Vec<Event>>();
-    let reader = {
-        let files = files.to_vec();
-        let input = config.input.clone();
-        std::thread::spawn(move || read_and_admit(files, input, sender, spent))
-    };
+    let reader = spawn_reader(input, config.input.clone(), sender, spent);
     for admitted in batches {
         replay.take(&admitted)?;
         // The reader frees the events (its allocations) when it next sends a batch.
         let _ = give_back.send(admitted.events);
     }
-    reader
+    let imported = reader
         .join()
         .map_err(|_| io::Error::other("the reader thread panicked"))??;
     let (engine, tally) = replay.finish()?;
+    // What was imported is said whatever --quiet says: it is how a person knows the
+    // decisions above are about the sessions they meant.
+    if let (Some(summary), Input::History(import)) = (&imported, input) {
+        eprintln!("{}", summary.text(import.agent));
+    }
     if !quiet {
         print_summary(&engine, &tally, started.elapsed().as_secs_f64());
     }

@@ -116,6 +116,10 @@ pub fn run(options: &Options) -> Result<u8, String> {
 
 /// The source as read: a data directory says how far its copy reached.
 pub fn describe_read(source: &Source, tally: &ReadTally) -> String {
+    if let (Source::History(import), Some(summary)) = (source, &tally.imported) {
+        // The import's own summary: the first thing the report says.
+        return format!("{} — {}", import.describe(), summary.text(import.agent));
+    }
     match tally.position {
         Some(position) => format!(
             "{} (read from a copy, positions 1..={position})",
@@ -172,8 +176,21 @@ pub fn exit_status(report: &Report, tally: &ReadTally) -> u8 {
     }
 }
 
-/// The source named by `--data-dir` or the files.
-pub fn source_of(data_dir: Option<&Path>, files: &[String]) -> Result<Source, String> {
+/// The source named by `--data-dir`, `--from` or the files.
+pub fn source_of(
+    data_dir: Option<&Path>,
+    from: &crate::history::FromArgs,
+    files: &[String],
+) -> Result<Source, String> {
+    if from.from.is_some() {
+        if data_dir.is_some() {
+            return Err("give either --data-dir or --from, not both".to_owned());
+        }
+        return match from.input(files)? {
+            crate::replay::Input::History(import) => Ok(Source::History(import)),
+            crate::replay::Input::Files(files) => Ok(Source::Files(files)),
+        };
+    }
     match (data_dir, files.is_empty()) {
         (Some(dir), true) => Ok(Source::DataDir(dir.to_owned())),
         (None, false) => Ok(Source::Files(files.to_vec())),
@@ -202,20 +219,23 @@ pub struct InputArgs {
     /// The baseline's preset (strict, balanced, lenient), over which --baseline layers.
     #[arg(long, value_name = "PRESET", value_parser = parse_preset)]
     pub baseline_preset: Option<Preset>,
+    #[command(flatten)]
+    pub from: crate::history::FromArgs,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
     /// Rows shown per section of the table (0: all).
     #[arg(long, default_value_t = 20)]
     pub limit: usize,
-    /// JSONL files (`fusebox log export`, traces), in order; "-" reads stdin.
+    /// JSONL files (`fusebox log export`, traces), in order; "-" reads stdin. With
+    /// --from: the agent's session files or directories.
     #[arg(value_name = "FILE")]
     pub files: Vec<String>,
 }
 
 impl InputArgs {
     pub fn source(&self) -> Result<Source, String> {
-        source_of(self.data_dir.as_deref(), &self.files)
+        source_of(self.data_dir.as_deref(), &self.from, &self.files)
     }
 
     pub fn baseline(&self) -> PolicyChoice {

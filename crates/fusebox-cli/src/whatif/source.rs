@@ -21,7 +21,8 @@ use fusebox_log::{inspect, LogOp, Record, SledLog};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::config::InputRules;
-use crate::replay::{read_and_admit, Admitted};
+use crate::history::{Import, ImportSummary};
+use crate::replay::{spawn_reader, Admitted, Input};
 use crate::whatif::compare::Compact;
 
 /// One applied record.
@@ -34,6 +35,8 @@ pub enum Item {
 pub enum Source {
     Files(Vec<String>),
     DataDir(PathBuf),
+    /// An agent's own session history (`--from`).
+    History(Import),
 }
 
 impl Source {
@@ -41,6 +44,7 @@ impl Source {
         match self {
             Source::Files(files) => files.join(" "),
             Source::DataDir(dir) => format!("data dir {}", dir.display()),
+            Source::History(import) => import.describe(),
         }
     }
 
@@ -56,6 +60,8 @@ pub struct ReadTally {
     pub duplicates: u64,
     /// For a data directory: the last position read.
     pub position: Option<u64>,
+    /// For an agent's history: what was imported.
+    pub imported: Option<ImportSummary>,
 }
 
 /// Where a record goes: with, for a data directory's events, the decision the daemon
@@ -65,23 +71,24 @@ pub type Sink<'a> = dyn FnMut(Item, Option<Compact>) + 'a;
 /// Reads every record of `source` in applied order into `sink`.
 pub fn read(source: &Source, input: &InputRules, sink: &mut Sink<'_>) -> Result<ReadTally, String> {
     match source {
-        Source::Files(files) => read_files(files, input, sink).map_err(|e| e.to_string()),
+        Source::Files(files) => {
+            read_files(&Input::Files(files.clone()), input, sink).map_err(|e| e.to_string())
+        }
+        Source::History(import) => {
+            read_files(&Input::History(import.clone()), input, sink).map_err(|e| e.to_string())
+        }
         Source::DataDir(dir) => read_data_dir(dir, sink),
     }
 }
 
-/// JSONL through the same reader thread and sequencer as `fusebox replay`, so the two
-/// apply the same events in the same order.
-fn read_files(files: &[String], input: &InputRules, sink: &mut Sink<'_>) -> io::Result<ReadTally> {
+/// JSONL (or an agent's history) through the same reader thread and sequencer as
+/// `fusebox replay`, so the two apply the same events in the same order.
+fn read_files(source: &Input, input: &InputRules, sink: &mut Sink<'_>) -> io::Result<ReadTally> {
     let mut tally = ReadTally::default();
     let (sender, batches) = mpsc::sync_channel::<Admitted>(8);
     // The events go on to the sink, none comes back to the reader.
     let (_, spent) = mpsc::channel();
-    let reader = {
-        let files = files.to_vec();
-        let input = input.clone();
-        std::thread::spawn(move || read_and_admit(files, input, sender, spent))
-    };
+    let reader = spawn_reader(source, input.clone(), sender, spent);
     for admitted in batches {
         tally.duplicates += admitted.duplicates;
         for refused in admitted.rejected {
@@ -92,7 +99,7 @@ fn read_files(files: &[String], input: &InputRules, sink: &mut Sink<'_>) -> io::
             sink(Item::Event(Box::new(event)), None);
         }
     }
-    reader
+    tally.imported = reader
         .join()
         .map_err(|_| io::Error::other("the reader thread panicked"))??;
     Ok(tally)

@@ -1,0 +1,184 @@
+"""Claude Code's own transcripts as an event source (`--from claude-code`, docs/history.md):
+the real Claude Code (the CLI bundled in claude-agent-sdk) runs offline against the
+scripted model API with `fusebox hook claude-code` in front of a real fuseboxd; then the
+transcripts that same run wrote under its HOME are imported by `fusebox replay --from
+claude-code` and `fusebox whatif --from claude-code`, with no daemon.
+
+The import must give every call and result the decision the live, hook-gated run got:
+the same events (the hook's own mapping), so the same decisions. The live decisions are
+read back from the daemon's log.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.claude_code import fusebox, run_claude
+from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
+from support.guard import RUNAWAY_EXECUTIONS, TENANT, run_history
+from support.stack import Stack
+
+
+def hook_settings(stack: Stack) -> dict[str, Any]:
+    """The README's setup step: the block `--print-settings` prints."""
+    printed = fusebox(stack, "hook", "claude-code", "--print-settings", "--tenant", TENANT)
+    settings: dict[str, Any] = json.loads(printed)
+    return settings
+
+
+class Home:
+    """One HOME for several sessions, as a user's is, and the execution count."""
+
+    def __init__(self, root: Path) -> None:
+        self.home = root / "home"
+        self.cwd = root / "work"
+        self.home.mkdir()
+        self.cwd.mkdir()
+        self.ledger = root / "executed.txt"
+
+    def bash(self, command: str) -> Turn:
+        return tool_use("Bash", {"command": f"echo x >> {self.ledger}; {command}"})
+
+    @property
+    def projects(self) -> Path:
+        return self.home / ".claude" / "projects"
+
+
+def runaway(home: Home) -> FakeAnthropic:
+    """The same status check forever: warned, blocked, stopped."""
+    return FakeAnthropic(forever=home.bash("cat status.txt || echo running"))
+
+
+def legitimate(home: Home) -> FakeAnthropic:
+    """Distinct commands, one failing once, then an answer: nothing refused."""
+    return FakeAnthropic(
+        [
+            home.bash("echo one"),
+            home.bash("ls"),
+            home.bash("false"),
+            home.bash("echo two > out.txt"),
+            home.bash("cat out.txt"),
+            text("done"),
+        ]
+    )
+
+
+#: The gate decisions under which a call runs.
+RAN = ("execute", "warn")
+
+
+def live_decisions(stack: Stack, run: str) -> dict[str, tuple[str, str | None]]:
+    """Each tool_call's and tool_result's decision as the daemon applied it, by event
+    id."""
+    decided: dict[str, tuple[str, str | None]] = {}
+    for entry in run_history(stack, TENANT, run):
+        event, decision = entry["event"], entry["decision"]
+        if event["type"] in ("tool_call", "tool_result"):
+            decided[event["id"]] = (decision["action"], decision.get("reason"))
+    return decided
+
+
+def imported_decisions(
+    stack: Stack, projects: Path
+) -> dict[str, dict[str, tuple[str, str | None]]]:
+    """`fusebox replay --from claude-code PROJECTS`: each call's and result's decision,
+    by run and event id. Only tool_call / tool_result events have ids ending so."""
+    done = subprocess.run(
+        [
+            str(stack.bin("fusebox")),
+            "replay",
+            "--from",
+            "claude-code",
+            "--tenant",
+            TENANT,
+            str(projects),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # The person's summary comes first on stderr, before the per-run lines.
+    assert done.stderr.startswith("claude-code: 2 sessions in 2 files"), done.stderr
+    runs: dict[str, dict[str, tuple[str, str | None]]] = {}
+    for line in done.stdout.splitlines():
+        decision = json.loads(line)
+        event_id = decision.get("event_id", "")
+        if event_id.endswith(("-call", "-result")):
+            runs.setdefault(decision["run"], {})[event_id] = (
+                decision["action"],
+                decision.get("reason"),
+            )
+    return runs
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Home:
+    return Home(tmp_path)
+
+
+def test_imported_transcripts_get_the_decisions_the_hook_gated_runs_got(
+    stack: Stack, home: Home
+) -> None:
+    settings = hook_settings(stack)
+    sessions = []
+    for scenario in (runaway, legitimate):
+        with scenario(home) as api:
+            result = run_claude(api, "do the task", home=home.home, cwd=home.cwd, settings=settings)
+            sessions.append(result.result()["session_id"])
+    runaway_run, legit_run = sessions
+    live = {run: live_decisions(stack, run) for run in sessions}
+    # The live runs are what the scenarios say: the runaway refused and stopped, the
+    # legitimate session refused nothing.
+    assert ("stop", "consecutive_blocks") in live[runaway_run].values(), live[runaway_run]
+    assert sum(1 for a, _ in live[runaway_run].values() if a in RAN) == RUNAWAY_EXECUTIONS
+    assert all(a not in ("block", "stop") for a, _ in live[legit_run].values()), live[legit_run]
+    assert sum(1 for a, _ in live[legit_run].values() if a in RAN) == 5
+
+    imported = imported_decisions(stack, home.projects)
+    assert imported == live
+
+
+def test_whatif_over_the_transcripts_names_the_runaway_and_spares_the_good_session(
+    stack: Stack, home: Home
+) -> None:
+    settings = hook_settings(stack)
+    sessions = []
+    for scenario in (legitimate, runaway):
+        with scenario(home) as api:
+            result = run_claude(api, "do the task", home=home.home, cwd=home.cwd, settings=settings)
+            sessions.append(result.result()["session_id"])
+    legit_run, runaway_run = sessions
+    # The candidate, the strict preset, gives up on a repeat sooner than the balanced
+    # baseline: the runaway is stopped earlier, the legitimate session not at all.
+    done = subprocess.run(
+        [
+            str(stack.bin("fusebox")),
+            "whatif",
+            "--from",
+            "claude-code",
+            "--tenant",
+            TENANT,
+            "--preset",
+            "strict",
+            "--json",
+            str(home.projects),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads(done.stdout)
+    assert report["source"].startswith("claude-code sessions in "), report["source"]
+    assert "2 sessions in 2 files" in report["source"], report["source"]
+    changed = {change["run"]: change for change in report["changes"]}
+    assert legit_run not in changed and set(changed) == {runaway_run}, report["changes"]
+    assert changed[runaway_run]["kind"] == "stops_earlier", changed
+    assert changed[runaway_run]["agent"] == "claude-code", changed
