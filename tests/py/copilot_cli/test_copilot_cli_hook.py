@@ -167,3 +167,23 @@ def test_guard_down(stack: Stack, ws: Workspace, on_error: str) -> None:
         assert all("the guard could not be asked" in o for o in outputs), outputs
     else:
         assert ws.executions() == 2
+
+
+def test_a_session_resumed_after_its_end_goes_on_in_its_next_run(
+    stack: Stack, ws: Workspace
+) -> None:
+    hooks = printed_hooks(stack, stack.nats_url, TENANT)
+    with FakeChatCompletions([ws.command("echo one"), say("done")], describe=True) as api:
+        first = copilot(ws, api, hooks)
+    session = session_of(first.stderr, first.stdout)
+    assert summary(stack, TENANT, session)["terminal_state"] == "COMPLETED"
+
+    with FakeChatCompletions([ws.command("echo two"), say("done")], describe=True) as api:
+        second = copilot(ws, api, hooks, resume=session)
+        outputs = api.tool_outputs()
+
+    assert session_of(second.stderr, second.stdout) == session
+    assert ws.executions() == 2 and "two" in outputs[-1], outputs
+    # The session's id is the run's; its continuation is the session's next run.
+    resumed = summary(stack, TENANT, f"{session}-2")
+    assert resumed["steps"] == 1 and resumed["terminal_state"] == "COMPLETED", resumed

@@ -7,6 +7,7 @@ docs/agents/copilot-cli.md tells a user to (``.github/hooks/fusebox.json``).
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 from support.coding_agents import NPM_BIN, AgentRun, Workspace
@@ -39,10 +40,15 @@ def printed_hooks(stack: Stack, nats_url: str, tenant: str, *flags: str) -> str:
 
 
 def copilot(
-    ws: Workspace, api: FakeChatCompletions, hooks: str, timeout_s: float = 180
+    ws: Workspace,
+    api: FakeChatCompletions,
+    hooks: str,
+    timeout_s: float = 180,
+    resume: str | None = None,
 ) -> AgentRun:
     """`copilot -p … --allow-all-tools --trust-folder` in a git repository holding the
-    printed hooks file, with the provider at `api`."""
+    printed hooks file, with the provider at `api`. `resume`: the session to go on with
+    (`--resume=<id>`)."""
     if not (ws.cwd / ".git").exists():
         subprocess.run(["git", "init", "-q"], cwd=ws.cwd, check=True, timeout=30)
     (ws.cwd / ".github" / "hooks").mkdir(parents=True, exist_ok=True)
@@ -53,5 +59,14 @@ def copilot(
         "COPILOT_MODEL": "gpt-4.1",
     }
     args = [str(NPM_BIN / "copilot"), "-p", "do the task", "--allow-all-tools"]
-    args += ["--trust-folder", "--disable-client-telemetry"]
+    args += ["--disable-client-telemetry"]
+    if resume:
+        # `--resume` refuses `--trust-folder` (1.0.102), and an untrusted repository's
+        # hooks do not run: the user-level settings carry the same hooks.
+        settings = ws.home / ".copilot" / "settings.json"
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(json.dumps({"hooks": json.loads(hooks)["hooks"]}))
+        args += [f"--resume={resume}"]
+    else:
+        args += ["--trust-folder"]
     return ws._run(args, env, timeout_s)
