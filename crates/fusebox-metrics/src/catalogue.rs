@@ -251,6 +251,14 @@ pub const CLUSTER_HANDOVERS: MetricDef = def(
     "Partitions this daemon started serving (claimed) or stopped serving (released, lost, failed).",
 );
 
+pub const OTLP_SPANS: MetricDef = def(
+    "fusebox_otlp_spans_total",
+    Counter,
+    &["outcome"],
+    false,
+    "Spans the OTLP receiver took in, by outcome: mapped, skipped (nothing to map), or the reason it refused one (dead-lettered); undecodable_batch counts refused requests.",
+);
+
 /// Every metric, in exposition-independent order.
 pub const CATALOGUE: &[&MetricDef] = &[
     &EVENTS,
@@ -283,6 +291,7 @@ pub const CATALOGUE: &[&MetricDef] = &[
     &CLUSTER_PARTITIONS,
     &CLUSTER_PARTITIONS_OWNED,
     &CLUSTER_HANDOVERS,
+    &OTLP_SPANS,
 ];
 
 /// The catalogue entry whose exposition includes `series` (e.g. a histogram's `_bucket`).

@@ -19,6 +19,14 @@ impl Metrics {
         self.events.with_label_values(&labels).inc();
     }
 
+    /// A span the OTLP receiver took in, by `outcome` (`mapped`, `skipped`, or the
+    /// reason it was refused).
+    pub fn otlp_span(&self, outcome: &str) {
+        self.otlp_spans
+            .with_label_values(&[self.otlp_outcomes.bound(outcome)])
+            .inc();
+    }
+
     /// An event was refused as bad input, for `reason` (a short snake_case code).
     pub fn event_rejected(&self, reason: &str) {
         self.events_rejected

@@ -86,6 +86,8 @@ pub struct Metrics {
     pub(crate) cluster_partitions: IntGauge,
     pub(crate) cluster_partitions_owned: IntGauge,
     pub(crate) cluster_changes: IntCounterVec,
+    pub(crate) otlp_outcomes: Bounded,
+    pub(crate) otlp_spans: IntCounterVec,
 }
 
 impl Metrics {
@@ -138,6 +140,8 @@ impl Metrics {
             cluster_partitions: b.int_gauge(&cat::CLUSTER_PARTITIONS)?,
             cluster_partitions_owned: b.int_gauge(&cat::CLUSTER_PARTITIONS_OWNED)?,
             cluster_changes: b.counter_vec(&cat::CLUSTER_HANDOVERS)?,
+            otlp_outcomes: Bounded::open(labels::OPEN_LABEL_CAP),
+            otlp_spans: b.counter_vec(&cat::OTLP_SPANS)?,
             registry: b.registry,
         };
         metrics.init_series(version)?;
@@ -150,6 +154,10 @@ impl Metrics {
         let build_info = IntGaugeVec::new(opts(&cat::BUILD_INFO), cat::BUILD_INFO.labels)?;
         build_info.with_label_values(&[version]).set(1);
         self.registry.register(Box::new(build_info))?;
+        // Present from the start, so a rate over the OTLP receiver's spans is 0, not absent.
+        for outcome in ["mapped", "skipped"] {
+            self.otlp_spans.with_label_values(&[outcome]).inc_by(0);
+        }
         for change in labels::PARTITION_CHANGES {
             self.cluster_changes.with_label_values(&[*change]).inc_by(0);
         }

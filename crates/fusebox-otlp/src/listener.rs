@@ -152,10 +152,15 @@ fn encoded<T: Serialize>(
 ) -> Response {
     let (content_type, bytes) = match encoding {
         Encoding::Protobuf => ("application/x-protobuf", protobuf),
-        Encoding::Json => (
-            "application/json",
-            serde_json::to_vec(value).expect("OTLP answers serialise"),
-        ),
+        Encoding::Json => {
+            let mut json = serde_json::to_value(value).expect("OTLP answers serialise");
+            // An absent field is left out in OTLP/JSON (proto3's JSON mapping), not null:
+            // a full success is `{}`.
+            if let serde_json::Value::Object(fields) = &mut json {
+                fields.retain(|_, v| !v.is_null());
+            }
+            ("application/json", json.to_string().into_bytes())
+        }
     };
     let mut response = (status, Body::from(bytes)).into_response();
     response

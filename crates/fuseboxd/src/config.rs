@@ -136,6 +136,32 @@ impl Default for MetricsConfig {
     }
 }
 
+/// `[otlp]`: the OTLP/HTTP receiver (docs/otel.md). Off unless `listen` is set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpSection {
+    /// `host:port` to serve `POST /v1/traces` on; empty = no receiver.
+    pub listen: String,
+    /// The tenant of every request on a loopback listener without `credentials`.
+    pub tenant: String,
+    /// Bearer token → tenant. Required off loopback: whoever can reach the port could
+    /// otherwise write any run of the fixed tenant.
+    pub credentials: std::collections::HashMap<String, String>,
+    /// The largest request body read; past it the exporter is answered 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for OtlpSection {
+    fn default() -> Self {
+        OtlpSection {
+            listen: String::new(),
+            tenant: "default".to_owned(),
+            credentials: Default::default(),
+            max_body_bytes: 4 << 20,
+        }
+    }
+}
+
 /// Everything the daemon needs, validated.
 /// `[cluster]`: several daemons sharing the runs of one NATS account by partition
 /// (interfaces.md §2, deploy/nats/partitions.conf). Off when `partitions = 0`.
@@ -174,6 +200,8 @@ pub struct DaemonConfig {
     pub metrics_tenant_label: bool,
     pub watchdog: fusebox_watchdog::WatchdogConfig,
     pub cluster: ClusterConfig,
+    /// `Some` when `[otlp] listen` is set.
+    pub otlp: Option<fusebox_otlp::OtlpOptions>,
 }
 
 /// Command-line values that win over the file.
@@ -232,6 +260,7 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
     let mut metrics: MetricsConfig = section(&doc, path, "metrics")?;
     let watchdog: fusebox_watchdog::WatchdogConfig = section(&doc, path, "watchdog")?;
     let mut cluster: ClusterConfig = section(&doc, path, "cluster")?;
+    let otlp_section: OtlpSection = section(&doc, path, "otlp")?;
     if let Some(node_id) = overrides.node_id {
         cluster.node_id = node_id;
     }
@@ -354,7 +383,9 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
         replicas: cluster.replicas,
         ..ServiceOptions::default()
     };
+    let otlp = otlp_options(otlp_section, max_event_bytes).map_err(|m| invalid("otlp", m))?;
     Ok(DaemonConfig {
+        otlp,
         policies,
         nats,
         storage,
@@ -364,6 +395,52 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<DaemonConfig, ConfigErr
         watchdog,
         cluster,
     })
+}
+
+/// `[otlp]` validated: a listen address, and a credential for every tenant off loopback.
+fn otlp_options(
+    section: OtlpSection,
+    max_event_bytes: usize,
+) -> Result<Option<fusebox_otlp::OtlpOptions>, String> {
+    if section.listen.is_empty() {
+        return Ok(None);
+    }
+    let listen: SocketAddr = section
+        .listen
+        .parse()
+        .map_err(|err| format!("listen {:?} is not host:port: {err}", section.listen))?;
+    let token_safe = |t: &str| {
+        !t.is_empty()
+            && t.len() <= fusebox_core::parse::MAX_TENANT_LEN
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    for tenant in section.credentials.values().chain([&section.tenant]) {
+        if !token_safe(tenant) {
+            return Err(format!(
+                "tenant {tenant:?} may hold only A-Z a-z 0-9 - _ (1-64)"
+            ));
+        }
+    }
+    let credentials = if section.credentials.is_empty() {
+        if !listen.ip().is_loopback() {
+            return Err(format!(
+                "listen {listen} is off loopback: map a bearer token to a tenant in [otlp.credentials]"
+            ));
+        }
+        fusebox_otlp::Credentials::Fixed(section.tenant)
+    } else {
+        fusebox_otlp::Credentials::Tokens(section.credentials)
+    };
+    if section.max_body_bytes == 0 {
+        return Err("max_body_bytes must be above 0".to_owned());
+    }
+    Ok(Some(fusebox_otlp::OtlpOptions {
+        listen,
+        credentials,
+        max_body_bytes: section.max_body_bytes,
+        max_event_bytes,
+    }))
 }
 
 #[cfg(test)]
@@ -440,5 +517,51 @@ mod tests {
         let dotted = write("[cluster]\npartitions = 8\nnode_id = \"a.b\"\n");
         let err = load(dotted.path(), none()).unwrap_err().to_string();
         assert!(err.contains("may hold only"), "{err}");
+    }
+
+    #[test]
+    fn otlp_off_loopback_needs_a_credential() {
+        let cases = [
+            ("", Ok(None)),
+            (
+                "[otlp]\nlisten = \"127.0.0.1:4318\"\n",
+                Ok(Some("fixed:default")),
+            ),
+            (
+                "[otlp]\nlisten = \"[::1]:4318\"\ntenant = \"acme\"\n",
+                Ok(Some("fixed:acme")),
+            ),
+            ("[otlp]\nlisten = \"0.0.0.0:4318\"\n", Err("off loopback")),
+            (
+                "[otlp]\nlisten = \"0.0.0.0:4318\"\n[otlp.credentials]\ns3cret = \"acme\"\n",
+                Ok(Some("tokens:1")),
+            ),
+            (
+                "[otlp]\nlisten = \"127.0.0.1:4318\"\ntenant = \"a.b\"\n",
+                Err("may hold only"),
+            ),
+            ("[otlp]\nlisten = \"localhost\"\n", Err("not host:port")),
+            ("[otlp]\nlisen = \"127.0.0.1:4318\"\n", Err("lisen")),
+        ];
+        for (text, want) in cases {
+            let file = write(text);
+            let got = load(file.path(), none()).map(|c| {
+                c.otlp.map(|o| match o.credentials {
+                    fusebox_otlp::Credentials::Fixed(t) => format!("fixed:{t}"),
+                    fusebox_otlp::Credentials::Tokens(t) => format!("tokens:{}", t.len()),
+                })
+            });
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got.as_deref(), want, "{text}"),
+                (Err(err), Err(needle)) => {
+                    let err = err.to_string();
+                    assert!(
+                        err.contains("[otlp]") && err.contains(needle),
+                        "{text}: {err}"
+                    );
+                }
+                (got, want) => panic!("{text}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 }

@@ -1,11 +1,11 @@
 //! Start-up order and shutdown order.
 //!
 //! Start: open the log (rebuild state) → bind the metrics endpoint → connect to NATS →
-//! start the cloud watchdog (timers from its journal) → check/create streams and
-//! subscribe → serve. Any failure before serving is a clear error and a non-zero exit.
+//! start the cloud watchdog (timers from its journal) → the OTLP receiver, when
+//! `[otlp]` is on → check/create streams and subscribe → serve. Any failure before serving is a clear error and a non-zero exit.
 //! Stop (SIGTERM/SIGINT): stop taking input, commit and answer what was received, ack
-//! it, snapshot the log, finish the watchdog's pass and publish its outcomes, close
-//! NATS, stop metrics.
+//! it, snapshot the log, finish the watchdog's pass and publish its outcomes, let the
+//! OTLP receiver answer what it holds, close NATS, stop metrics.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,6 +38,20 @@ pub enum DaemonError {
     Watchdog(#[from] WatchdogError),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Otlp(#[from] fusebox_otlp::BindError),
+}
+
+/// The OTLP receiver counts into the daemon's registry.
+struct OtlpMetrics(Arc<Metrics>);
+
+impl fusebox_otlp::OtlpCounter for OtlpMetrics {
+    fn span(&self, outcome: &str) {
+        self.0.otlp_span(outcome);
+    }
+    fn dead_letter(&self) {
+        self.0.dlq_message();
+    }
 }
 
 pub async fn run(mut config: DaemonConfig) -> Result<(), DaemonError> {
@@ -107,6 +121,27 @@ pub async fn run(mut config: DaemonConfig) -> Result<(), DaemonError> {
         Some((running, facts)) => (Some(running), Some(facts)),
         None => (None, None),
     };
+    // The OTLP receiver only publishes to FUSEBOX_EVENTS; the service created below (or
+    // found) is what applies what it publishes, so it may start first.
+    let (stop_otlp, otlp_task) = match config.otlp.clone() {
+        Some(options) => {
+            let listener = fusebox_otlp::OtlpListener::bind(
+                options,
+                client.clone(),
+                Arc::new(OtlpMetrics(metrics.clone())),
+            )
+            .await?;
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "OTLP receiver listening");
+            }
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(listener.run(async {
+                let _ = stopped.await;
+            }));
+            (Some(stop), Some(task))
+        }
+        None => (None, None),
+    };
     // Launches are accepted only for a cloud the watchdog watches (part of every
     // service's options, the partitions' too).
     config.service.instance_providers = watchdog.iter().map(|w| w.provider.clone()).collect();
@@ -153,6 +188,15 @@ pub async fn run(mut config: DaemonConfig) -> Result<(), DaemonError> {
     };
     if let Some(watchdog) = watchdog {
         watchdog.shutdown().await;
+    }
+    if let Some(stop) = stop_otlp {
+        let _ = stop.send(());
+    }
+    if let Some(Ok(Err(err))) = match otlp_task {
+        Some(task) => Some(task.await),
+        None => None,
+    } {
+        tracing::warn!(%err, "OTLP receiver stopped with an error");
     }
     if let Err(err) = client.drain().await {
         tracing::warn!(%err, "draining the NATS connection failed");

@@ -1,0 +1,308 @@
+"""OTLP in (issue 46 §1): a real fuseboxd with its `[otlp]` receiver on, fed by the
+Python OpenTelemetry SDK's OTLP/HTTP exporter with Pydantic AI's own instrumentation
+driving scripted models (`FunctionModel`: no LLM, no network). Passive watching: the
+agent is never refused a call; the guard's stop is published on the kill switch and
+the run's state says so. Bad input gets OTLP's answers and loses nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import pytest
+
+# protobuf ships no type stubs (types-protobuf is not a dependency of the suite).
+from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.instrumented import InstrumentationSettings
+from support.agent_runs import run_status
+from support.stack import Stack, start_stack
+
+TENANT = "otel"
+TOKEN = "otlp-test-token-7f3a"
+MAX_BODY = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Receiver:
+    stack: Stack
+    url: str  # http://127.0.0.1:<port>/v1/traces
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def receiver(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
+    """The suite's test config plus `[otlp]`: a bearer token for tenant `otel` (the
+    credential path, on loopback so the test can reach it) and a small body bound."""
+    port = free_port()
+    config = tmp_path_factory.mktemp("otlp") / "fusebox.toml"
+    shipped = stack.config.read_text()
+    off = '[otlp]\nlisten = ""\nmax_body_bytes = 4194304\n'
+    assert off in shipped, "the test config carries the shipped [otlp] section, off"
+    on = f'[otlp]\nlisten = "127.0.0.1:{port}"\nmax_body_bytes = {MAX_BODY}\n'
+    credentials = f'\n[otlp.credentials]\n"{TOKEN}" = "{TENANT}"\n'
+    config.write_text(shipped.replace(off, on) + credentials)
+    with start_stack("--config", str(config)) as running:
+        yield Receiver(running, f"http://127.0.0.1:{port}/v1/traces")
+
+
+def tracer_provider(url: str, processor: str = "batch") -> TracerProvider:
+    exporter = OTLPSpanExporter(endpoint=url, headers={"Authorization": f"Bearer {TOKEN}"})
+    provider = TracerProvider()
+    provider.add_span_processor(
+        BatchSpanProcessor(exporter) if processor == "batch" else SimpleSpanProcessor(exporter)
+    )
+    return provider
+
+
+def scripted_agent(calls: list[dict[str, Any]], provider: TracerProvider) -> Agent[None, str]:
+    """An agent whose model asks for `search(**calls[i])` on its i-th turn, then answers."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if turn < len(calls):
+            return ModelResponse(
+                parts=[ToolCallPart("search", calls[turn], tool_call_id=f"c{turn}")]
+            )
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model), name="researcher")
+    agent.instrument = InstrumentationSettings(tracer_provider=provider)
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        return f"results for {q}: nothing new" if q == "same" else f"page about {q}"
+
+    return agent
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """Polls `check()` until it returns something truthy (the daemon applies passive
+    events asynchronously)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def post(url: str, body: bytes, content_type: str, **headers: str) -> tuple[int, bytes, str]:
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"Content-Type": content_type, "Authorization": f"Bearer {TOKEN}", **headers},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read(), answer.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read(), refused.headers.get("Content-Type", "")
+
+
+def recorded_spans(calls: list[dict[str, Any]], conversation: str) -> list[ReadableSpan]:
+    """The spans Pydantic AI emits for a scripted run, kept in memory (to build bodies)."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    scripted_agent(calls, provider).run_sync("go", conversation_id=conversation)
+    return list(memory.get_finished_spans())
+
+
+def summary(receiver: Receiver, run: str) -> dict[str, Any]:
+    """The run's summary as `fusebox run --json` gives it; a run the daemon has not
+    seen yet has applied no events."""
+    try:
+        status = run_status(receiver.stack, TENANT, run)
+    except subprocess.CalledProcessError as err:
+        if "unknown run" in err.stderr or "no run" in err.stderr:
+            return {"events": 0}
+        raise
+    found: dict[str, Any] = status["summary"]
+    return found
+
+
+async def stops_of(nats_url: str, run: str, timeout: float) -> list[dict[str, Any]]:
+    """The kill switch as a late subscriber reads it (the stop is kept in a stream)."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        got: list[dict[str, Any]] = []
+        sub = await js.subscribe(f"fusebox.stop.{TENANT}.{run}", ordered_consumer=True)
+        try:
+            msg = await sub.next_msg(timeout=timeout)
+            got.append(json.loads(msg.data))
+        except nats.errors.TimeoutError:
+            pass
+        await sub.unsubscribe()
+        return got
+    finally:
+        await nc.close()
+
+
+def test_a_runaway_search_loop_is_stopped_on_the_kill_switch(
+    receiver: Receiver, run_id: str
+) -> None:
+    provider = tracer_provider(receiver.url)
+    # The same search, 12 times, the same answer every time: the loop an agent gets into.
+    scripted_agent([{"q": "same"}] * 12, provider).run_sync("find it", conversation_id=run_id)
+    assert provider.force_flush(10_000)
+    provider.shutdown()
+
+    state = wait_for(
+        lambda: (s := summary(receiver, run_id)).get("terminal_state") and s, "the run's stop"
+    )
+    assert state["terminal_state"] == "STOPPED_LOOP_GUARD", state
+    stops = asyncio.run(stops_of(receiver.stack.nats_url, run_id, timeout=5))
+    assert stops, "the stop is published on the kill switch"
+    assert stops[0]["report"]["terminal_state"] == "STOPPED_LOOP_GUARD", stops[0]
+
+
+def test_a_legitimate_session_is_untouched(receiver: Receiver, run_id: str) -> None:
+    provider = tracer_provider(receiver.url)
+    # Twelve distinct searches with distinct answers: work, not a loop.
+    calls = [{"q": f"topic {i}"} for i in range(12)]
+    scripted_agent(calls, provider).run_sync("survey", conversation_id=run_id)
+    assert provider.force_flush(10_000)
+    provider.shutdown()
+
+    # Every call and result arrived (12 tool calls, 12 results, 13 model turns).
+    state = wait_for(
+        lambda: (s := summary(receiver, run_id))["events"] >= 37 and s, "all events applied"
+    )
+    assert state["events"] == 37, state
+    assert state.get("terminal_state") is None, state
+    assert state.get("calls_refused", 0) == 0, state
+    assert not asyncio.run(stops_of(receiver.stack.nats_url, run_id, timeout=1))
+
+
+def test_bad_input_gets_otlp_answers_and_loses_nothing_else(
+    receiver: Receiver, run_id: str
+) -> None:
+    spans = recorded_spans([{"q": "alpha"}, {"q": "beta"}], run_id)
+    good = encode_spans(spans).SerializeToString()
+
+    # A truncated protobuf body: 400, with a google.rpc.Status saying why.
+    status, body, kind = post(receiver.url, good[: len(good) // 2], "application/x-protobuf")
+    assert status == 400 and kind == "application/x-protobuf", (status, body)
+    assert b"ExportTraceServiceRequest" in body
+    # Not JSON either: 400.
+    status, body, _ = post(receiver.url, b'{"resourceSpans": [', "application/json")
+    assert status == 400, body
+    # A content type OTLP does not define: 415.
+    status, body, _ = post(receiver.url, good, "text/plain")
+    assert status == 415, body
+    # Compressed, which this receiver does not read: 415, saying so.
+    status, body, _ = post(
+        receiver.url, good, "application/x-protobuf", **{"Content-Encoding": "gzip"}
+    )
+    assert status == 415 and b"uncompressed" in body, body
+    # Past the body bound: 413.
+    status, body, _ = post(receiver.url, b"\0" * (MAX_BODY + 1), "application/x-protobuf")
+    assert status == 413, body
+    # No credential, or a wrong one: 401.
+    request = urllib.request.Request(
+        receiver.url, data=good, method="POST", headers={"Content-Type": "application/x-protobuf"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    status, _, _ = post(receiver.url, good, "application/x-protobuf", Authorization="Bearer wrong")
+    assert status == 401
+    assert summary(receiver, run_id)["events"] == 0, "nothing refused was applied"
+
+    # A batch with one execute_tool span stripped of its tool name: that span refused
+    # (partial success, a dead letter), every other span of the batch applied.
+    request_pb = encode_spans(spans)
+    nameless = None
+    for scope in request_pb.resource_spans[0].scope_spans:
+        for span in scope.spans:
+            names = [kv.key for kv in span.attributes]
+            if nameless is None and "gen_ai.tool.name" in names:
+                nameless = span.span_id.hex()
+                keep = [kv for kv in span.attributes if kv.key != "gen_ai.tool.name"]
+                del span.attributes[:]
+                span.attributes.extend(keep)
+    assert nameless is not None
+
+    async def send_and_read_dead_letter() -> tuple[int, bytes, dict[str, Any]]:
+        nc = await nats.connect(receiver.stack.nats_url)
+        try:
+            sub = await nc.subscribe(f"fusebox.dlq.{TENANT}")
+            await nc.flush()
+            answer = await asyncio.to_thread(
+                post, receiver.url, request_pb.SerializeToString(), "application/x-protobuf"
+            )
+            letter = json.loads((await sub.next_msg(timeout=5)).data)
+            return answer[0], answer[1], letter
+        finally:
+            await nc.close()
+
+    status, body, letter = asyncio.run(send_and_read_dead_letter())
+    assert status == 200, body
+    answer = ExportTraceServiceResponse.FromString(body)
+    assert answer.partial_success.rejected_spans == 1, answer
+    assert "no_tool_name" in answer.partial_success.error_message
+    assert letter["error"]["reason"] == "no_tool_name", letter
+    assert json.loads(letter["payload"])["span_id"] == nameless, letter
+    # 2 calls with 2 results minus the refused span's pair, and 3 model turns.
+    state = wait_for(lambda: (s := summary(receiver, run_id))["events"] >= 5 and s, "the rest")
+    assert state["events"] == 5, state
+
+    # The same batch again (an exporter's retry): stored once, nothing applied twice.
+    status, _, _ = post(receiver.url, request_pb.SerializeToString(), "application/x-protobuf")
+    assert status == 200
+    # And as OTLP/JSON, the other encoding, for a fresh conversation: all applied.
+    other = recorded_spans([{"q": "gamma"}], run_id + "-json")
+    assert other
+    json_body = otlp_json(encode_spans(other))
+    status, body, kind = post(receiver.url, json_body, "application/json")
+    assert status == 200 and kind == "application/json", body
+    assert json.loads(body) == {}, "no partial success: every span taken"
+    state = wait_for(
+        lambda: (s := summary(receiver, run_id + "-json"))["events"] >= 4 and s, "json"
+    )
+    assert state["events"] == 4, state
+    assert summary(receiver, run_id)["events"] == 5, "the retried batch was deduplicated"
+
+
+def otlp_json(request: ExportTraceServiceRequest) -> bytes:
+    """OTLP/JSON as the specification writes it: protobuf's JSON mapping with trace and
+    span ids as hex (not base64), enums as integers and lowerCamelCase keys."""
+    doc = MessageToDict(request, use_integers_for_enums=True)
+    for resource in doc.get("resourceSpans", []):
+        for scope in resource.get("scopeSpans", []):
+            for span in scope.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+    return json.dumps(doc).encode()
