@@ -17,6 +17,7 @@
 //! reader, so the three commands take it unchanged.
 
 pub mod claude_code;
+pub mod codex;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -34,12 +35,15 @@ use crate::replay::Admitted;
 pub enum Agent {
     /// Claude Code's project transcripts: `~/.claude/projects/<project>/<session>.jsonl`.
     ClaudeCode,
+    /// Codex CLI's rollouts: `~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl`.
+    Codex,
 }
 
 impl Agent {
     pub fn name(self) -> &'static str {
         match self {
             Agent::ClaudeCode => "claude-code",
+            Agent::Codex => "codex",
         }
     }
 
@@ -47,6 +51,7 @@ impl Agent {
     pub fn default_path(self) -> Option<PathBuf> {
         match self {
             Agent::ClaudeCode => claude_code::default_dir(),
+            Agent::Codex => codex::default_dir(),
         }
     }
 }
@@ -193,6 +198,7 @@ pub(crate) trait SessionReader {
 fn reader_for(agent: Agent, tenant: &str) -> Box<dyn SessionReader> {
     match agent {
         Agent::ClaudeCode => Box::new(claude_code::Reader::new(tenant)),
+        Agent::Codex => Box::new(codex::Reader::new(tenant)),
     }
 }
 
@@ -234,6 +240,7 @@ fn walk(agent: Agent, dir: &Path, files: &mut Vec<PathBuf>) -> io::Result<()> {
             }
         } else if match agent {
             Agent::ClaudeCode => claude_code::is_session_file(&path),
+            Agent::Codex => codex::is_session_file(&path),
         } {
             files.push(path);
         }
