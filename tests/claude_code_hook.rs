@@ -303,6 +303,52 @@ async fn hook_cases_over_http_against_a_real_daemon() {
     }
 }
 
+/// A sub-agent's events are asked on its tree's subject, naming the session's run as the
+/// root (`fusebox.gate.<tenant>.<session run>.<sub-agent run>`), the session's own on its
+/// plain one: so a cluster serves a session and its sub-agents on one daemon, and their
+/// budgets stay exact. Through the command and through `hook serve` alike.
+#[tokio::test]
+async fn a_sub_agents_events_name_the_sessions_run_on_the_wire() {
+    use futures_util::StreamExt;
+    let stack = stack().await;
+    let watcher = async_nats::connect(&stack.nats_url).await.expect("connect");
+    let mut asked = watcher
+        .subscribe("fusebox.gate.>")
+        .await
+        .expect("subscribe");
+    watcher.flush().await.expect("flush");
+    let state = tempfile::tempdir().expect("temp dir");
+    let (_serve, port) = serve(&stack, state.path(), &[]);
+    for (transport, session) in [
+        (Transport::Command, "wire-cmd"),
+        (Transport::Http(port), "wire-http"),
+    ] {
+        let steps: [(&str, Option<&str>, Option<&str>); 4] = [
+            ("SessionStart", None, None),
+            ("SubagentStart", None, Some("a1")),
+            ("PreToolUse", Some("s1"), Some("a1")),
+            ("PreToolUse", Some("m1"), None),
+        ];
+        for (event, id, agent) in steps {
+            let body = sub_agent_payload(event, session, id, None, agent);
+            let url = ["--nats-url", stack.nats_url.as_str()];
+            let out = deliver(&transport, &url, body.to_string().as_bytes(), state.path());
+            assert!(out.status.success(), "{session} {event}: {out:?}");
+        }
+        let mut subjects = Vec::new();
+        while subjects.len() < steps.len() {
+            let message = tokio::time::timeout(Duration::from_secs(5), asked.next())
+                .await
+                .unwrap_or_else(|_| panic!("{session}: only {subjects:?} asked"))
+                .expect("open");
+            subjects.push(message.subject.to_string());
+        }
+        let own = format!("fusebox.gate.{TENANT}.{session}");
+        let sub = format!("fusebox.gate.{TENANT}.{session}.{session}-a1");
+        assert_eq!(subjects, [own.clone(), sub.clone(), sub, own], "{session}");
+    }
+}
+
 /// A tool named a business operation (`--op-key`): a repeat of the operation, in another
 /// session of the tenant, is denied with the first call's result whole up to
 /// `--max-stored-result-bytes` (past 32 KiB, where a result once went as its hash), and

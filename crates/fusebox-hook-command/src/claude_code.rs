@@ -151,7 +151,7 @@ pub(crate) fn hook(hook: &Hook) -> ExitCode {
         Err(why) => return reply.send(Answer::blocking(&why)),
     };
     let resumed = payload.resumes().then_some(payload.session_id.as_str());
-    let gates = hook.ask_in_order(&mut events, resumed);
+    let gates = hook.ask_in_order(&mut events, resumed, Some(&route.session_run));
     route.settle(&agents, hook.tenant(), &events, &gates);
     let last = gates.len() - 1;
     let outcome = hook.outcome(&gates[last]);

@@ -341,7 +341,7 @@ impl<'a> Hook<'a> {
     /// run (`session` names it).
     fn ask(&self, event: &mut fusebox_core::Event, resumed: Option<&str>) -> Gate {
         let mut events = vec![event.clone()];
-        let gate = self.ask_in_order(&mut events, resumed).pop();
+        let gate = self.ask_in_order(&mut events, resumed, None).pop();
         *event = events.pop().expect("one event");
         gate.expect("one gate at least")
     }
@@ -349,8 +349,14 @@ impl<'a> Hook<'a> {
     /// [`Hook::ask`] for several events of one hook, in order (a sub-agent's start, then
     /// its call): each is sent once the one before was decided, all within `--timeout`.
     /// Their gates as far as they went, never none: the last is what the hook answers.
-    /// `resumed` applies to the first event.
-    fn ask_in_order(&self, events: &mut [fusebox_core::Event], resumed: Option<&str>) -> Vec<Gate> {
+    /// `resumed` applies to the first event; `session_run`: the session's run, the root of
+    /// its sub-agents' tree ([`gate_in_order`]).
+    fn ask_in_order(
+        &self,
+        events: &mut [fusebox_core::Event],
+        resumed: Option<&str>,
+        session_run: Option<&str>,
+    ) -> Vec<Gate> {
         let args = self.args;
         let unanswered = |error| Gate::Unanswered {
             error,
@@ -381,7 +387,9 @@ impl<'a> Hook<'a> {
                 if let (Some(session), Some(first)) = (resumed, events.first_mut()) {
                     continue_resumed(&client, &runs, first, session).await;
                 }
-                gate_in_order(&client, events, &mut gates).await;
+                // A resumed session's events are its own (its start), never a sub-agent's.
+                let tree_root = session_run.filter(|_| resumed.is_none());
+                gate_in_order(&client, events, tree_root, &mut gates).await;
             };
             if tokio::time::timeout(args.timeout, asked).await.is_err() {
                 gates.push(unanswered(ClientError::Timeout {
@@ -420,14 +428,19 @@ pub async fn continue_resumed(
 
 /// Asks the daemon about `events` in order, each once the one before was decided (a
 /// sub-agent's start before its call: a call of a run that was never started would make
-/// it a root), pushing each gate onto `gates`; stops at the first not decided.
+/// it a root), pushing each gate onto `gates`; stops at the first not decided. An event
+/// of another run than `session_run` is a sub-agent's: it is asked on its tree's
+/// subject, naming the session's run as its root, so a cluster serves the session and
+/// its sub-agents on one daemon and their budgets stay exact.
 pub async fn gate_in_order(
     client: &fusebox_client::FuseboxClient,
     events: &[fusebox_core::Event],
+    session_run: Option<&str>,
     gates: &mut Vec<Gate>,
 ) {
     for event in events {
-        let gate = gate_result_fitted(client, event).await;
+        let root = session_run.unwrap_or(&event.run);
+        let gate = gate_result_fitted(client, root, event).await;
         let decided = matches!(gate, Gate::Decided(_));
         gates.push(gate);
         if !decided {
@@ -441,9 +454,10 @@ pub async fn gate_in_order(
 /// still completes or releases the call's op_key.
 pub async fn gate_result_fitted(
     client: &fusebox_client::FuseboxClient,
+    root: &str,
     event: &fusebox_core::Event,
 ) -> Gate {
-    let gate = client.gate(event).await;
+    let gate = client.gate_in_tree(root, event).await;
     // The hashed copy is made only for a refusal: every result passes here.
     if let Gate::Refused(error) = &gate {
         if let Some(hashed) = (error.reason == "too_large")
@@ -454,7 +468,7 @@ pub async fn gate_result_fitted(
                 "fusebox: {}: {}; sending the result's hash instead",
                 event.id, error.message
             );
-            return client.gate(&hashed).await;
+            return client.gate_in_tree(root, &hashed).await;
         }
     }
     gate

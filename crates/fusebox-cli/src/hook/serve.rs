@@ -247,7 +247,9 @@ async fn claude_code_hook(
             )
             .await;
         }
-        gate_in_order(&endpoint.client, &events, &mut gates).await;
+        // A resumed session's events are its own (its start), never a sub-agent's.
+        let tree_root = (!payload.resumes()).then_some(route.session_run.as_str());
+        gate_in_order(&endpoint.client, &events, tree_root, &mut gates).await;
     };
     if tokio::time::timeout(endpoint.timeout, asked).await.is_err() {
         gates.push(Gate::Unanswered {
