@@ -69,6 +69,7 @@ const TOOL_CALL_ID: &str = "gen_ai.tool.call.id";
 const TOOL_ARGS: &str = "gen_ai.tool.call.arguments";
 const TOOL_RESULT: &str = "gen_ai.tool.call.result";
 const CONVERSATION: &str = "gen_ai.conversation.id";
+const SESSION: &str = "session.id";
 const INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
 const OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
 const CACHE_READ: &str = "gen_ai.usage.cache_read.input_tokens";
@@ -281,12 +282,14 @@ fn map_span(span: &Span, tenant: &str) -> SpanOutcome {
 }
 
 /// The run a span belongs to: its `gen_ai.conversation.id` (one per agent run in
-/// Pydantic AI; a session's when the application sets it), else its trace.
+/// Pydantic AI; a session's when the application sets it), else the general
+/// conventions' `session.id` (what instrumentations without the GenAI attribute set),
+/// else its trace.
 fn run_of(span: &Span) -> String {
-    match str_attr(span, CONVERSATION).filter(|c| !c.is_empty()) {
-        Some(conversation) => run_token(conversation),
-        None => format!("otlp-{}", hex(&span.trace_id)),
-    }
+    [CONVERSATION, SESSION]
+        .iter()
+        .find_map(|key| str_attr(span, key).filter(|id| !id.is_empty()))
+        .map_or_else(|| format!("otlp-{}", hex(&span.trace_id)), run_token)
 }
 
 /// A run id within the guard's character set and length: other characters become `_`,
