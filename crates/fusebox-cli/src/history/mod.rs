@@ -18,6 +18,7 @@
 
 pub mod claude_code;
 pub mod codex;
+pub mod gemini_cli;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -37,6 +38,8 @@ pub enum Agent {
     ClaudeCode,
     /// Codex CLI's rollouts: `~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl`.
     Codex,
+    /// Gemini CLI's chats: `~/.gemini/tmp/<project>/chats/session-*.jsonl`.
+    GeminiCli,
 }
 
 impl Agent {
@@ -44,6 +47,7 @@ impl Agent {
         match self {
             Agent::ClaudeCode => "claude-code",
             Agent::Codex => "codex",
+            Agent::GeminiCli => "gemini-cli",
         }
     }
 
@@ -52,6 +56,7 @@ impl Agent {
         match self {
             Agent::ClaudeCode => claude_code::default_dir(),
             Agent::Codex => codex::default_dir(),
+            Agent::GeminiCli => gemini_cli::default_dir(),
         }
     }
 }
@@ -199,6 +204,7 @@ fn reader_for(agent: Agent, tenant: &str) -> Box<dyn SessionReader> {
     match agent {
         Agent::ClaudeCode => Box::new(claude_code::Reader::new(tenant)),
         Agent::Codex => Box::new(codex::Reader::new(tenant)),
+        Agent::GeminiCli => Box::new(gemini_cli::Reader::new(tenant)),
     }
 }
 
@@ -241,6 +247,7 @@ fn walk(agent: Agent, dir: &Path, files: &mut Vec<PathBuf>) -> io::Result<()> {
         } else if match agent {
             Agent::ClaudeCode => claude_code::is_session_file(&path),
             Agent::Codex => codex::is_session_file(&path),
+            Agent::GeminiCli => gemini_cli::is_session_file(&path),
         } {
             files.push(path);
         }
