@@ -19,6 +19,7 @@ import asyncio
 import http.client
 import json
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -176,6 +177,44 @@ def main() -> None:
                     f"({2 * spans / seconds:,.0f} events/s)"
                 )
             print(f"round {round_ + 1}: OTLP / ingest = {took['ingest'] / took['otlp']:.2f}")
+        # And JetStream ingest with a Rust publisher (`fusebox bench gate`'s ingest
+        # measurement, the project's own figure) on the same daemon, after the rounds:
+        # the Python publisher above may be what bounds the ingest side.
+        otlp_events = 2 * spans / otlp_side(stack, port, "otlp-last", 10**12, spans)
+        rust = rust_ingest(stack, 2 * spans)
+        print(
+            f"fusebox bench gate ingest (Rust publisher) → durable log: {rust:,.0f} events/s; "
+            f"OTLP receiver, just before: {otlp_events:,.0f} events/s; "
+            f"OTLP / ingest = {otlp_events / rust:.2f}"
+        )
+
+
+def rust_ingest(stack: Stack, events: int) -> float:
+    """`fusebox bench gate --ingest N`'s events per second into the durable log (its
+    table's "JetStream ingest → durable log" row)."""
+    done = subprocess.run(
+        [
+            str(stack.bin("fusebox")),
+            "bench",
+            "gate",
+            "--nats-url",
+            stack.nats_url,
+            "--serial",
+            "100",
+            "--parallel",
+            "1000",
+            "--ingest",
+            str(events),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("JetStream ingest → durable log"):
+            return float(line.split()[-1])
+    raise AssertionError(f"no ingest row in:\n{done.stdout}")
 
 
 if __name__ == "__main__":
