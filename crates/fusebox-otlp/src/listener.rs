@@ -1,8 +1,8 @@
 //! The OTLP/HTTP endpoint: `POST /v1/traces`, binary protobuf or JSON, with the answers
 //! the OTLP specification gives a receiver (1.5.0, "OTLP/HTTP"): 200 with
 //! `partial_success` naming the spans it refused, 400 for a body that does not decode,
-//! 401 for a missing or unknown credential, 413 past the size bound, 415 for another
-//! content type or an encoding it does not read, 503 when the events could not be
+//! 401 for a missing or unknown credential, 413 past the size bound (sent or
+//! decompressed), 415 for another content type or an encoding other than gzip, 503 when the events could not be
 //! stored (the exporter retries; the ids make the retry safe).
 //!
 //! It maps and forwards: each event is published to `fusebox.events.<tenant>.<run>` and
@@ -204,17 +204,24 @@ async fn traces(State(shared): State<Arc<Shared>>, request: Request) -> Response
             )
         }
     };
-    // No decompressor is linked in: say so instead of failing to decode the bytes.
-    if let Some(coding) = headers.get(header::CONTENT_ENCODING) {
-        let coding = coding.to_str().unwrap_or("?");
-        if !coding.eq_ignore_ascii_case("identity") {
-            return error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                encoding,
-                format!("content encoding {coding:?}: send uncompressed (OTEL_EXPORTER_OTLP_COMPRESSION=none)"),
-            );
+    let gzip = match headers.get(header::CONTENT_ENCODING) {
+        None => false,
+        Some(coding) => {
+            let coding = coding.to_str().unwrap_or("?").trim();
+            if coding.eq_ignore_ascii_case("gzip") {
+                true
+            } else if coding.eq_ignore_ascii_case("identity") {
+                false
+            } else {
+                // OTLP/HTTP names gzip only: say so instead of failing to decode the bytes.
+                return error(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    encoding,
+                    format!("content encoding {coding:?}: send gzip or uncompressed"),
+                );
+            }
         }
-    }
+    };
     let Some(tenant) = tenant_of(&shared.options.credentials, &headers) else {
         return error(
             StatusCode::UNAUTHORIZED,
@@ -233,6 +240,30 @@ async fn traces(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 format!("request body over {limit} bytes: export smaller batches (OTEL_BSP_MAX_EXPORT_BATCH_SIZE)"),
             )
         }
+    };
+    let body = if gzip {
+        match gunzip(&body, limit) {
+            Ok(Some(body)) => body.into(),
+            Ok(None) => {
+                return error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    encoding,
+                    format!(
+                        "request body over {limit} bytes once decompressed: export smaller batches"
+                    ),
+                )
+            }
+            Err(err) => {
+                shared.counter.span("undecodable_batch");
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    encoding,
+                    format!("Content-Encoding gzip, but the body is not gzip: {err}"),
+                );
+            }
+        }
+    } else {
+        body
     };
     let decoded = match encoding {
         Encoding::Protobuf => {
@@ -277,6 +308,17 @@ async fn traces(State(shared): State<Arc<Shared>>, request: Request) -> Response
     });
     let answer = ExportTraceServiceResponse { partial_success };
     encoded(StatusCode::OK, encoding, answer.encode_to_vec(), &answer)
+}
+
+/// The decompressed body, `None` past `limit` bytes: the bound holds for what is
+/// decoded, not only for what was sent (a small gzip body can expand a thousandfold).
+fn gunzip(body: &[u8], limit: usize) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(body)
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)?;
+    Ok((out.len() <= limit).then_some(out))
 }
 
 /// Publishes every event, then awaits every ack: pipelined, and in order per run (one

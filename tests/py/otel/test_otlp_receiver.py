@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import socket
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 # protobuf ships no type stubs (types-protobuf is not a dependency of the suite).
 from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -72,12 +74,14 @@ def receiver(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield Receiver(running, f"http://127.0.0.1:{port}/v1/traces")
 
 
-def tracer_provider(url: str, processor: str = "batch") -> TracerProvider:
-    exporter = OTLPSpanExporter(endpoint=url, headers={"Authorization": f"Bearer {TOKEN}"})
-    provider = TracerProvider()
-    provider.add_span_processor(
-        BatchSpanProcessor(exporter) if processor == "batch" else SimpleSpanProcessor(exporter)
+def tracer_provider(
+    url: str, compression: Compression = Compression.NoCompression
+) -> TracerProvider:
+    exporter = OTLPSpanExporter(
+        endpoint=url, headers={"Authorization": f"Bearer {TOKEN}"}, compression=compression
     )
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
 
@@ -194,8 +198,11 @@ def test_a_runaway_search_loop_is_stopped_on_the_kill_switch(
     assert stops[0]["report"]["terminal_state"] == "STOPPED_LOOP_GUARD", stops[0]
 
 
-def test_a_legitimate_session_is_untouched(receiver: Receiver, run_id: str) -> None:
-    provider = tracer_provider(receiver.url)
+@pytest.mark.parametrize("compression", [Compression.NoCompression, Compression.Gzip])
+def test_a_legitimate_session_is_untouched(
+    receiver: Receiver, run_id: str, compression: Compression
+) -> None:
+    provider = tracer_provider(receiver.url, compression)
     # Twelve distinct searches with distinct answers: work, not a loop.
     calls = [{"q": f"topic {i}"} for i in range(12)]
     scripted_agent(calls, provider).run_sync("survey", conversation_id=run_id)
@@ -228,11 +235,23 @@ def test_bad_input_gets_otlp_answers_and_loses_nothing_else(
     # A content type OTLP does not define: 415.
     status, body, _ = post(receiver.url, good, "text/plain")
     assert status == 415, body
-    # Compressed, which this receiver does not read: 415, saying so.
+    # An encoding OTLP/HTTP does not name: 415, saying what to send.
+    status, body, _ = post(
+        receiver.url, good, "application/x-protobuf", **{"Content-Encoding": "br"}
+    )
+    assert status == 415 and b"gzip or uncompressed" in body, body
+    # Said to be gzip, but not: 400.
     status, body, _ = post(
         receiver.url, good, "application/x-protobuf", **{"Content-Encoding": "gzip"}
     )
-    assert status == 415 and b"uncompressed" in body, body
+    assert status == 400 and b"not gzip" in body, body
+    # A small gzip body that expands past the bound (a zip bomb): 413, not a decode.
+    bomb = gzip.compress(b"\0" * (MAX_BODY * 4))
+    assert len(bomb) < MAX_BODY
+    status, body, _ = post(
+        receiver.url, bomb, "application/x-protobuf", **{"Content-Encoding": "gzip"}
+    )
+    assert status == 413 and b"decompressed" in body, body
     # Past the body bound: 413.
     status, body, _ = post(receiver.url, b"\0" * (MAX_BODY + 1), "application/x-protobuf")
     assert status == 413, body
