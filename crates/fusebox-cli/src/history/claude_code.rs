@@ -58,14 +58,23 @@ pub fn is_session_file(path: &Path) -> bool {
     path.extension().is_some_and(|ext| ext == "jsonl")
 }
 
-/// The fields of a record the import reads; serde skips the rest unparsed.
+/// What every record is first read as: its kind and time, everything else skipped
+/// without being built (most lines — attachments, API request shapes — are large and
+/// say nothing the hook would have said, so this pass is most of an import's time).
 #[derive(Deserialize)]
-struct Record {
+struct Head {
     #[serde(rename = "type")]
     kind: Option<String>,
+    timestamp: Option<String>,
+    subtype: Option<String>,
+}
+
+/// The fields of a record the import reads, read only for the kinds that matter; serde
+/// skips the rest.
+#[derive(Deserialize)]
+struct Record {
     #[serde(rename = "sessionId")]
     session_id: Option<String>,
-    timestamp: Option<String>,
     #[serde(rename = "isSidechain", default)]
     is_sidechain: bool,
     #[serde(rename = "isMeta", default)]
@@ -77,7 +86,6 @@ struct Record {
     message: Option<Message>,
     #[serde(rename = "toolUseResult")]
     tool_use_result: Option<Value>,
-    subtype: Option<String>,
     #[serde(rename = "compactMetadata")]
     compact_metadata: Option<Value>,
 }
@@ -256,16 +264,23 @@ impl SessionReader for Reader {
         summary: &mut ImportSummary,
         out: &mut Vec<Event>,
     ) -> Result<(), String> {
-        let record: Record = serde_json::from_slice(line)
+        let head: Head = serde_json::from_slice(line)
             .map_err(|e| format!("not a Claude Code transcript record: {e}"))?;
-        let Some(kind) = record.kind.as_deref() else {
+        let Some(kind) = head.kind.as_deref() else {
             return Err("a record without a \"type\"".to_owned());
         };
-        if let Some(ms) = record.timestamp.as_deref().and_then(iso_ms) {
+        if let Some(ms) = head.timestamp.as_deref().and_then(iso_ms) {
             self.last_ms = ms;
         }
         let relevant = matches!(kind, "user" | "assistant")
-            || (kind == "system" && record.subtype.as_deref() == Some("compact_boundary"));
+            || (kind == "system" && head.subtype.as_deref() == Some("compact_boundary"));
+        if !relevant {
+            *summary.ignored.entry(kind.to_owned()).or_default() += 1;
+            return Ok(());
+        }
+        // The line parsed once already: this second pass cannot fail on its syntax.
+        let record: Record = serde_json::from_slice(line)
+            .map_err(|e| format!("not a Claude Code transcript record: {e}"))?;
         let session = match (&record.session_id, relevant) {
             (Some(session), true) if !record.is_sidechain => session.clone(),
             _ => {
