@@ -181,4 +181,18 @@ def test_whatif_over_the_transcripts_names_the_runaway_and_spares_the_good_sessi
     changed = {change["run"]: change for change in report["changes"]}
     assert legit_run not in changed and set(changed) == {runaway_run}, report["changes"]
     assert changed[runaway_run]["kind"] == "stops_earlier", changed
+
+    # tune calibrates on the same import: the legitimate session is its completed run,
+    # the runaway its runaway.
+    args = ["tune", "--from", "claude-code", "--tenant", TENANT, str(home.projects)]
+    tuned = subprocess.run(
+        [str(stack.bin("fusebox")), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert tuned.returncode in (0, 1), tuned.stderr
+    assert tuned.stdout.startswith("# fusebox tune: calibrated on claude-code sessions in ")
+    assert "# 1 completed runs, 1 runaways." in tuned.stdout, tuned.stdout[:2000]
     assert changed[runaway_run]["agent"] == "claude-code", changed
