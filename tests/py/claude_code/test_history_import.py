@@ -83,7 +83,7 @@ def live_decisions(stack: Stack, run: str) -> dict[str, tuple[str, str | None]]:
 
 
 def imported_decisions(
-    stack: Stack, projects: Path
+    stack: Stack, projects: Path, sessions: int = 2
 ) -> dict[str, dict[str, tuple[str, str | None]]]:
     """`fusebox replay --from claude-code PROJECTS`: each call's and result's decision,
     by run and event id. Only tool_call / tool_result events have ids ending so."""
@@ -104,7 +104,9 @@ def imported_decisions(
     )
     assert done.returncode == 0, done.stderr
     # The person's summary comes first on stderr, before the per-run lines.
-    assert done.stderr.startswith("claude-code: 2 sessions in 2 files"), done.stderr
+    assert done.stderr.startswith(f"claude-code: {sessions} sessions in {sessions} files"), (
+        done.stderr
+    )
     runs: dict[str, dict[str, tuple[str, str | None]]] = {}
     for line in done.stdout.splitlines():
         decision = json.loads(line)
@@ -196,3 +198,45 @@ def test_whatif_over_the_transcripts_names_the_runaway_and_spares_the_good_sessi
     assert tuned.stdout.startswith("# fusebox tune: calibrated on claude-code sessions in ")
     assert "# 1 completed runs, 1 runaways." in tuned.stdout, tuned.stdout[:2000]
     assert changed[runaway_run]["agent"] == "claude-code", changed
+
+
+SUB_PROMPT = "SUB-AGENT: look around the repository"
+
+
+def test_a_sub_agents_transcript_is_its_own_child_run_as_live(stack: Stack, home: Home) -> None:
+    # The main agent delegates to a sub-agent that runs one command for ever: live, the
+    # guard stops the sub-agent's run alone and warns the main agent at its next call.
+    # Imported, the sub-agent's transcript (<session>/subagents/agent-<id>.jsonl) goes
+    # between the Agent call and its result, in the child run, as its hooks did.
+    def respond(body: dict[str, Any]) -> Turn:
+        if SUB_PROMPT in json.dumps(body["messages"][:1]):
+            return home.bash("cat status.txt || echo running")
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        delegate = tool_use(
+            "Agent",
+            {
+                "description": "Look around",
+                "prompt": SUB_PROMPT,
+                "subagent_type": "general-purpose",
+                "run_in_background": False,
+            },
+        )
+        return [delegate, home.bash("echo main"), text("done")][min(turn, 2)]
+
+    with FakeAnthropic(respond=respond) as api:
+        result = run_claude(
+            api,
+            "do the task",
+            home=home.home,
+            cwd=home.cwd,
+            settings=hook_settings(stack),
+            allowed_tools=("Bash", "Agent"),
+        ).result()
+    session = result["session_id"]
+    imported = imported_decisions(stack, home.projects, sessions=1)
+    [child] = [run for run in imported if run != session]
+    assert child.startswith(f"{session}-"), imported
+    live = {run: live_decisions(stack, run) for run in (session, child)}
+    assert ("stop", "consecutive_blocks") in live[child].values(), live[child]
+    assert "warn" in [a for a, _ in live[session].values()], live[session]
+    assert imported == live

@@ -21,14 +21,19 @@
 //! (`PreToolUse:Bash hook error: …`): that result is not sent, or an imported hook-gated
 //! session would count errors the live one never saw.
 //!
-//! Not read yet: sub-agents' records (`isSidechain`, and the `subagents/` directory of a
-//! session), and model usage, which the hook is never told either.
+//! A sub-agent the main agent waited for (an Agent call whose result names it) is read
+//! from its own transcript (`<session>/subagents/agent-<id>.jsonl`) between that call
+//! and its result, in a child run of the session's, as its hooks reached the guard.
+//!
+//! Not read yet: background sub-agents, sub-agents kept inline (`isSidechain`) by older
+//! versions, and model usage, which the hook is never told either.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use fusebox_core::Event;
 use fusebox_hook::claude_code::{event_for, run_id, Operations, Payload};
+use fusebox_hook::{sub_agent_run, sub_agent_started};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -88,6 +93,9 @@ struct Record {
     tool_use_result: Option<Value>,
     #[serde(rename = "compactMetadata")]
     compact_metadata: Option<Value>,
+    /// A sub-agent's records carry its id.
+    #[serde(rename = "agentId")]
+    agent_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -100,6 +108,13 @@ struct Message {
 /// in the summary instead of passing unseen.
 pub struct Reader {
     tenant: String,
+    /// The session's directory beside its transcript (`<session>/subagents/…`).
+    session_dir: PathBuf,
+    /// Reading a sub-agent's transcript: its id, its run; the session's run is
+    /// its parent.
+    sub_agent: Option<(String, String)>,
+    /// Bad lines of sub-agents' transcripts, with their places.
+    rejected: Vec<String>,
     /// Sessions of this file whose start was sent, in order of first sight.
     started: Vec<String>,
     started_set: HashSet<String>,
@@ -112,9 +127,12 @@ pub struct Reader {
 }
 
 impl Reader {
-    pub fn new(tenant: &str) -> Reader {
+    pub fn new(tenant: &str, file: &Path) -> Reader {
         Reader {
             tenant: tenant.to_owned(),
+            session_dir: file.with_extension(""),
+            sub_agent: None,
+            rejected: Vec::new(),
             started: Vec::new(),
             started_set: HashSet::new(),
             calls: HashMap::new(),
@@ -124,15 +142,23 @@ impl Reader {
     }
 
     /// The hook's mapping of `payload` for the session `session`.
+    /// (While a sub-agent's transcript is read: for its run, the payload carrying its id
+    /// as the hook's does.)
     fn send(
         &self,
-        payload: Value,
+        mut payload: Value,
         session: &str,
         offset: u64,
         out: &mut Vec<Event>,
     ) -> Result<(), String> {
+        let run = match &self.sub_agent {
+            Some((agent_id, run)) => {
+                payload["agent_id"] = json!(agent_id);
+                run.clone()
+            }
+            None => run_id(session),
+        };
         let payload: Payload = serde_json::from_value(payload).map_err(|e| e.to_string())?;
-        let run = run_id(session);
         if let Some(event) = event_for(
             &payload,
             &self.operations,
@@ -191,7 +217,10 @@ impl Reader {
             let Some(prompt_id) = record.prompt_id.as_deref() else {
                 return Ok(());
             };
-            summary.prompts += 1;
+            // A sub-agent's task is no prompt of the user's (the hook sends none for it).
+            if self.sub_agent.is_none() {
+                summary.prompts += 1;
+            }
             let payload = json!({"session_id": session, "hook_event_name": "UserPromptSubmit",
                 "prompt_id": prompt_id, "source": record.prompt_source,
                 "prompt": text_of(content)});
@@ -211,6 +240,11 @@ impl Reader {
             if is_error && refused_by_hook(&text) {
                 summary.skipped_results += 1;
                 continue;
+            }
+            if !is_error && self.sub_agent.is_none() {
+                if let Some(agent_id) = ran_sub_agent(&tool, record.tool_use_result.as_ref()) {
+                    self.sub_agent_transcript(session, &agent_id, summary, out);
+                }
             }
             summary.results += 1;
             let payload = if is_error {
@@ -232,6 +266,88 @@ impl Reader {
         }
         Ok(())
     }
+}
+
+impl Reader {
+    /// The sub-agent an Agent call ran reaches the guard between the call and its
+    /// result, as live: its start (SubagentStart), its transcript's calls and results in
+    /// its own run, a child of the session's, and its end (SubagentStop).
+    fn sub_agent_transcript(
+        &mut self,
+        session: &str,
+        agent_id: &str,
+        summary: &mut ImportSummary,
+        out: &mut Vec<Event>,
+    ) {
+        let file = self
+            .session_dir
+            .join("subagents")
+            .join(format!("agent-{agent_id}.jsonl"));
+        let Ok(text) = std::fs::read(&file) else {
+            // Not kept (an older version kept sub-agents inline, as sidechain records of
+            // the session's file, which are not read): the Agent call alone is sent.
+            *summary
+                .ignored
+                .entry("sub-agent not found".to_owned())
+                .or_default() += 1;
+            return;
+        };
+        let parent = run_id(session);
+        let run = sub_agent_run(&parent, agent_id);
+        // The sub-agent ran before the result that reports it was written: its start is
+        // its transcript's first time, and the result keeps its own.
+        let result_ms = self.last_ms;
+        let began = iso_ms(&super::began(&file)).unwrap_or(result_ms);
+        out.push(sub_agent_started(
+            PREFIX,
+            &self.tenant,
+            &run,
+            &parent,
+            AGENT,
+            began,
+        ));
+        let outer_calls = std::mem::take(&mut self.calls);
+        self.sub_agent = Some((agent_id.to_owned(), run));
+        let mut offset = 0u64;
+        for (number, line) in text.split_inclusive(|b| *b == b'\n').enumerate() {
+            summary.lines += 1;
+            summary.bytes += line.len() as u64;
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                if let Err(why) = self.line(line, offset, summary, out) {
+                    summary.bad_lines += 1;
+                    self.rejected
+                        .push(format!("{}:{}: {why}", file.display(), number + 1));
+                }
+            }
+            offset += line.len() as u64;
+        }
+        let stop = json!({"session_id": session, "hook_event_name": "SubagentStop"});
+        if let Err(why) = self.send(stop, session, offset, out) {
+            self.rejected.push(format!("{}: {why}", file.display()));
+        }
+        self.sub_agent = None;
+        self.calls = outer_calls;
+        self.last_ms = result_ms;
+    }
+}
+
+/// The event id prefix of Claude Code's hook (`cc-…`).
+const PREFIX: &str = "cc";
+
+/// The sub-agent a main agent's Agent call ran and waited for (`toolUseResult.agentId`;
+/// not a background launch, whose sub-agent runs on beside the session: not read yet).
+fn ran_sub_agent(tool: &str, result: Option<&Value>) -> Option<String> {
+    if !matches!(tool, "Agent" | "Task") {
+        return None;
+    }
+    let result = result?;
+    let launched = result.get("isAsync") == Some(&Value::Bool(true))
+        || result.get("status").and_then(Value::as_str) == Some("async_launched");
+    result
+        .get("agentId")
+        .and_then(Value::as_str)
+        .filter(|id| !id.is_empty() && !launched)
+        .map(str::to_owned)
 }
 
 /// What Claude Code writes for a call the user interrupted.
@@ -281,14 +397,22 @@ impl SessionReader for Reader {
         // The line parsed once already: this second pass cannot fail on its syntax.
         let record: Record = serde_json::from_slice(line)
             .map_err(|e| format!("not a Claude Code transcript record: {e}"))?;
+        // A sub-agent's records are sidechain ones: read while its transcript is (and
+        // only its own), skipped in the session's file.
+        let ours = match &self.sub_agent {
+            Some((agent_id, _)) => record.agent_id.as_deref() == Some(agent_id.as_str()),
+            None => !record.is_sidechain,
+        };
         let session = match (&record.session_id, relevant) {
-            (Some(session), true) if !record.is_sidechain => session.clone(),
+            (Some(session), true) if ours => session.clone(),
             _ => {
                 *summary.ignored.entry(kind.to_owned()).or_default() += 1;
                 return Ok(());
             }
         };
-        self.start(&session, offset, summary, out)?;
+        if self.sub_agent.is_none() {
+            self.start(&session, offset, summary, out)?;
+        }
         match kind {
             "user" => self.user(&record, &session, offset, summary, out),
             "assistant" => {
@@ -325,6 +449,10 @@ impl SessionReader for Reader {
                 self.send(payload, &session, offset, out)
             }
         }
+    }
+
+    fn take_rejected(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.rejected)
     }
 
     fn end(&mut self, _summary: &mut ImportSummary, out: &mut Vec<Event>) {
@@ -472,6 +600,60 @@ mod tests {
                 assert_eq!(summary.skipped_results, 3);
             }
         }
+    }
+
+    /// A sub-agent the main agent waited for (tests/py/claude_code's child-run scenario,
+    /// 2.1.327): its transcript is read between the Agent call and its result, in a
+    /// child run of the session's, opened and finished as the hook does.
+    #[test]
+    fn a_sub_agents_transcript_goes_between_its_agent_call_and_result() {
+        let session = "c96429e4-725f-4de0-92d2-f4c2648722ae";
+        let child = format!("{session}-a3868ca11c1625c6c");
+        let file = fixture("sub-agent").join(format!("{session}.jsonl"));
+        let (events, rejected, summary) = import(vec![file]);
+        assert!(rejected.is_empty(), "{rejected:?}");
+        assert_eq!(
+            (summary.sessions, summary.calls, summary.prompts),
+            (1, 4, 1)
+        );
+        let runs: Vec<(&str, String)> = events
+            .iter()
+            .map(|e| {
+                (
+                    if e.run == session { "main" } else { "child" },
+                    e.id.clone(),
+                )
+            })
+            .collect();
+        let expected = [
+            ("main", "cc-session-start"),
+            ("main", "cc-prompt-"),
+            ("main", "cc-toolu_5753e306_00001_0-call"),
+            ("child", "cc-subagent-start"),
+            ("child", "cc-toolu_5753e306_00002_0-call"),
+            ("child", "cc-toolu_5753e306_00002_0-result"),
+            ("child", "cc-toolu_5753e306_00003_0-call"),
+            ("child", "cc-toolu_5753e306_00003_0-result"),
+            ("child", "cc-subagent-stop"),
+            ("main", "cc-toolu_5753e306_00001_0-result"),
+            ("main", "cc-toolu_5753e306_00005_0-call"),
+            ("main", "cc-toolu_5753e306_00005_0-result"),
+            ("main", "cc-session-end"),
+        ];
+        assert_eq!(runs.len(), expected.len(), "{runs:#?}");
+        for ((run, id), (want_run, want_id)) in runs.iter().zip(expected) {
+            assert!(*run == want_run && id.starts_with(want_id), "{run} {id}");
+        }
+        assert!(events.iter().all(|e| e.run == session || e.run == child));
+        match &events[3].body {
+            EventBody::RunStarted(started) => {
+                assert_eq!(started.parent.as_deref(), Some(session));
+                assert_eq!(started.agent.as_deref(), Some("claude-code"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Times never go back: the child starts at its transcript's first record.
+        assert!(events.windows(2).all(|w| w[0].ts_ms <= w[1].ts_ms));
     }
 
     /// Damage in a transcript: each bad line is reported with its file and line and

@@ -198,11 +198,16 @@ pub(crate) trait SessionReader {
     ) -> Result<(), String>;
     /// The end of the file: the events that close its sessions.
     fn end(&mut self, summary: &mut ImportSummary, out: &mut Vec<Event>);
+    /// Bad lines of other files the reader read on its own (a sub-agent's transcript),
+    /// each with its place, since the last call.
+    fn take_rejected(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
-fn reader_for(agent: Agent, tenant: &str) -> Box<dyn SessionReader> {
+fn reader_for(agent: Agent, tenant: &str, file: &Path) -> Box<dyn SessionReader> {
     match agent {
-        Agent::ClaudeCode => Box::new(claude_code::Reader::new(tenant)),
+        Agent::ClaudeCode => Box::new(claude_code::Reader::new(tenant, file)),
         Agent::Codex => Box::new(codex::Reader::new(tenant)),
         Agent::GeminiCli => Box::new(gemini_cli::Reader::new(tenant)),
     }
@@ -257,7 +262,7 @@ fn walk(agent: Agent, dir: &Path, files: &mut Vec<PathBuf>) -> io::Result<()> {
 
 /// A sort key for when a session file began: its first `"timestamp"` (ISO 8601 UTC
 /// sorts as text), else its modification time in the same form.
-fn began(file: &Path) -> String {
+pub(crate) fn began(file: &Path) -> String {
     const NEEDLE: &str = "\"timestamp\":\"";
     if let Ok(handle) = File::open(file) {
         for line in BufReader::new(handle).lines().take(64) {
@@ -332,7 +337,7 @@ pub(crate) fn read_and_admit(
         let handle = File::open(file)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
         let mut input = BufReader::with_capacity(1 << 16, handle);
-        let mut reader = reader_for(import.agent, &import.tenant);
+        let mut reader = reader_for(import.agent, &import.tenant, file);
         let mut offset = 0u64;
         let mut number = 0u64;
         loop {
@@ -355,6 +360,7 @@ pub(crate) fn read_and_admit(
                         .push(format!("{}:{number}: {why}", file.display()));
                 }
             }
+            batch.rejected.extend(reader.take_rejected());
             offset += read as u64;
             since_send += admit(&mut sequencer, &mut events, &mut batch);
             if since_send >= BATCH {
