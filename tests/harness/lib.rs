@@ -22,6 +22,7 @@ pub mod paths;
 pub mod ports;
 pub mod proc;
 pub mod prometheus;
+pub mod relay;
 pub mod secured;
 
 pub use cluster::{ClusterDaemon, NatsCluster};

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use fusebox_e2e::relay::{forward, read_request};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 #[derive(Debug, Default, Clone)]
@@ -111,54 +112,6 @@ async fn serve(
     conn.shutdown().await
 }
 
-async fn read_request(conn: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        if let Some(end) = find(&buf, b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + len {
-                return Ok(buf);
-            }
-        }
-        let n = conn.read(&mut chunk).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-async fn forward(request: &[u8], upstream_port: u16) -> std::io::Result<Vec<u8>> {
-    let mut up = TcpStream::connect(("127.0.0.1", upstream_port)).await?;
-    up.write_all(&with_connection_close(request)).await?;
-    let mut response = Vec::new();
-    up.read_to_end(&mut response).await?;
-    Ok(with_connection_close(&response))
-}
-
-/// Replaces any Connection header of an HTTP message with `Connection: close`.
-fn with_connection_close(msg: &[u8]) -> Vec<u8> {
-    let Some(end) = find(msg, b"\r\n\r\n") else {
-        return msg.to_vec();
-    };
-    let head = String::from_utf8_lossy(&msg[..end]);
-    let mut out: String = head
-        .split("\r\n")
-        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
-        .map(|l| format!("{l}\r\n"))
-        .collect();
-    out.push_str("Connection: close\r\n\r\n");
-    let mut bytes = out.into_bytes();
-    bytes.extend_from_slice(&msg[end + 4..]);
-    bytes
-}
-
 fn error_response(status: u16, code: &str) -> Vec<u8> {
     let body = format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code>\
@@ -169,10 +122,6 @@ fn error_response(status: u16, code: &str) -> Vec<u8> {
         body.len()
     )
     .into_bytes()
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// A value of the form-encoded body (EC2's query protocol).
