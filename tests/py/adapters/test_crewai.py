@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 
 # CrewAI's telemetry and tracing would reach for the network (and ask on a terminal).
+# Its own switch only: OTEL_SDK_DISABLED would switch OpenTelemetry off for every later
+# suite of the session (the OTLP receiver's exporters among them).
 os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
-os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 import asyncio
 import json
