@@ -387,9 +387,10 @@ describe("every result shape through a warn, a block and a stop", () => {
   for (const [adapter, runner] of ADAPTERS) {
     for (const shape of SHAPES) {
       // Mastra 1.71 ends its loop after a tool that returns `undefined`, guarded or not,
-      // so that case never reaches a warn: test/mastra.test.ts holds it (the run closed).
-      const skip = adapter === "Mastra" && shape.value === undefined;
-      test(`${adapter}: a tool returning ${shape.name}`, { skip }, async () => {
+      // so that case never reaches a warn: not a cell of this table; test/mastra.test.ts
+      // holds it (the run closed FAILED, as unguarded).
+      if (adapter === "Mastra" && shape.value === undefined) continue;
+      test(`${adapter}: a tool returning ${shape.name}`, async () => {
         const run = await live.fb.startRun(freshRun("shape"), { agent: "researcher" });
         const { reads, executions } = await runner(run, shape);
         // The stop: the tool ran only up to the warn, and the guard closed the run.
