@@ -121,8 +121,9 @@ impl FuseboxClient {
         };
         let body = serde_json::to_vec(&request).expect("requests serialise");
         let subject = self
-            .command_subject(tenant, run, ControlVerb::Resolve)
-            .await;
+            .served(tenant, run)
+            .await
+            .subject(tenant, run, ControlVerb::Resolve);
         self.command(subject, body).await
     }
 }

@@ -200,13 +200,25 @@ impl FuseboxClient {
         by: Option<&str>,
         reason: Option<&str>,
     ) -> Result<Decision, ClientError> {
+        let subject = self
+            .served(tenant, run)
+            .await
+            .subject(tenant, run, ControlVerb::Cancel);
+        self.cancel_at(subject, by, reason).await
+    }
+
+    async fn cancel_at(
+        &self,
+        subject: String,
+        by: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<Decision, ClientError> {
         let request = CancelRequest {
             id: Some(command_id("cancel")),
             by: by.map(str::to_owned),
             reason: reason.map(str::to_owned),
         };
         let body = serde_json::to_vec(&request).expect("requests serialise");
-        let subject = self.command_subject(tenant, run, ControlVerb::Cancel).await;
         self.command(subject, body).await
     }
 
@@ -219,15 +231,22 @@ impl FuseboxClient {
         by: Option<&str>,
         reason: Option<&str>,
     ) -> Result<Cancelled, ClientError> {
-        // Asked first: the daemon closes the runs below in the cancel's own batch, so
-        // after it none is open.
-        let open_below = self
-            .run_status(tenant, run)
-            .await
-            .ok()
-            .and_then(|status| status.tree)
-            .map(|tree| tree.open_below);
-        let decision = self.cancel(tenant, run, by, reason).await?;
+        // The status is read first, where the cancel will go: the daemon closes the runs
+        // below in the cancel's own batch, so after it none is open.
+        let mut served = self.served(tenant, run).await;
+        let status = match served.status.take() {
+            Some(status) => Some(status),
+            None if served.root.is_some() => {
+                let subject = served.subject(tenant, run, ControlVerb::Status);
+                self.request::<RunStatusReply>(subject, Vec::new())
+                    .await
+                    .ok()
+            }
+            None => None,
+        };
+        let open_below = status.and_then(|s| s.tree).map(|tree| tree.open_below);
+        let subject = served.subject(tenant, run, ControlVerb::Cancel);
+        let decision = self.cancel_at(subject, by, reason).await?;
         Ok(Cancelled {
             decision,
             open_below,
@@ -250,7 +269,10 @@ impl FuseboxClient {
             evidence,
         };
         let body = serde_json::to_vec(&request).expect("requests serialise");
-        let subject = self.command_subject(tenant, run, ControlVerb::Resume).await;
+        let subject = self
+            .served(tenant, run)
+            .await
+            .subject(tenant, run, ControlVerb::Resume);
         self.command(subject, body).await
     }
 

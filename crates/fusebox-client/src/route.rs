@@ -40,24 +40,25 @@ impl FuseboxClient {
         }
     }
 
-    /// The subject of a command on a run (`cancel`, `resume`, `resolve`). A command
-    /// changes what it reaches (a cancel of a run nobody knows latches that id against a
-    /// later start), so where the run is served is asked first, never tried.
-    pub(crate) async fn command_subject(
-        &self,
-        tenant: &str,
-        run: &str,
-        verb: ControlVerb,
-    ) -> String {
+    /// Where a command on a run (`cancel`, `resume`, `resolve`) goes. A command changes
+    /// what it reaches (a cancel of a run nobody knows latches that id against a later
+    /// start), so where the run is served is asked first, never tried: its status on the
+    /// plain subject, else its root among every daemon's runs.
+    pub(crate) async fn served(&self, tenant: &str, run: &str) -> Served {
         let plain = subjects::control(tenant, run, ControlVerb::Status);
         match self.request::<RunStatusReply>(plain, Vec::new()).await {
-            Err(ClientError::Refused(refused)) if refused.reason == UNKNOWN_RUN => {
-                match self.root_of(tenant, run).await {
-                    Some(root) => subjects::tree_control(tenant, &root, run, verb),
-                    None => subjects::control(tenant, run, verb),
-                }
-            }
-            _ => subjects::control(tenant, run, verb),
+            Ok(status) => Served {
+                root: None,
+                status: Some(status),
+            },
+            Err(ClientError::Refused(refused)) if refused.reason == UNKNOWN_RUN => Served {
+                root: self.root_of(tenant, run).await,
+                status: None,
+            },
+            Err(_) => Served {
+                root: None,
+                status: None,
+            },
         }
     }
 
@@ -76,5 +77,25 @@ impl FuseboxClient {
             .into_iter()
             .find(|row| row.summary.tenant == tenant && row.summary.run == run)?
             .root
+    }
+}
+
+/// Where a run is served, as [`FuseboxClient::served`] found it.
+pub(crate) struct Served {
+    /// The run's tree root, when it is a run of a tree served in its root's partition.
+    pub(crate) root: Option<String>,
+    /// The run's status, when the plain subject answered it (a root, or any run on a
+    /// single daemon).
+    pub(crate) status: Option<RunStatusReply>,
+}
+
+impl Served {
+    /// The subject of `verb` on the run: its tree's when it has a root, else the plain
+    /// one (also when nobody knew it: the daemon then answers for itself).
+    pub(crate) fn subject(&self, tenant: &str, run: &str, verb: ControlVerb) -> String {
+        match &self.root {
+            Some(root) => subjects::tree_control(tenant, root, run, verb),
+            None => subjects::control(tenant, run, verb),
+        }
     }
 }
