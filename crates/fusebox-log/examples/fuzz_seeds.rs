@@ -64,6 +64,13 @@ fn main() {
         br#"{"v":1,"id":"x3","tenant":"t","run":"r","ts_ms":3,"type":"model_turn","stop_reason":"end_turn","usage":{"input_tokens":5,"cache_read_input_tokens":7},"cost_usd":0.125,"valid":true}"#,
         br#"{"v":1,"id":"x4","tenant":"t","run":"r","ts_ms":4,"type":"run_started","agent":"a","tools":["x","y"],"policy":{"max_steps":9,"tools":{"x":{"poll":{"wait_ms":5}}}}}"#,
         br#"{"v":1,"id":"x5","tenant":"t","run":"r","ts_ms":5,"type":"tick"}"#,
+        br#"{"v":1,"id":"x6","tenant":"t","run":"r","ts_ms":6,"type":"ledger_resolve","op_key":"k","resolution":"completed","output":{"sent":true},"by":"ops","reason":"mail log"}"#,
+        // A child run of a tree, with the subtree budgets a root sets.
+        br#"{"v":1,"id":"x7","tenant":"t","run":"c","ts_ms":6,"type":"run_started","agent":"sub","parent":"r","policy":{"max_children":3,"max_depth":2,"max_open_children":2}}"#,
+        // A reservation before a model call, and one without an estimate.
+        br#"{"v":1,"id":"x8","tenant":"t","run":"r","ts_ms":8,"type":"model_call","estimate_tokens":1200,"estimate_usd":0.02}"#,
+        br#"{"v":1,"id":"x9","tenant":"t","run":"r","ts_ms":9,"type":"model_call"}"#,
+        br#"{"v":1,"id":"x10","tenant":"t","run":"r","ts_ms":10,"type":"prompt"}"#,
     ]
     .iter()
     .enumerate()
