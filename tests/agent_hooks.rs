@@ -2,7 +2,8 @@
 //! fuseboxd: each agent's recorded payloads (tests/fixtures/<agent>-hooks/payloads, from
 //! the real CLIs) fed in the sessions of its `cases/`, each answer checked against that
 //! agent's hook protocol. The fixtures' README describes the case lines; the language is
-//! Claude Code's (tests/claude_code_hook.rs) with each protocol's own answers.
+//! Claude Code's (tests/claude_code_hook.rs) with each protocol's own answers. And
+//! `fusebox hook opencode`'s subjects for a tree of sessions.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -421,4 +422,64 @@ fn a_hung_hook_refuses_before_the_agents_timeout() {
         assert!(said.contains("fusebox"), "{agent:?}: {said}");
         assert_eq!(out.status.code(), Some(2), "{agent:?}");
     }
+}
+
+/// OpenCode's sub-agents are child sessions, and a child may start its own: every event
+/// of the tree is asked on its tree's subject, naming the root session's run
+/// (`fusebox.gate.<tenant>.<root run>.<child run>`) from the `rootID` the plugin sends,
+/// the root session's own on its plain one: so a cluster serves the whole tree on one
+/// daemon. A payload of a plugin from before `rootID` names its parent as the root.
+#[tokio::test]
+async fn opencode_sub_agents_events_name_the_root_sessions_run_on_the_wire() {
+    use futures_util::StreamExt;
+    let stack = HookStack::start(&Agent::Codex.fixtures().join("policy.toml")).await;
+    let watcher = async_nats::connect(&stack.nats_url).await.expect("connect");
+    let mut asked = watcher
+        .subscribe("fusebox.gate.>")
+        .await
+        .expect("subscribe");
+    watcher.flush().await.expect("flush");
+    let state = tempfile::tempdir().expect("temp dir");
+    let state_path = state.path().to_str().expect("temp paths are UTF-8");
+    let call = |session: &str, id: &str| {
+        json!({"hook": "tool.execute.before", "sessionID": session, "callID": id,
+               "tool": "bash", "args": {"command": format!("echo {id}")}})
+    };
+    let child = |mut payload: Value, parent: &str, root: Option<&str>| {
+        payload["parentID"] = json!(parent);
+        if let Some(root) = root {
+            payload["rootID"] = json!(root);
+        }
+        payload
+    };
+    let created = |session: &str| json!({"hook": "session.created", "sessionID": session});
+    let steps = [
+        created("ses_root"),
+        call("ses_root", "c0"),
+        child(created("ses_a"), "ses_root", Some("ses_root")),
+        child(call("ses_a", "c1"), "ses_root", Some("ses_root")),
+        child(created("ses_b"), "ses_a", Some("ses_root")),
+        child(call("ses_b", "c2"), "ses_a", Some("ses_root")),
+        // An older plugin: no rootID, the parent stands for the root.
+        child(call("ses_a", "c3"), "ses_root", None),
+    ];
+    let url = ["--nats-url", stack.nats_url.as_str()];
+    for step in &steps {
+        let mut args = vec!["--tenant", TENANT, "--state-dir", state_path];
+        args.extend_from_slice(&url);
+        let out = run_hook("opencode", &args, step.to_string().as_bytes());
+        assert!(out.status.success(), "{step}: {out:?}");
+    }
+    let mut subjects = Vec::new();
+    while subjects.len() < steps.len() {
+        let message = tokio::time::timeout(Duration::from_secs(5), asked.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {subjects:?} asked"))
+            .expect("open");
+        subjects.push(message.subject.to_string());
+    }
+    let own = format!("fusebox.gate.{TENANT}.ses_root");
+    let a = format!("fusebox.gate.{TENANT}.ses_root.ses_a");
+    let b = format!("fusebox.gate.{TENANT}.ses_root.ses_b");
+    assert_eq!(subjects, [&own, &own, &a, &a, &b, &b, &a].map(String::as_str));
 }

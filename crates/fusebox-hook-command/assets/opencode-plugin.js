@@ -73,9 +73,16 @@ export const FuseboxGuard = async ({ client }) => {
   const pending = new Map();
 
   const started = (sessionID) => starts.get(sessionID) ?? Promise.resolve();
+  // A child session's payloads name its parent and its tree's root session (the top of
+  // its parents): the root's run is what a cluster routes the whole tree by.
+  const rootOf = (sessionID) => {
+    let root = sessionID;
+    for (let hops = 0; parents.has(root) && hops < 64; hops++) root = parents.get(root);
+    return root;
+  };
   const withParent = (payload) => {
     const parentID = parents.get(payload.sessionID);
-    return parentID ? { ...payload, parentID } : payload;
+    return parentID ? { ...payload, parentID, rootID: rootOf(parentID) } : payload;
   };
   const abort = async (sessionID) => {
     try {

@@ -346,6 +346,16 @@ impl<'a> Hook<'a> {
         gate.expect("one gate at least")
     }
 
+    /// [`Hook::ask`] for an event of a run of a tree whose root run is `root` (a
+    /// sub-agent's, when the agent says which tree it is in): asked on the tree's
+    /// subject ([`gate_in_order`]). `None`: a root's event, as [`Hook::ask`].
+    fn ask_in_tree(&self, event: &mut fusebox_core::Event, root: Option<&str>) -> Gate {
+        let mut events = vec![event.clone()];
+        let gate = self.ask_in_order(&mut events, None, root).pop();
+        *event = events.pop().expect("one event");
+        gate.expect("one gate at least")
+    }
+
     /// [`Hook::ask`] for several events of one hook, in order (a sub-agent's start, then
     /// its call): each is sent once the one before was decided, all within `--timeout`.
     /// Their gates as far as they went, never none: the last is what the hook answers.

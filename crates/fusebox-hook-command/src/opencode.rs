@@ -97,7 +97,10 @@ pub fn hook(hook: &Hook) -> ExitCode {
         log_failure(&payload.hook, &started.id, &outcome);
         event.run = started.run;
     }
-    let gate = hook.ask(&mut event, None);
+    // A sub-agent's event goes on its tree's subject, naming the root session's run, so a
+    // cluster serves the whole tree on one daemon and its budgets stay exact.
+    let root_run = payload.root().map(|root| runs.current(hook.tenant(), root));
+    let gate = hook.ask_in_tree(&mut event, root_run.as_deref());
     let outcome = hook.outcome(&gate);
     log_failure(&payload.hook, &event.id, &outcome);
     reply.send(Answer::json(opencode::answer(payload.event(), &outcome)))

@@ -84,6 +84,10 @@ pub struct Payload {
     /// which the plugin keeps).
     #[serde(default, rename = "parentID")]
     pub parent_id: Option<String>,
+    /// The root session of a sub-agent's tree (the top of its parents, which the plugin
+    /// keeps): its run is the tree's root, which a cluster routes the whole tree by.
+    #[serde(default, rename = "rootID")]
+    pub root_id: Option<String>,
     #[serde(default, rename = "messageID")]
     pub message_id: Option<String>,
     #[serde(default)]
@@ -109,6 +113,18 @@ impl Payload {
     /// The parent session, when this is a sub-agent's child session.
     pub fn parent(&self) -> Option<&str> {
         self.parent_id.as_deref().filter(|id| !id.is_empty())
+    }
+
+    /// The root session of a sub-agent's tree: `rootID`, else the parent (a plugin of
+    /// before `rootID`, right for a child of a root session). `None` for a root session.
+    pub fn root(&self) -> Option<&str> {
+        let parent = self.parent()?;
+        Some(
+            self.root_id
+                .as_deref()
+                .filter(|id| !id.is_empty())
+                .unwrap_or(parent),
+        )
     }
 
     /// A prompt of the user's: a root session's (a child's is its task).
@@ -250,6 +266,33 @@ mod tests {
 
     fn payload(value: Value) -> Payload {
         Payload::parse(value.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_child_sessions_root_is_its_roots_else_its_parent() {
+        // (payload, the tree's root session)
+        let cases = [
+            (
+                json!({"hook": "tool.execute.before", "sessionID": "ses_0"}),
+                None,
+            ),
+            (
+                json!({"hook": "tool.execute.before", "sessionID": "ses_2", "parentID": "ses_1", "rootID": "ses_0"}),
+                Some("ses_0"),
+            ),
+            // A plugin from before rootID: the parent stands for the root.
+            (
+                json!({"hook": "tool.execute.before", "sessionID": "ses_1", "parentID": "ses_0"}),
+                Some("ses_0"),
+            ),
+            (
+                json!({"hook": "tool.execute.before", "sessionID": "ses_1", "parentID": "ses_0", "rootID": ""}),
+                Some("ses_0"),
+            ),
+        ];
+        for (value, root) in cases {
+            assert_eq!(payload(value.clone()).root(), root, "{value}");
+        }
     }
 
     fn event(value: Value, parent_run: Option<&str>) -> Option<Event> {
