@@ -192,22 +192,15 @@ fn step(payload: &Payload, transcript_len: Option<u64>) -> Result<Option<Step<'_
             }
         }
         // Codex reports a failed command as its output (the exit code is in the text),
-        // so every result is a SUCCESS with that output: repetition is judged by it, the
-        // shell's lines in one order (its stdout and stderr come joined in arrival order).
+        // so every result is a SUCCESS with that output: repetition is judged by it.
         HookEvent::PostToolUse => {
             let (id, tool) = payload.tool_use()?;
-            let output = match &payload.tool_response {
-                Some(Value::String(text)) if tool == SHELL_TOOL => {
-                    Value::String(lines_in_one_order(text.lines()))
-                }
-                other => other.clone().unwrap_or(Value::Null),
-            };
             Step::Result {
                 id,
                 tool,
                 input: payload.tool_input.as_ref(),
                 failure: None,
-                output,
+                output: tool_output(tool, payload.tool_response.as_ref()),
             }
         }
         // PreCompact carries no id of its own, and one turn may compact more than once
@@ -232,6 +225,43 @@ fn step(payload: &Payload, transcript_len: Option<u64>) -> Result<Option<Step<'_
             return Ok(None)
         }
     }))
+}
+
+/// A call's result as the guard compares it: the shell's lines in one order (its stdout
+/// and stderr come joined in arrival order), anything else as it is. Also what Codex's
+/// rollouts and its telemetry give of a result, once [`command_output`] has taken off
+/// the header Codex adds for the model.
+pub fn tool_output(tool: &str, response: Option<&Value>) -> Value {
+    match response {
+        Some(Value::String(text)) if tool == SHELL_TOOL => {
+            Value::String(lines_in_one_order(text.lines()))
+        }
+        other => other.cloned().unwrap_or(Value::Null),
+    }
+}
+
+/// A call as Codex's model makes it (what its rollouts and its telemetry record:
+/// `exec_command` with `{"cmd": …}`) as its hooks name it (`Bash` with
+/// `{"command": …}`), so every path hashes the same call the same way; any other tool
+/// goes by its own name and arguments.
+pub fn as_hooks_name_it(name: &str, arguments: Value) -> (String, Value) {
+    match (name, arguments.get("cmd")) {
+        ("exec_command", Some(cmd)) => (SHELL_TOOL.to_owned(), json!({"command": cmd})),
+        _ => (name.to_owned(), arguments),
+    }
+}
+
+/// A command's own output: what follows the header Codex puts before it for the model
+/// (`Chunk ID`, `Wall time`, … up to `Output:`), which its rollouts and its telemetry
+/// record and the hook's `tool_response` does not carry. Any other text is left whole.
+pub fn command_output(text: &str) -> &str {
+    const MARK: &str = "\nOutput:\n";
+    match text.find(MARK) {
+        Some(at) if text.starts_with("Chunk ID:") || text.starts_with("Exit code:") => {
+            &text[at + MARK.len()..]
+        }
+        _ => text,
+    }
 }
 
 /// The report to keep when `outcome` stops the run: every later call of the session is
@@ -402,6 +432,38 @@ mod tests {
         assert_ne!(
             output("running\n"),
             output(&format!("running\n{missing}\n"))
+        );
+    }
+
+    #[test]
+    fn the_output_header_codex_adds_for_the_model_is_not_the_commands() {
+        for (text, output) in [
+            (
+                "Chunk ID: f47d8b\nWall time: 0.0000 seconds\nProcess exited with code 0\nOriginal token count: 13\nOutput:\nrunning\n",
+                "running\n",
+            ),
+            ("Exit code: 1\nWall time: 0 seconds\nOutput:\nboom\n", "boom\n"),
+            // Another tool's output, which merely mentions the marker, is left whole.
+            ("see\nOutput:\nthere", "see\nOutput:\nthere"),
+        ] {
+            assert_eq!(command_output(text), output);
+        }
+    }
+
+    #[test]
+    fn the_models_shell_call_is_the_hooks_bash_call() {
+        assert_eq!(
+            as_hooks_name_it("exec_command", json!({"cmd": "ls", "yield_time_ms": 1000})),
+            ("Bash".to_owned(), json!({"command": "ls"}))
+        );
+        // Without `cmd` (arguments Codex could not parse), and any other tool: as they are.
+        assert_eq!(
+            as_hooks_name_it("exec_command", json!({"nope": 1})),
+            ("exec_command".to_owned(), json!({"nope": 1}))
+        );
+        assert_eq!(
+            as_hooks_name_it("spawn_agent", json!({"message": "go"})),
+            ("spawn_agent".to_owned(), json!({"message": "go"}))
         );
     }
 

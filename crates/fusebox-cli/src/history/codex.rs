@@ -22,7 +22,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use fusebox_core::Event;
-use fusebox_hook::codex::{event_for, run_id, Operations, Payload};
+use fusebox_hook::codex::{
+    as_hooks_name_it, command_output, event_for, run_id, Operations, Payload,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -97,17 +99,6 @@ impl Reader {
 /// What Codex answers the model for a call a PreToolUse hook denied.
 const BLOCKED: &str = "Command blocked by PreToolUse hook:";
 
-/// The command's own output: what follows the header Codex puts before it for the model.
-fn command_output(text: &str) -> &str {
-    const MARK: &str = "\nOutput:\n";
-    match text.find(MARK) {
-        Some(at) if text.starts_with("Chunk ID:") || text.starts_with("Exit code:") => {
-            &text[at + MARK.len()..]
-        }
-        _ => text,
-    }
-}
-
 impl SessionReader for Reader {
     fn line(
         &mut self,
@@ -160,10 +151,7 @@ impl SessionReader for Reader {
                     .and_then(Value::as_str)
                     .and_then(|a| serde_json::from_str(a).ok())
                     .unwrap_or(Value::Null);
-                let (tool, input) = match (name.as_str(), args.get("cmd")) {
-                    ("exec_command", Some(cmd)) => ("Bash".to_owned(), json!({"command": cmd})),
-                    _ => (name, args),
-                };
+                let (tool, input) = as_hooks_name_it(&name, args);
                 summary.calls += 1;
                 self.send(
                     json!({"session_id": self.session, "hook_event_name": "PreToolUse",
@@ -281,20 +269,5 @@ mod tests {
         };
         assert_eq!(first.tool, "Bash");
         assert_eq!(events[0].run, "01a24308-7848-7bc1-b4e2-83963ba026dd");
-    }
-
-    #[test]
-    fn the_output_header_codex_adds_for_the_model_is_not_the_commands() {
-        for (text, output) in [
-            (
-                "Chunk ID: f47d8b\nWall time: 0.0000 seconds\nProcess exited with code 0\nOriginal token count: 13\nOutput:\nrunning\n",
-                "running\n",
-            ),
-            ("Exit code: 1\nWall time: 0 seconds\nOutput:\nboom\n", "boom\n"),
-            // Another tool's output, which merely mentions the marker, is left whole.
-            ("see\nOutput:\nthere", "see\nOutput:\nthere"),
-        ] {
-            assert_eq!(super::command_output(text), output);
-        }
     }
 }
