@@ -141,6 +141,24 @@ async fn cancelling_the_root_from_the_cli_ends_every_descendant() {
         "{out}"
     );
 
+    // A model call of g1 in flight holds its reservation in every run above it, as the
+    // operator sees: the root's budgets count it before any other model call is made.
+    let g1 = &runs.iter().find(|(run, _, _)| *run == "g1").expect("g1").2;
+    let answer = g1.model_call(Some(1000), Some(0.05)).await.expect("asked");
+    assert_eq!(answer.map(|d| d.action), Some(Action::Continue));
+    let out = operator(&stack, &["run", "acme/root"]);
+    assert!(
+        out.contains("held by model calls in flight (its own and below): 1 call,"),
+        "{out}"
+    );
+    let status: Value =
+        serde_json::from_str(operator(&stack, &["run", "acme/k1", "--json"]).trim()).unwrap();
+    assert_eq!(status["reserved"]["model_turns"], 1, "{status}");
+    assert!(
+        status["reserved"]["tokens"].as_u64() >= Some(1000),
+        "{status}"
+    );
+
     // Cancel the root: the CLI says how many runs below it were open.
     let out = operator(&stack, &["cancel", "acme/root", "--reason", "runaway tree"]);
     assert!(out.contains("acme/root stop cancelled"), "{out}");

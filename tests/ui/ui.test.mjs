@@ -253,6 +253,8 @@ test("a tree's run page shows each run under its parent, and a cancel from the p
   assert.equal(await cost('fleet'), '0.0400');
   assert.equal(await cost('fleet-a'), '0.0200');
   assert.match(await page.locator('#run dl.facts').innerText(), /Parent\s+fleet\s/);
+  // The grandchild's model call in flight is held here too, as every budget counts it.
+  assert.match(await page.locator('#reserved').innerText(), /^1 call, 1000 tokens, \$0\.0200 \(its own and below/);
 
   // Cancelling a node cancels its subtree, and the confirmation says so.
   await page.locator('#cancel').click();

@@ -34,6 +34,17 @@ pub fn render(tenant: &str, run: &str, status: &RunStatusReply, tree: Option<&Tr
     if let Some(version) = status.progress_version {
         let _ = writeln!(out, "  progress version {version}");
     }
+    let held = &status.reserved;
+    if held.model_turns > 0 {
+        let _ = writeln!(
+            out,
+            "  held by model calls in flight (its own and below): {} call{}, {} tokens, ${:.4}",
+            held.model_turns,
+            if held.model_turns == 1 { "" } else { "s" },
+            held.tokens,
+            held.cost_usd
+        );
+    }
     if let Some(report) = &status.report {
         let _ = writeln!(
             out,

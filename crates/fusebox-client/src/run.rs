@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use fusebox_core::event::{
-    Args, Compaction, InstanceLaunched, ModelTurn, ProgressUpdate, RunFinished, RunStarted,
-    ToolCall, ToolResult,
+    Args, Compaction, InstanceLaunched, ModelCall, ModelTurn, ProgressUpdate, RunFinished,
+    RunStarted, ToolCall, ToolResult,
 };
 use fusebox_core::{Action, Decision, Event, EventBody};
 use fusebox_nats::subjects;
@@ -279,6 +279,23 @@ impl RunHandle {
     /// progress, terminal). Inline delivery returns the observe decision.
     pub async fn tool_result(&self, result: ToolResult) -> Result<Option<Decision>, ClientError> {
         self.observe(EventBody::ToolResult(result)).await
+    }
+
+    /// Asks, before the agent calls its model, whether a token, cost or model-turn
+    /// budget (this run's, or a run's above it counting its tree) has room for the call;
+    /// the guard holds what it reserves (the estimate, else this run's mean per model
+    /// turn) until the next [`RunHandle::model_turn`]. Always inline: the answer must
+    /// come before the model is called; a `stop` means the call must not be made.
+    pub async fn model_call(
+        &self,
+        estimate_tokens: Option<u64>,
+        estimate_usd: Option<f64>,
+    ) -> Result<Option<Decision>, ClientError> {
+        let call = ModelCall {
+            estimate_tokens,
+            estimate_usd,
+        };
+        self.send(EventBody::ModelCall(call), true).await
     }
 
     /// One model turn: why it ended, its usage (cache tokens included) and cost.

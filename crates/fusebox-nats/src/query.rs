@@ -617,6 +617,7 @@ pub(crate) fn answer(
                     .get(&(tenant.clone(), run.clone()))
                     .map(|d| d.iter().cloned().collect())
                     .unwrap_or_default(),
+                reserved: state.reserved.total(),
                 tree: Some(run_tree(engine, tenant, run, state)),
             }),
             None => serde_json::to_vec(&error_reply(

@@ -179,10 +179,20 @@ pub struct RunStatusReply {
     pub stop_message: Option<String>,
     /// The run's latest notable decisions seen by this daemon process, oldest first.
     pub last_decisions: Vec<Decision>,
+    /// What model calls in flight hold now (`model_call` reservations not yet answered
+    /// by their `model_turn`), the run's own and its subtree's: counted by every budget
+    /// check before a model call, so a budget can refuse while these are outstanding.
+    /// `model_turns` counts the calls. Absent when nothing is held.
+    #[serde(default, skip_serializing_if = "is_nothing_held")]
+    pub reserved: Below,
     /// The run's place in its tree of runs (guard contract §6). Absent from daemons
     /// before run trees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree: Option<RunTree>,
+}
+
+fn is_nothing_held(reserved: &Below) -> bool {
+    reserved.model_turns == 0
 }
 
 /// Where a run sits in its tree of runs, and what the runs below it spent and are doing.

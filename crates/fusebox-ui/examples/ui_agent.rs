@@ -8,8 +8,9 @@
 //! * `--mode hold`: one call with an op_key that is allowed and never reports its result,
 //!   so the key stays in flight for an operator to resolve;
 //! * `--mode tree`: a small tree of runs — the run, two sub-agents `<run>-a` and
-//!   `<run>-b`, and `<run>-a-1` below the first — each with a model turn ($0.01), then
-//!   steady steps in turn until stopped from outside (the page's cancel of a node);
+//!   `<run>-b`, and `<run>-a-1` below the first — each with a model turn ($0.01), the
+//!   last with a model call in flight (1000 tokens, $0.02 held), then steady steps in
+//!   turn until stopped from outside (the page's cancel of a node);
 //! * `--mode done`: two steps, then `run_finished` — a run that completed;
 //! * `--mode crowd`: `--max-calls` runs `<run>-<n>` that only start (agent `crowd`),
 //!   enough to fill more than one page of the runs list; prints `STARTED <n>`.
@@ -132,6 +133,11 @@ async fn tree(client: &FuseboxClient, args: &Args) -> Result<(), Box<dyn std::er
         })
         .await?;
         runs.push(run);
+    }
+    // The grandchild's next model call is in flight (never answered): its reservation
+    // is held by it and every run above it.
+    if let Some(grandchild) = runs.last() {
+        grandchild.model_call(Some(1000), Some(0.02)).await?;
     }
     let pause = Duration::from_millis(args.pause_ms);
     for page in 1..=args.max_calls {

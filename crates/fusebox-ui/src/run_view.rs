@@ -82,6 +82,15 @@ pub fn run_live(view: &RunPage<'_>) -> Markup {
             dt { "Tokens" } dd { (c.tokens) }
             dt { "Cost" } dd { (format!("${:.4}", c.cost_usd)) }
             dt { "Tool errors" } dd { (c.tool_errors) }
+            @if view.status.reserved.model_turns > 0 {
+                @let held = &view.status.reserved;
+                dt { "Held by model calls in flight" }
+                dd #reserved {
+                    (held.model_turns) (if held.model_turns == 1 { " call, " } else { " calls, " })
+                    (held.tokens) " tokens, " (format!("${:.4}", held.cost_usd))
+                    " (its own and below; every budget counts them before a model call)"
+                }
+            }
             dt { "Progress version" } dd { (view.status.progress_version.map_or("—".to_owned(), |v| v.to_string())) }
             dt { "Last activity" } dd { (time(s.last_ts_ms)) }
             @if let Some(place) = view.status.tree.as_ref().filter(|_| view.tree.is_some()) {
