@@ -10,13 +10,8 @@ import asyncio
 import base64
 import gzip
 import json
-import socket
-import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -26,63 +21,29 @@ import pytest
 from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
-from support.agent_runs import run_status
-from support.stack import Stack, start_stack
+from support.otlp import (
+    MAX_BODY,
+    TENANT,
+    TOKEN,
+    Receiver,
+    receiver,
+    stops_of,
+    summary,
+    tracer_provider,
+    wait_for,
+)
 
-TENANT = "otel"
-TOKEN = "otlp-test-token-7f3a"
-MAX_BODY = 64 * 1024
-
-
-@dataclass(frozen=True)
-class Receiver:
-    stack: Stack
-    url: str  # http://127.0.0.1:<port>/v1/traces
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@pytest.fixture(scope="module")
-def receiver(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
-    """The suite's test config plus `[otlp]`: a bearer token for tenant `otel` (the
-    credential path, on loopback so the test can reach it) and a small body bound."""
-    port = free_port()
-    config = tmp_path_factory.mktemp("otlp") / "fusebox.toml"
-    shipped = stack.config.read_text()
-    off = '[otlp]\nlisten = ""\nmax_body_bytes = 4194304\n'
-    assert off in shipped, "the test config carries the shipped [otlp] section, off"
-    on = f'[otlp]\nlisten = "127.0.0.1:{port}"\nmax_body_bytes = {MAX_BODY}\n'
-    credentials = f'\n[otlp.credentials]\n"{TOKEN}" = "{TENANT}"\n'
-    config.write_text(shipped.replace(off, on) + credentials)
-    with start_stack("--config", str(config)) as running:
-        yield Receiver(running, f"http://127.0.0.1:{port}/v1/traces")
-
-
-def tracer_provider(
-    url: str, compression: Compression = Compression.NoCompression
-) -> TracerProvider:
-    exporter = OTLPSpanExporter(
-        endpoint=url, headers={"Authorization": f"Bearer {TOKEN}"}, compression=compression
-    )
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    return provider
+__all__ = ["receiver"]  # the module's fixture, shared with the other OTLP suites
 
 
 def scripted_agent(calls: list[dict[str, Any]], provider: TracerProvider) -> Agent[None, str]:
@@ -106,19 +67,6 @@ def scripted_agent(calls: list[dict[str, Any]], provider: TracerProvider) -> Age
     return agent
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    """Polls `check()` until it returns something truthy (the daemon applies passive
-    events asynchronously)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
 def post(url: str, body: bytes, content_type: str, **headers: str) -> tuple[int, bytes, str]:
     request = urllib.request.Request(
         url,
@@ -140,37 +88,6 @@ def recorded_spans(calls: list[dict[str, Any]], conversation: str) -> list[Reada
     provider.add_span_processor(SimpleSpanProcessor(memory))
     scripted_agent(calls, provider).run_sync("go", conversation_id=conversation)
     return list(memory.get_finished_spans())
-
-
-def summary(receiver: Receiver, run: str) -> dict[str, Any]:
-    """The run's summary as `fusebox run --json` gives it; a run the daemon has not
-    seen yet has applied no events."""
-    try:
-        status = run_status(receiver.stack, TENANT, run)
-    except subprocess.CalledProcessError as err:
-        if "unknown run" in err.stderr or "no run" in err.stderr:
-            return {"events": 0}
-        raise
-    found: dict[str, Any] = status["summary"]
-    return found
-
-
-async def stops_of(nats_url: str, run: str, timeout: float) -> list[dict[str, Any]]:
-    """The kill switch as a late subscriber reads it (the stop is kept in a stream)."""
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        got: list[dict[str, Any]] = []
-        sub = await js.subscribe(f"fusebox.stop.{TENANT}.{run}", ordered_consumer=True)
-        try:
-            msg = await sub.next_msg(timeout=timeout)
-            got.append(json.loads(msg.data))
-        except nats.errors.TimeoutError:
-            pass
-        await sub.unsubscribe()
-        return got
-    finally:
-        await nc.close()
 
 
 def test_a_runaway_search_loop_is_stopped_on_the_kill_switch(

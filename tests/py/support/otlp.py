@@ -1,0 +1,145 @@
+"""A real fuseboxd with its `[otlp]` receiver on, and what the OTLP suites read back:
+the receiver fixture, an exporter pointed at it, a run's summary, its kill switch."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import pytest
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from .agent_runs import run_status
+from .stack import Stack, start_stack
+
+__all__ = [
+    "MAX_BODY",
+    "TENANT",
+    "TOKEN",
+    "Receiver",
+    "receiver",
+    "receiving",
+    "status",
+    "stops_of",
+    "summary",
+    "tracer_provider",
+    "wait_for",
+]
+
+TENANT = "otel"
+TOKEN = "otlp-test-token-7f3a"
+MAX_BODY = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Receiver:
+    stack: Stack
+    url: str  # http://127.0.0.1:<port>/v1/traces
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def receiving(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory, max_body: int
+) -> Iterator[Receiver]:
+    """A daemon with the suite's test config plus `[otlp]`: a bearer token for tenant
+    `otel` (the credential path, on loopback so the test can reach it) and a body bound
+    of `max_body` bytes."""
+    port = free_port()
+    config = tmp_path_factory.mktemp("otlp") / "fusebox.toml"
+    shipped = stack.config.read_text()
+    off = '[otlp]\nlisten = ""\nmax_body_bytes = 4194304\n'
+    assert off in shipped, "the test config carries the shipped [otlp] section, off"
+    on = f'[otlp]\nlisten = "127.0.0.1:{port}"\nmax_body_bytes = {max_body}\n'
+    credentials = f'\n[otlp.credentials]\n"{TOKEN}" = "{TENANT}"\n'
+    config.write_text(shipped.replace(off, on) + credentials)
+    with start_stack("--config", str(config)) as running:
+        yield Receiver(running, f"http://127.0.0.1:{port}/v1/traces")
+
+
+@pytest.fixture(scope="module")
+def receiver(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
+    """A receiver with a small body bound (`MAX_BODY`), for the oversize cases."""
+    with receiving(stack, tmp_path_factory, MAX_BODY) as running:
+        yield running
+
+
+def tracer_provider(
+    url: str,
+    compression: Compression = Compression.NoCompression,
+    schedule_delay_millis: float | None = None,
+) -> TracerProvider:
+    """The SDK's OTLP/HTTP exporter behind its batch processor, as an application sets it
+    up; `schedule_delay_millis` long makes one export of everything at `force_flush`."""
+    exporter = OTLPSpanExporter(
+        endpoint=url, headers={"Authorization": f"Bearer {TOKEN}"}, compression=compression
+    )
+    provider = TracerProvider()
+    provider.add_span_processor(
+        BatchSpanProcessor(exporter, schedule_delay_millis=schedule_delay_millis)
+    )
+    return provider
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """Polls `check()` until it returns something truthy (the daemon applies passive
+    events asynchronously)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def status(receiver: Receiver, run: str) -> dict[str, Any]:
+    """The run's status as `fusebox run --json` gives it (`summary`, `tree` …); empty
+    for a run the daemon has not seen yet."""
+    try:
+        return run_status(receiver.stack, TENANT, run)
+    except subprocess.CalledProcessError as err:
+        if "unknown run" in err.stderr or "no run" in err.stderr:
+            return {}
+        raise
+
+
+def summary(receiver: Receiver, run: str) -> dict[str, Any]:
+    """The run's summary; a run the daemon has not seen yet has applied no events."""
+    found: dict[str, Any] = status(receiver, run).get("summary", {"events": 0})
+    return found
+
+
+async def stops_of(nats_url: str, run: str, timeout: float) -> list[dict[str, Any]]:
+    """The kill switch as a late subscriber reads it (the stop is kept in a stream)."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        got: list[dict[str, Any]] = []
+        sub = await js.subscribe(f"fusebox.stop.{TENANT}.{run}", ordered_consumer=True)
+        try:
+            msg = await sub.next_msg(timeout=timeout)
+            got.append(json.loads(msg.data))
+        except nats.errors.TimeoutError:
+            pass
+        await sub.unsubscribe()
+        return got
+    finally:
+        await nc.close()
