@@ -152,12 +152,18 @@ env_key = "FAKE_API_KEY"
     # -- Gemini CLI ---------------------------------------------------------------------------
 
     def gemini(
-        self, api: FakeGemini, settings_json: str, timeout_s: float = 180, resume: bool = False
+        self,
+        api: FakeGemini,
+        settings_json: str,
+        timeout_s: float = 180,
+        resume: bool = False,
+        env: dict[str, str] | None = None,
     ) -> AgentRun:
         """`gemini -p … --yolo` with the printed hooks merged into the user-level
         ~/.gemini/settings.json (project-level hooks are skipped in untrusted folders).
         Its own loop detector is off, so what stops a loop is the guard. `resume`: go on
-        with the latest session (`--resume latest`)."""
+        with the latest session (`--resume latest`); `env`: more of its environment
+        (`OTEL_EXPORTER_OTLP_HEADERS` …)."""
         settings: dict[str, Any] = json.loads(settings_json)
         settings["security"] = {"auth": {"selectedType": "gemini-api-key"}}
         settings["model"] = {"disableLoopDetection": True}
@@ -176,8 +182,8 @@ env_key = "FAKE_API_KEY"
             "json",
             *(["--resume", "latest"] if resume else []),
         ]
-        env = {"GEMINI_API_KEY": "fake-key-for-tests", "GOOGLE_GEMINI_BASE_URL": api.base_url}
-        return self._run(args, env, timeout_s)
+        extra = {"GEMINI_API_KEY": "fake-key-for-tests", "GOOGLE_GEMINI_BASE_URL": api.base_url}
+        return self._run(args, {**extra, **(env or {})}, timeout_s)
 
     def gemini_run(self, tenant: str) -> str:
         """The run of the one Gemini CLI session of this workspace: the hook's call book
