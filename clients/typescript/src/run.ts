@@ -68,6 +68,11 @@ export interface ChildRunOptions extends Omit<RunOptions, "parent" | "root"> {
   /** The child's run id; `<parent>-<agent>-<n>` (the n-th child of this handle) when
    * not given. */
   runId?: string;
+  /** The framework's own id of the delegation (its tool-call id) in place of `<n>`: the
+   * same delegation of the same parent always names the same child,
+   * `<parent>-<agent>-<key>` (a key outside `[A-Za-z0-9_-]`, or longer than 64, is cut
+   * and marked with a hash of it). */
+  key?: string;
 }
 
 export interface ToolCallOptions {
@@ -206,9 +211,10 @@ export class Run {
    * run like any other: its own events, ids and kill switch.
    */
   child(opts: ChildRunOptions = {}): Run {
-    const { runId, ...rest } = opts;
+    const { runId, key, ...rest } = opts;
     this.children += 1;
-    const id = checkId("run", runId ?? childRunId(this.id, opts.agent, this.children), 128);
+    const tail = key === undefined ? String(this.children) : childKey(key);
+    const id = checkId("run", runId ?? childRunId(this.id, opts.agent, tail), 128);
     const inherited = {
       gateOnError: opts.gateOnError ?? this.gateOnError,
       results: opts.results ?? this.results,
@@ -534,12 +540,20 @@ export class Run {
  * characters of a run id: a long parent id is cut and marked with a hash of it, so two
  * parents that share a prefix never share a child id.
  */
-function childRunId(parent: string, agent: string | undefined, n: number): string {
+function childRunId(parent: string, agent: string | undefined, n: string): string {
   const tag = agent ? agent.replace(/[^A-Za-z0-9_-]+/g, "_").slice(0, 32) : "sub";
   const suffix = `-${tag}-${n}`;
   if (parent.length + suffix.length <= 128) return parent + suffix;
   const digest = createHash("sha256").update(parent).digest("hex").slice(0, 8);
   return `${parent.slice(0, 128 - suffix.length - 9)}-${digest}${suffix}`;
+}
+
+/** A delegation's key as the tail of a child's id: itself when it is a plain id token of
+ * at most 64 characters, else its first 55 (made plain) and a hash of the whole key. */
+function childKey(key: string): string {
+  if (key.length > 0 && key.length <= 64 && /^[A-Za-z0-9_-]+$/.test(key)) return key;
+  const digest = createHash("sha256").update(key).digest("hex").slice(0, 8);
+  return `${key.replace(/[^A-Za-z0-9_-]+/g, "_").slice(0, 55)}-${digest}`;
 }
 
 function settle(queued: Queued, outcome: Decision | null | FuseboxError): void {
