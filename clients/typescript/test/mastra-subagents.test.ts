@@ -294,6 +294,30 @@ describe("Mastra sub-agents", () => {
     ]);
   });
 
+  test("the lead's step budget is its tree's, counted while its sub-agents run", async () => {
+    const guard = await guarded("tree-budget", { policy: { max_steps: 4 } });
+    const log = new ToolLog();
+    const { agent, model } = lead("fan_out", log, researcher("pages", log));
+    const result = await guard.generate(agent, "triage the queue", { maxSteps: 10 });
+    assert.equal(result.text, "done");
+    // Two steps of the lead (its delegations), two of its sub-agents: no more.
+    assert.equal(log.count("list_issues"), 2);
+    const kids = children(await tree(live.fb.nats, guard.run.id), guard.run.id);
+    assert.equal(kids.length, 2);
+    assert.equal(kids.flatMap(executed).length, 2);
+    const read = reads(model);
+    const stopped = kids.filter((kid) => kid.reason !== "completed");
+    assert.ok(stopped.length > 0);
+    for (const kid of stopped) {
+      assert.equal(kid.reason, "tree_budget", kid.run);
+      const callId = kid.run.slice(`${guard.run.id}-researcher-`.length);
+      assert.match(
+        read.get(callId) ?? "",
+        new RegExp(`^fusebox stopped the sub-agent researcher \\(run ${kid.run}\\): `),
+      );
+    }
+  });
+
   test("a delegation past a cap never starts; the lead reads the refusal", async () => {
     const guard = await guarded("cap", { policy: { max_children: 1 } });
     const log = new ToolLog();
@@ -307,6 +331,57 @@ describe("Mastra sub-agents", () => {
       read.get("lead_1_0") ?? "",
       /^\[Delegation Rejected\] fusebox stopped the sub-agent researcher \(run .*-researcher-lead_1_0\): STOPPED_LOOP_GUARD \(spawn_limit\): sub-agent not started/,
     );
+  });
+
+  test("a sub-agent's own sub-agent is its child: a tree of three runs", async () => {
+    const guard = await guarded("nested");
+    const log = new ToolLog();
+    const fetcher = new Agent(
+      MastraGuard.subAgent({
+        id: "fetcher",
+        name: "fetcher",
+        description: "Fetches a page of issues.",
+        instructions: "Fetch what you are asked for.",
+        model: conversationModel("fetch", (turn) =>
+          turn === 0 ? [["list_issues", { page: 1 }]] : "fetched",
+        ) as unknown as ModelOf,
+        tools: { list_issues: makeTools(log).list_issues },
+      }),
+    );
+    const researcherModel = conversationModel("res", (turn) =>
+      turn === 0 ? [["agent-fetcher", { prompt: "page one" }]] : reportOf("billing"),
+    );
+    const middle = new Agent(
+      MastraGuard.subAgent({
+        id: "researcher",
+        name: "researcher",
+        description: "Researches the topic it is given.",
+        instructions: "Research the topic you are given.",
+        model: researcherModel as unknown as ModelOf,
+        agents: { fetcher },
+      }),
+    );
+    // Two delegations, one per turn: each a child with its own grandchild.
+    const { agent, model } = lead("twice", log, middle);
+    const result = await guard.generate(agent, "triage the queue", { maxSteps: 10 });
+    assert.equal(result.text, "done");
+    assert.equal(reads(model).get("lead_0_0"), reportOf("billing"));
+    assert.equal(reads(researcherModel).get("res_0_0"), "fetched");
+    const nodes = await tree(live.fb.nats, guard.run.id);
+    const kids = children(nodes, guard.run.id);
+    assert.equal(kids.length, 2);
+    for (const kid of kids) {
+      assert.deepEqual(kid.calls, [["agent-fetcher", "execute"]]);
+      assert.equal(kid.reason, "completed");
+      const [grandchild, ...more] = children(nodes, kid.run);
+      assert.equal(more.length, 0);
+      assert.equal(grandchild?.run, `${kid.run}-fetcher-res_0_0`);
+      assert.equal(grandchild?.agent, "fetcher");
+      assert.equal(grandchild?.depth, 2);
+      assert.deepEqual(grandchild && executed(grandchild), ["list_issues"]);
+      assert.equal(grandchild?.reason, "completed");
+    }
+    assert.equal(log.count("list_issues"), 2);
   });
 
   test("a sub-agent built once serves two runs at once: each call goes to its own run's tree", async () => {
