@@ -15,13 +15,30 @@
 //!   answers `stop` to each), as Codex's are.
 //! - `agentStop` fires at the end of each answer and `errorOccurred` on an error: neither
 //!   is a guard event (the run ends at `sessionEnd`).
+//! - **Sub-agents** (the `task` tool, sync or background, several at once, nested: a
+//!   sub-agent has `task` too) are child runs, as Claude Code's and Codex's. Every hook
+//!   of a sub-agent carries its `agentId` (a UUID), `agentType` and `parentAgentId` (the
+//!   session's id, or the sub-agent that started it); the main agent's carry none. Its
+//!   own hooks (`userPromptSubmitted` with its task, `preToolUse`, `postToolUse`,
+//!   `agentStop`) have `sessionId` = its `agentId`; `subagentStart` (before its first
+//!   turn, `agentName`, `transcriptPath`) and `subagentStop` (after its turn,
+//!   `response`, `stopReason`) have the parent's session id (an id of no other hook for
+//!   a nested one). The caller resolves the session and the run
+//!   ([`Payload::sub_agent`], [`Payload::parent_agent`]) and opens the run with
+//!   [`crate::sub_agent_started`] at `subagentStart` (or the first hook of a sub-agent
+//!   whose start was missed); `subagentStop` finishes it. Neither can refuse a sub-agent:
+//!   `subagentStart`'s `additionalContext` is put before its prompt (a refused start is
+//!   told there), `subagentStop`'s `modifiedResponse` replaces what the parent reads (a
+//!   stopped sub-agent's says so, [`sub_agent_stopped_answer`]).
 
 use fusebox_core::event::hex_sha256;
 use fusebox_core::{Action, Event};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
-use crate::common::{checked, lines_in_one_order, message_of};
+use crate::common::{
+    checked, lines_in_one_order, message_of, sub_agent_refused, sub_agent_stopped_note,
+};
 pub use crate::common::{run_id, Operations, Outcome};
 pub use crate::gemini_cli::CallBook;
 use crate::protocol::{before_call, before_prompt, Answers, Protocol, Step};
@@ -43,6 +60,10 @@ pub enum HookEvent {
     UserPromptSubmitted,
     PreToolUse,
     PostToolUse,
+    /// A sub-agent is about to take its first turn: the caller opens its run.
+    SubagentStart,
+    /// A sub-agent finished its turn: its run is finished.
+    SubagentStop,
     SessionEnd,
     Other,
 }
@@ -54,17 +75,21 @@ impl HookEvent {
             "userPromptSubmitted" => HookEvent::UserPromptSubmitted,
             "preToolUse" => HookEvent::PreToolUse,
             "postToolUse" => HookEvent::PostToolUse,
+            "subagentStart" => HookEvent::SubagentStart,
+            "subagentStop" => HookEvent::SubagentStop,
             "sessionEnd" => HookEvent::SessionEnd,
             _ => HookEvent::Other,
         }
     }
 
     /// The settings' names of the events fusebox listens to.
-    pub const NAMES: [&'static str; 5] = [
+    pub const NAMES: [&'static str; 7] = [
         "sessionStart",
         "userPromptSubmitted",
         "preToolUse",
         "postToolUse",
+        "subagentStart",
+        "subagentStop",
         "sessionEnd",
     ];
 }
@@ -89,6 +114,29 @@ pub struct Payload {
     pub source: Option<String>,
     #[serde(default)]
     pub reason: Option<String>,
+    /// Set on every hook of a sub-agent, on none of the main agent's.
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    /// The session's id, or the sub-agent that started this one.
+    #[serde(default)]
+    pub parent_agent_id: Option<String>,
+    /// A sub-agent's last message (`subagentStop`): what its parent reads.
+    #[serde(default)]
+    pub response: Option<String>,
+    /// userPromptSubmitted: whether the prompt is the runtime's notice (a background
+    /// sub-agent went idle), which Copilot CLI submits as a prompt of the session's. Only
+    /// that is read of the text: the words are not kept.
+    #[serde(default, rename = "prompt", deserialize_with = "system_notification")]
+    pub system_notification: bool,
+}
+
+/// How the runtime's notices begin (1.0.102: `<system_notification>\nAgent "b" (task)
+/// has finished processing and is now idle.\n</system_notification>`).
+const SYSTEM_NOTIFICATION: &str = "<system_notification>";
+
+fn system_notification<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    let text = Option::<String>::deserialize(deserializer)?;
+    Ok(text.is_some_and(|text| text.starts_with(SYSTEM_NOTIFICATION)))
 }
 
 impl Payload {
@@ -106,6 +154,25 @@ impl Payload {
     /// A session continued (`copilot --resume`) in a new process.
     pub fn resumes(&self) -> bool {
         self.event() == HookEvent::SessionStart && self.source.as_deref() == Some("resume")
+    }
+
+    /// The sub-agent whose hook this is; `None` for the main agent's.
+    pub fn sub_agent(&self) -> Option<&str> {
+        self.agent_id.as_deref().filter(|id| !id.is_empty())
+    }
+
+    /// A userPromptSubmitted of the user's: the main agent's, not the runtime's notice.
+    pub fn users_prompt(&self) -> bool {
+        self.event() == HookEvent::UserPromptSubmitted
+            && self.sub_agent().is_none()
+            && !self.system_notification
+    }
+
+    /// Who started the sub-agent whose hook this is: the session's id, or another
+    /// sub-agent's `agentId`. `None` for the main agent's hooks.
+    pub fn parent_agent(&self) -> Option<&str> {
+        self.sub_agent()?;
+        self.parent_agent_id.as_deref().filter(|id| !id.is_empty())
     }
 
     fn tool(&self) -> Result<&str, String> {
@@ -139,7 +206,11 @@ impl Payload {
 }
 
 /// The guard event for a payload; `None` for hook events fusebox has nothing to say
-/// about. `call_id` is the book's id for a preToolUse or postToolUse.
+/// about. `call_id` is the book's id for a preToolUse or postToolUse. `run` is the run
+/// the payload is of: the session's, or for a sub-agent's payload the sub-agent's. A
+/// `subagentStart` is `None` (the caller opens the sub-agent's run), and so is a prompt
+/// that is not the user's: a sub-agent's (its task as its parent wrote it), the
+/// runtime's notice.
 pub fn event_for(
     payload: &Payload,
     operations: &Operations,
@@ -153,6 +224,7 @@ pub fn event_for(
     let timestamp = payload.timestamp();
     let step = match payload.event() {
         HookEvent::SessionStart => Step::SessionStart,
+        HookEvent::UserPromptSubmitted if !payload.users_prompt() => return Ok(None),
         // The prompt carries no id: its timestamp names it.
         HookEvent::UserPromptSubmitted => Step::Prompt {
             id: timestamp.as_deref().map_err(Clone::clone)?,
@@ -178,10 +250,11 @@ pub fn event_for(
                 output: model_output(payload.tool()?, result),
             }
         }
+        HookEvent::SubagentStop => Step::SubAgentEnd,
         HookEvent::SessionEnd => Step::SessionEnd {
             reason: payload.reason.as_deref(),
         },
-        HookEvent::Other => return Ok(None),
+        HookEvent::SubagentStart | HookEvent::Other => return Ok(None),
     };
     let event = PROTOCOL.event(step, operations, tenant, run, agent, ts_ms);
     checked(event, &payload.hook_event_name).map(Some)
@@ -207,10 +280,24 @@ fn without_shell_id(line: &str) -> &str {
     }
 }
 
-/// Copilot CLI's answers before a call (preToolUse).
-struct CopilotCli;
+/// Whose run a hook's payload is of: the words of a stop say what to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whose {
+    Session,
+    SubAgent,
+}
 
-impl Answers for CopilotCli {
+impl Whose {
+    pub fn of(payload: &Payload) -> Whose {
+        match payload.sub_agent() {
+            Some(_) => Whose::SubAgent,
+            None => Whose::Session,
+        }
+    }
+}
+
+/// Copilot CLI's answers before a call (preToolUse), for a run of `whose`.
+impl Answers for Whose {
     fn deny(&self, reason: &str) -> Value {
         json!({"permissionDecision": "deny", "permissionDecisionReason": reason})
     }
@@ -220,26 +307,58 @@ impl Answers for CopilotCli {
         json!({})
     }
 
-    /// No answer ends the agent: the deny tells the model to end the turn, and every
-    /// later call is refused with the daemon's latch.
+    /// No answer ends the agent: the deny tells the model to end the turn (a sub-agent:
+    /// to end and say why), and every later call is refused with the daemon's latch.
     fn stop(&self, report: &str) -> Value {
-        self.deny(&format!(
-            "{report}\nThis session's run is stopped: every further tool call is refused. \
-             End the turn and tell the user."
-        ))
+        self.deny(&match self {
+            Whose::Session => format!(
+                "{report}\nThis session's run is stopped: every further tool call is refused. \
+                 End the turn and tell the user."
+            ),
+            Whose::SubAgent => format!(
+                "{report}\nThis sub-agent's run is stopped: every further tool call is refused. \
+                 End now, and say in your answer that the guard stopped you and why."
+            ),
+        })
     }
 }
 
-/// The hook's answer on stdout for `event`.
+/// The hook's answer on stdout for `event` of the session's run.
 pub fn answer(event: HookEvent, outcome: &Outcome) -> Value {
+    answer_as(event, outcome, Whose::Session)
+}
+
+/// The hook's answer on stdout for `event` of a run of `whose`.
+pub fn answer_as(event: HookEvent, outcome: &Outcome, whose: Whose) -> Value {
     match (event, outcome) {
-        (HookEvent::PreToolUse, outcome) => before_call(&CopilotCli, outcome),
-        (HookEvent::UserPromptSubmitted, outcome) => before_prompt(&CopilotCli, outcome),
+        (HookEvent::PreToolUse, outcome) => before_call(&whose, outcome),
+        (HookEvent::UserPromptSubmitted, outcome) => before_prompt(&whose, outcome),
+        // The sub-agent's start, refused (a cap, a stopped session): the sub-agent reads
+        // it before its prompt; its calls are refused with the same report.
+        (HookEvent::SubagentStart, Outcome::Decided(decision))
+            if decision.action == Action::Stop =>
+        {
+            json!({"additionalContext": sub_agent_refused(&message_of(decision))})
+        }
+        // A sub-agent's end is never blocked (`decision: "block"` would make it go on).
+        (HookEvent::SubagentStart | HookEvent::SubagentStop, _) => json!({}),
         (_, Outcome::Decided(decision)) if decision.action == Action::Stop => {
             json!({"systemMessage": message_of(decision)})
         }
         _ => json!({}),
     }
+}
+
+/// The answer to the `subagentStop` of a sub-agent the guard stopped (`report`, as the
+/// hooks kept it): its parent reads the sub-agent's last words with the stop after
+/// them, since the sub-agent's own answer may not say it.
+pub fn sub_agent_stopped_answer(payload: &Payload, report: &str) -> Value {
+    let note = sub_agent_stopped_note(payload.sub_agent().unwrap_or("?"), report);
+    let response = match payload.response.as_deref() {
+        Some(words) if !words.trim().is_empty() => format!("{words}\n\n{note}"),
+        _ => note,
+    };
+    json!({"modifiedResponse": response})
 }
 
 #[cfg(test)]
@@ -269,9 +388,164 @@ mod tests {
             "sessionEnd" => {
                 r#"{"sessionId":"00f50c06-9281-4a2a-ba75-289c1800c629","timestamp":1796418493800,"cwd":"/w","reason":"complete"}"#
             }
+            other => return sub_agents(other),
+        };
+        Payload::parse(text.as_bytes(), event).unwrap()
+    }
+
+    /// A sub-agent's hooks, recorded with 1.0.102 (`task` with `agent_type: "task"`,
+    /// sync): the sub-agent's own carry its id as `sessionId`, its start and stop the
+    /// session's; every one carries `agentId` and `parentAgentId`.
+    const AGENT: &str = "22de9e8f-df7b-4862-828c-ffd34d35bf38";
+    const PARENT: &str = "ad6688de-eadd-48a8-b8c3-21d7eb542fc9";
+    fn sub_agents(name: &str) -> Payload {
+        let (event, text) = match name {
+            "main: preToolUse task" => (
+                "preToolUse",
+                r#"{"sessionId":"ad6688de-eadd-48a8-b8c3-21d7eb542fc9","timestamp":1796428134963,"cwd":"/w","toolName":"task","toolArgs":{"name":"worker","agent_type":"task","description":"Run the commands","prompt":"SUBTASK: run echo sub","mode":"sync"}}"#,
+            ),
+            "main: notice" => (
+                "userPromptSubmitted",
+                r#"{"sessionId":"ad6688de-eadd-48a8-b8c3-21d7eb542fc9","timestamp":1796428233035,"cwd":"/w","prompt":"<system_notification>\nAgent \"b\" (task) has finished processing and is now idle.\n</system_notification>"}"#,
+            ),
+            "subagentStart" => (
+                "subagentStart",
+                r#"{"sessionId":"ad6688de-eadd-48a8-b8c3-21d7eb542fc9","timestamp":1796428135043,"cwd":"/w","transcriptPath":"/h/.copilot/session-state/ad6688de-eadd-48a8-b8c3-21d7eb542fc9/events.jsonl","agentName":"task","agentId":"22de9e8f-df7b-4862-828c-ffd34d35bf38","agentType":"task","parentAgentId":"ad6688de-eadd-48a8-b8c3-21d7eb542fc9"}"#,
+            ),
+            "sub: userPromptSubmitted" => (
+                "userPromptSubmitted",
+                r#"{"sessionId":"22de9e8f-df7b-4862-828c-ffd34d35bf38","timestamp":1796428135063,"cwd":"/w","prompt":"SUBTASK: run echo sub","agentId":"22de9e8f-df7b-4862-828c-ffd34d35bf38","agentType":"task","parentAgentId":"ad6688de-eadd-48a8-b8c3-21d7eb542fc9"}"#,
+            ),
+            "sub: preToolUse" => (
+                "preToolUse",
+                r#"{"sessionId":"22de9e8f-df7b-4862-828c-ffd34d35bf38","timestamp":1796428135091,"cwd":"/w","toolName":"bash","toolArgs":{"command":"echo sub 0","description":"Run the command"},"agentId":"22de9e8f-df7b-4862-828c-ffd34d35bf38","agentType":"task","parentAgentId":"ad6688de-eadd-48a8-b8c3-21d7eb542fc9"}"#,
+            ),
+            "sub: postToolUse" => (
+                "postToolUse",
+                r#"{"sessionId":"22de9e8f-df7b-4862-828c-ffd34d35bf38","timestamp":1796428135176,"cwd":"/w","toolName":"bash","toolArgs":{"command":"echo sub 0","description":"Run the command"},"toolResult":{"resultType":"success","textResultForLlm":"sub 0\n<shellId: 0 completed with exit code 0>"},"agentId":"22de9e8f-df7b-4862-828c-ffd34d35bf38","agentType":"task","parentAgentId":"ad6688de-eadd-48a8-b8c3-21d7eb542fc9"}"#,
+            ),
+            "sub: agentStop" => (
+                "agentStop",
+                r#"{"sessionId":"22de9e8f-df7b-4862-828c-ffd34d35bf38","timestamp":1796428135364,"cwd":"/w","transcriptPath":"/h/.copilot/session-state/ad6688de-eadd-48a8-b8c3-21d7eb542fc9/events.jsonl","stopReason":"end_turn","stop_hook_active":false,"agentId":"22de9e8f-df7b-4862-828c-ffd34d35bf38","agentType":"task","parentAgentId":"ad6688de-eadd-48a8-b8c3-21d7eb542fc9"}"#,
+            ),
+            "subagentStop" => (
+                "subagentStop",
+                r#"{"sessionId":"ad6688de-eadd-48a8-b8c3-21d7eb542fc9","timestamp":1796428135373,"cwd":"/w","transcriptPath":"/h/.copilot/session-state/ad6688de-eadd-48a8-b8c3-21d7eb542fc9/events.jsonl","agentId":"22de9e8f-df7b-4862-828c-ffd34d35bf38","agentType":"task","agentName":"task","response":"sub done","stopReason":"end_turn","stop_hook_active":false,"parentAgentId":"ad6688de-eadd-48a8-b8c3-21d7eb542fc9"}"#,
+            ),
             other => panic!("{other}"),
         };
         Payload::parse(text.as_bytes(), event).unwrap()
+    }
+
+    #[test]
+    fn a_sub_agents_hooks_are_its_runs_steps() {
+        // (payload, whose, call id the book gave, expected id, wire type); the caller
+        // passes the run the payload is of (the sub-agent's for its hooks).
+        let cases = [
+            (
+                "main: preToolUse task",
+                None,
+                Some("g1"),
+                Some("cp-g1-call"),
+                "tool_call",
+            ),
+            // The caller opens the run.
+            ("subagentStart", Some(PARENT), None, None, ""),
+            // Its task as the parent wrote it: not the user's prompt.
+            ("sub: userPromptSubmitted", Some(PARENT), None, None, ""),
+            (
+                "sub: preToolUse",
+                Some(PARENT),
+                Some("g1"),
+                Some("cp-g1-call"),
+                "tool_call",
+            ),
+            (
+                "sub: postToolUse",
+                Some(PARENT),
+                Some("g1"),
+                Some("cp-g1-result"),
+                "tool_result",
+            ),
+            ("sub: agentStop", Some(PARENT), None, None, ""),
+            // A background sub-agent went idle: the runtime's notice, not the user's.
+            ("main: notice", None, None, None, ""),
+            (
+                "subagentStop",
+                Some(PARENT),
+                None,
+                Some("cp-subagent-stop"),
+                "run_finished",
+            ),
+        ];
+        for (name, parent, call, id, kind) in cases {
+            let payload = recorded(name);
+            assert_eq!(payload.parent_agent(), parent, "{name}");
+            let whose = Whose::of(&payload);
+            assert_eq!(whose == Whose::SubAgent, parent.is_some(), "{name}");
+            if parent.is_some() {
+                assert_eq!(payload.sub_agent(), Some(AGENT), "{name}");
+            }
+            let run = match whose {
+                Whose::Session => PARENT.to_owned(),
+                Whose::SubAgent => crate::sub_agent_run(PARENT, AGENT),
+            };
+            let event = event_for(
+                &payload,
+                &Operations::default(),
+                "t",
+                &run,
+                "copilot-cli",
+                call,
+                1,
+            )
+            .unwrap();
+            assert_eq!(event.as_ref().map(|e| e.id.as_str()), id, "{name}");
+            if let Some(event) = event {
+                assert_eq!(event.run, run, "{name}");
+                assert_eq!(
+                    serde_json::to_value(&event).unwrap()["type"],
+                    kind,
+                    "{name}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_sub_agent_is_told_its_stop_and_its_parent_reads_it() {
+        let decision = |action: &str| -> Decision {
+            serde_json::from_value(json!({"v": 1, "tenant": "t", "run": "r", "event_id": "e",
+                "action": action, "message": "run stopped (STOPPED_LOOP_GUARD)"}))
+            .unwrap()
+        };
+        let stop = decision("stop");
+        let call = recorded("sub: preToolUse");
+        let denied = answer_as(call.event(), &Outcome::Decided(&stop), Whose::of(&call));
+        assert_eq!(denied["permissionDecision"], "deny");
+        let reason = denied["permissionDecisionReason"].as_str().unwrap();
+        assert!(
+            reason.contains("This sub-agent's run is stopped"),
+            "{reason}"
+        );
+        // A refused start: the sub-agent reads why before its prompt.
+        let start = recorded("subagentStart");
+        let refused = answer_as(start.event(), &Outcome::Decided(&stop), Whose::SubAgent);
+        assert!(refused["additionalContext"]
+            .as_str()
+            .unwrap()
+            .contains("did not let this sub-agent start"));
+        // A sub-agent's end is never blocked, whatever the daemon said.
+        let end = recorded("subagentStop");
+        assert_eq!(
+            answer_as(end.event(), &Outcome::Decided(&stop), Whose::SubAgent),
+            json!({})
+        );
+        // Its parent reads its last words and the stop.
+        let told = sub_agent_stopped_answer(&end, "fusebox: run stopped");
+        let response = told["modifiedResponse"].as_str().unwrap();
+        assert!(response.starts_with("sub done\n\n"), "{response}");
+        assert!(response.contains(&format!("the guard stopped sub-agent {AGENT}")));
     }
 
     #[test]
