@@ -2,14 +2,21 @@
 //! Copilot CLI's payloads do not name their event, so the printed hooks pass it. Its
 //! calls carry no id: the run's call book numbers them, as for Gemini CLI. Every path
 //! prints a JSON answer that refuses the call when the guard could not be asked.
+//!
+//! A sub-agent's hooks carry its `agentId` and who started it (`parentAgentId`): the
+//! session, found through the lineages of the sub-agents (`lineages.rs`, for a
+//! sub-agent's own sub-agents), and the run, a child of its parent's run (`routes.rs`),
+//! asked on the session's tree's subject.
 
 use std::process::ExitCode;
 
-use fusebox_hook::copilot_cli::{self, HookEvent, Outcome, Payload};
+use fusebox_hook::copilot_cli::{self, HookEvent, Outcome, Payload, Whose, PROTOCOL};
 use serde_json::json;
 
 use super::call_books::CallBooks;
+use super::lineages::Lineages;
 use super::reply::{Answer, Reply};
+use super::routes::{Moment, Protocol, Route};
 use super::{log_failure, now_ms, read_stdin, Hook};
 
 pub fn hook(hook: &Hook, event: &str) -> ExitCode {
@@ -27,14 +34,52 @@ pub fn hook(hook: &Hook, event: &str) -> ExitCode {
         Ok(payload) => payload,
         Err(why) => return reply.send(refused(why.clone()).with_stderr(format!("fusebox: {why}"))),
     };
+    let whose = Whose::of(&payload);
     let failed = |why: String, allowed: bool| {
-        Answer::json(copilot_cli::answer(
+        Answer::json(copilot_cli::answer_as(
             payload.event(),
             &Outcome::Failed { why, allowed },
+            whose,
         ))
     };
     reply.fallback(failed("no answer in time".to_owned(), hook.allowed()));
-    let run = hook.runs().current(hook.tenant(), &payload.session_id);
+    let tenant = hook.tenant();
+    // A sub-agent's hooks name their own id as `sessionId` (or, for its start and stop,
+    // its parent's): the session is found through who started it.
+    let lineages = Lineages::new(hook.state_dir.clone());
+    let (session, sub_agent) = match (payload.sub_agent(), payload.parent_agent()) {
+        (Some(agent), Some(parent)) => {
+            let (lineage, recorded) = lineages.of(tenant, agent, parent);
+            if let Err(e) = recorded {
+                eprintln!("fusebox: cannot record whose sub-agent {agent} is: {e}");
+            }
+            (lineage.session, Some((agent, lineage.started_by)))
+        }
+        _ => (payload.session_id.clone(), None),
+    };
+    let session_run = hook.runs().current(tenant, &session);
+    let agents = hook.sub_agents();
+    let moment = match payload.event() {
+        HookEvent::SubagentStart => Moment::SubAgentStart,
+        HookEvent::SubagentStop => Moment::SubAgentStop,
+        HookEvent::SessionEnd => Moment::SessionEnd,
+        _ => Moment::Other,
+    };
+    let protocol = Protocol {
+        prefix: PROTOCOL.prefix,
+        agent: &hook.agent,
+    };
+    let mut route = Route::under(
+        &agents,
+        &protocol,
+        tenant,
+        &session_run,
+        sub_agent
+            .as_ref()
+            .map(|(agent, started_by)| (*agent, started_by.as_deref())),
+        moment,
+        now_ms(),
+    );
     let books = CallBooks::new(hook.state_dir.clone());
     let booked = match payload.event() {
         HookEvent::PreToolUse => payload
@@ -42,7 +87,7 @@ pub fn hook(hook: &Hook, event: &str) -> ExitCode {
             .and_then(|key| Ok((key, payload.moment()?)))
             .and_then(|(key, moment)| {
                 books
-                    .with(hook.tenant(), &run, |book| book.before_call(key, moment))
+                    .with(tenant, &route.run, |book| book.before_call(key, moment))
                     .map_err(|e| format!("cannot number the call: {e}"))
             })
             .map(Some),
@@ -51,7 +96,7 @@ pub fn hook(hook: &Hook, event: &str) -> ExitCode {
             .and_then(|key| Ok((key, payload.moment()?)))
             .and_then(|(key, moment)| {
                 books
-                    .with(hook.tenant(), &run, |book| book.after_call(&key, moment))
+                    .with(tenant, &route.run, |book| book.after_call(&key, moment))
                     .map_err(|e| format!("cannot pair the result with its call: {e}"))
             })
             .map(|found| found.map(|(id, _)| id)),
@@ -68,34 +113,64 @@ pub fn hook(hook: &Hook, event: &str) -> ExitCode {
     if payload.event() == HookEvent::PostToolUse && call_id.is_none() {
         return reply.send(Answer::json(json!({})));
     }
-    let event = copilot_cli::event_for(
+    let own = copilot_cli::event_for(
         &payload,
         &hook.operations,
-        hook.tenant(),
-        &run,
+        tenant,
+        &route.run,
         &hook.agent,
         call_id.as_deref(),
         now_ms(),
     );
-    let mut event = match event {
-        Ok(Some(event)) => event,
-        Ok(None) => return reply.send(Answer::json(json!({}))),
+    let own = match own {
+        Ok(own) => own,
         Err(why) => {
             eprintln!("fusebox: {why}");
             return reply.send(failed(why, false));
         }
     };
+    // A sub-agent's prompt and its `agentStop` are not events; its start is sent by its
+    // subagentStart or its first call.
+    if own.is_none() && moment == Moment::Other {
+        return reply.send(Answer::json(json!({})));
+    }
+    let mut events = route.events(own);
+    if events.is_empty() {
+        return reply.send(Answer::json(json!({})));
+    }
     let resumed = payload.resumes().then_some(payload.session_id.as_str());
-    let gate = hook.ask(&mut event, resumed);
-    let outcome = hook.outcome(&gate);
-    log_failure(&payload.hook_event_name, &event.id, &outcome);
+    let gates = hook.ask_in_order(&mut events, resumed, Some(&route.session_run));
+    route.settle(&agents, tenant, &events, &gates);
+    let last = gates.len() - 1;
+    let outcome = hook.outcome(&gates[last]);
+    log_failure(&payload.hook_event_name, &events[last].id, &outcome);
     if let (HookEvent::PreToolUse, Some(id)) = (payload.event(), &call_id) {
-        let noted = books.with(hook.tenant(), &event.run, |book| {
+        let noted = books.with(tenant, &events[last].run, |book| {
             book.answered(id, &outcome)
         });
         if let Err(e) = noted {
             eprintln!("fusebox: cannot note the answer of call {id}: {e}");
         }
     }
-    reply.send(Answer::json(copilot_cli::answer(payload.event(), &outcome)))
+    if moment == Moment::SessionEnd && route.sub_agent.is_none() {
+        if let Err(e) = lineages.forget(tenant, &session) {
+            eprintln!("fusebox: cannot forget the sub-agents of {session}: {e}");
+        }
+    }
+    // A sub-agent the guard stopped: its parent reads the stop with its last words.
+    let stopped = route
+        .sub_agent
+        .as_ref()
+        .filter(|_| moment == Moment::SubAgentStop)
+        .and_then(|sub_agent| sub_agent.stop());
+    if let Some(report) = stopped {
+        return reply.send(Answer::json(copilot_cli::sub_agent_stopped_answer(
+            &payload, &report,
+        )));
+    }
+    reply.send(Answer::json(copilot_cli::answer_as(
+        payload.event(),
+        &outcome,
+        whose,
+    )))
 }

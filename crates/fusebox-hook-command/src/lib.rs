@@ -20,6 +20,7 @@ pub mod connection;
 mod copilot_cli;
 mod gemini_cli;
 mod kept_stops;
+mod lineages;
 mod opencode;
 pub mod operations;
 mod reply;
@@ -106,13 +107,15 @@ pub enum Agent {
     #[command(verbatim_doc_comment)]
     Opencode(OpencodeArgs),
     /// GitHub Copilot CLI's hooks (sessionStart, userPromptSubmitted, preToolUse,
-    /// postToolUse, sessionEnd), each run with `--event <name>`.
+    /// postToolUse, subagentStart, subagentStop, sessionEnd), each run with
+    /// `--event <name>`.
     ///
     /// Setup: `fusebox hook copilot-cli --print-config > .github/hooks/fusebox.json` in a
     /// repository (or merge its "hooks" into ~/.copilot/settings.json). A block or stop
     /// denies the call with the guard's message as the reason. No hook answer ends
     /// Copilot CLI's turn, so after a stop every later call of the session is denied
-    /// with the stop report.
+    /// with the stop report. Each sub-agent (`task`) is a child run of the session's run
+    /// (of its parent sub-agent's, for a sub-agent's own).
     /// See docs/agents/copilot-cli.md.
     #[command(verbatim_doc_comment)]
     CopilotCli(CopilotCliArgs),

@@ -46,7 +46,7 @@ pub struct Protocol<'a> {
 
 impl Route {
     /// Where a payload of the session in `session_run` goes; `agent_id` is the
-    /// sub-agent's whose hook it is.
+    /// sub-agent's whose hook it is, a child of the session's run.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         agents: &SubAgents,
@@ -54,6 +54,32 @@ impl Route {
         tenant: &str,
         session_run: &str,
         agent_id: Option<&str>,
+        moment: Moment,
+        ts_ms: u64,
+    ) -> Route {
+        Route::under(
+            agents,
+            protocol,
+            tenant,
+            session_run,
+            agent_id.map(|id| (id, None)),
+            moment,
+            ts_ms,
+        )
+    }
+
+    /// [`Route::new`] for an agent whose sub-agents start sub-agents (Copilot CLI):
+    /// `sub_agent` is the sub-agent's id and the one that started it, `None` when the
+    /// session did. Its run is a child of that sub-agent's current run; every sub-agent
+    /// of the session is kept with the session's, and the tree's root is the session's
+    /// run.
+    #[allow(clippy::too_many_arguments)]
+    pub fn under(
+        agents: &SubAgents,
+        protocol: &Protocol,
+        tenant: &str,
+        session_run: &str,
+        sub_agent: Option<(&str, Option<&str>)>,
         moment: Moment,
         ts_ms: u64,
     ) -> Route {
@@ -65,7 +91,7 @@ impl Route {
             starting: None,
             moment,
         };
-        let Some(agent_id) = agent_id else {
+        let Some((agent_id, started_by)) = sub_agent else {
             if moment == Moment::SessionEnd {
                 route.before = agents
                     .open(tenant, session_run)
@@ -81,11 +107,15 @@ impl Route {
         route.run = sub_agent.current().to_owned();
         if moment != Moment::SubAgentStop {
             if let Some(run) = sub_agent.to_start() {
+                let parent = match started_by {
+                    Some(id) => agents.of(tenant, session_run, id).current().to_owned(),
+                    None => session_run.to_owned(),
+                };
                 route.before.push(sub_agent_started(
                     protocol.prefix,
                     tenant,
                     &run,
-                    session_run,
+                    &parent,
                     protocol.agent,
                     ts_ms,
                 ));
@@ -150,6 +180,72 @@ impl Route {
                     self.session_run
                 );
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fusebox_core::EventBody;
+
+    const SESSION: &str = "ee25e323-5dbc-4a74-b10e-5b98a43e4db4";
+
+    fn parent_of(event: &Event) -> Option<&str> {
+        match &event.body {
+            EventBody::RunStarted(started) => started.parent.as_deref(),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_sub_agents_sub_agent_is_a_child_of_its_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let agents = SubAgents::new(Some(dir.path().to_owned()));
+        let protocol = Protocol {
+            prefix: "cp",
+            agent: "copilot-cli",
+        };
+        // (sub-agent, started by, moment) → (run its event goes to, parent its start
+        // names; None: nothing to start).
+        let a = format!("{SESSION}-a");
+        let b = format!("{SESSION}-b");
+        let cases = [
+            (("a", None), Moment::SubAgentStart, &a, Some(SESSION)),
+            (
+                ("b", Some("a")),
+                Moment::SubAgentStart,
+                &b,
+                Some(a.as_str()),
+            ),
+            (("b", Some("a")), Moment::Other, &b, None),
+            (("b", Some("a")), Moment::SubAgentStop, &b, None),
+        ];
+        for ((agent, started_by), moment, run, parent) in cases {
+            let mut route = Route::under(
+                &agents,
+                &protocol,
+                "t",
+                SESSION,
+                Some((agent, started_by)),
+                moment,
+                1,
+            );
+            assert_eq!((&route.run, route.session_run.as_str()), (run, SESSION));
+            assert_eq!(route.before.first().and_then(parent_of), parent, "{agent}");
+            // As the daemon took them.
+            let events = route.events(None);
+            let gates: Vec<Gate> = events
+                .iter()
+                .map(|e| {
+                    Gate::Decided(
+                        serde_json::from_value(serde_json::json!({"v": 1, "tenant": "t",
+                            "run": e.run, "event_id": e.id, "action": "continue"}))
+                        .unwrap(),
+                    )
+                })
+                .collect();
+            route.settle(&agents, "t", &events, &gates);
         }
     }
 }
