@@ -57,13 +57,6 @@ def open_runs(stack: Stack, tenant: str) -> list[str]:
     return [line["run"] for line in lines if line.get("tenant") == tenant and line.get("open")]
 
 
-@pytest.fixture(scope="module")
-def unpacked_copilot(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Copilot CLI unpacks its 235 MB package into the XDG cache on first start: once
-    for the module, not once per test."""
-    return tmp_path_factory.mktemp("copilot-cache")
-
-
 @pytest.fixture
 def ws(tmp_path: Path, unpacked_copilot: Path) -> Workspace:
     return Workspace(tmp_path, cache=unpacked_copilot)

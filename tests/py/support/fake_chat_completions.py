@@ -5,9 +5,10 @@ streamed), for agents that take an OpenAI-compatible provider by base URL: OpenC
 A turn with a command calls the agent's shell tool, ``bash`` in both OpenCode 1.18.33
 (``command``, optional ``timeout``, ``workdir``) and Copilot CLI 1.0.102 (which also
 requires ``description``: ``describe=True``); a turn may instead call any tool by name
-(:class:`ChatCall`). Requests without tools (OpenCode's session title) are answered
-with a fixed title and are not turns, so the script counts the agent loop's requests
-only.
+(:class:`ChatCall`). ``respond_to`` answers each request by what it holds (the agent's
+and its sub-agents' requests interleave), instead of by the turn's number. Requests
+without tools (OpenCode's session title) are answered with a fixed title and are not
+turns, so the script counts the agent loop's requests only.
 """
 
 from __future__ import annotations
@@ -39,10 +40,19 @@ class FakeChatCompletions(_FakeModel):
         script: Sequence[Turn] = (),
         *,
         respond: Callable[[int], Turn] | None = None,
+        respond_to: Callable[[dict[str, Any]], Turn] | None = None,
         describe: bool = False,
     ) -> None:
         super().__init__(script, respond=respond)
+        self._respond_to = respond_to
         self._describe = describe
+
+    def _turn_for(self, body: Any) -> Turn:
+        if self._respond_to is None:
+            return super()._turn_for(body)
+        with self._lock:
+            self._turns += 1
+        return self._respond_to(body)
 
     def _is_turn(self, path: str, body: Any) -> bool:
         return (

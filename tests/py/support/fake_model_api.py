@@ -87,6 +87,10 @@ class _FakeModel(ABC):
             return self._respond(index)
         return self._script[index] if index < len(self._script) else say("done")
 
+    def _turn_for(self, body: Any) -> Turn:
+        """The turn answering the request `body` (the script's next, by default)."""
+        return self._next_turn()
+
     def _record(self, body: Any) -> None:
         with self._lock:
             self.bodies.append(body)
@@ -135,7 +139,7 @@ class _FakeModel(ABC):
                     self._json(fake._other(self.path))
                     return
                 fake._record(body)
-                chunks = fake._stream(fake._next_turn())
+                chunks = fake._stream(fake._turn_for(body))
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
