@@ -56,9 +56,10 @@
  *   serves every guarded run; called outside one (no run in its context), the guard's
  *   pieces do nothing. A sub-agent built without them still gets its child run, opened
  *   and closed around it, with none of its calls in it.
- * - Delegations dispatched as background tasks, and sub-agents that suspend (tool
- *   approval), are not followed: a child left open when `generate` ends is closed
- *   `failed` with it.
+ * - Not followed: delegations dispatched as background tasks and sub-agents that suspend
+ *   (tool approval) — a child left open when `generate` ends is closed `failed` with
+ *   it; networks (`agent.network`), whose routing loop runs its agents without
+ *   delegation hooks. With `agent.stream`, pass `delegation: guard.delegation` too.
  * The adapter never decides: it asks the daemon through the run and applies the answer.
  */
 import type {
