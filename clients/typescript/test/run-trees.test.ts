@@ -78,6 +78,16 @@ describe("run trees against fuseboxd", () => {
     );
     assert.match(ids[0] ?? "", /-[0-9a-f]{8}-research_er-1$/);
     assert.match(ids[1] ?? "", /-sub-2$/);
+    // A delegation's key in place of the count: kept when it is a plain token, else cut
+    // and marked with a hash of it, so two keys never share a child id.
+    const keyed = live.fb.run(freshRun("tree-keyed"));
+    const byKey = (key: string) => keyed.child({ agent: "researcher", key }).id;
+    assert.equal(byKey("call_0_0"), `${keyed.id}-researcher-call_0_0`);
+    assert.equal(byKey("call_0_0"), byKey("call_0_0"));
+    const odd = [byKey("toolu.01/x"), byKey("toolu_01_x"), byKey(`c${"x".repeat(80)}`)];
+    assert.equal(new Set(odd).size, 3);
+    assert.match(odd[0] ?? "", /-researcher-toolu_01_x-[0-9a-f]{8}$/);
+    assert.match(odd[2] ?? "", /-researcher-cx{54}-[0-9a-f]{8}$/);
     root.close();
     child.close();
   });

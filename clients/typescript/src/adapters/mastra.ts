@@ -320,6 +320,7 @@ async function closeScope(scope: Scope, status: string): Promise<void> {
     scope.children.delete(below);
     await closeScope(below, `failed: ${LEFT_OPEN}`);
   }
+  for (const [key, flight] of inFlight) if (flight.child === scope) inFlight.delete(key);
   if (scope.run.stopped === null) await bestEffort(() => scope.run.finish(status.slice(0, 200)));
   scope.run.close();
 }
