@@ -384,6 +384,31 @@ describe("Mastra sub-agents", () => {
     assert.equal(log.count("list_issues"), 2);
   });
 
+  test("the caller's own delegation hooks run too; one that rejects starts no child", async () => {
+    const guard = await guarded("their-hooks");
+    const log = new ToolLog();
+    const { agent, model } = lead("twice", log, researcher("pages", log));
+    const completed: string[] = [];
+    const result = await guard.generate(agent, "triage the queue", {
+      maxSteps: 10,
+      delegation: {
+        onDelegationStart: ({ prompt }) =>
+          prompt === TOPICS[1] ? { proceed: false, rejectionReason: "not now" } : undefined,
+        onDelegationComplete: ({ toolCallId }) => {
+          completed.push(toolCallId);
+        },
+      },
+    });
+    assert.equal(result.text, "done");
+    assert.deepEqual(completed, ["lead_0_0"]);
+    assert.equal(reads(model).get("lead_1_0"), "[Delegation Rejected] not now");
+    const kids = children(await tree(live.fb.nats, guard.run.id), guard.run.id);
+    assert.deepEqual(
+      kids.map((kid) => [kid.run, kid.reason]),
+      [[`${guard.run.id}-researcher-lead_0_0`, "completed"]],
+    );
+  });
+
   test("a sub-agent built once serves two runs at once: each call goes to its own run's tree", async () => {
     const [first, second] = [await guarded("shared-a"), await guarded("shared-b")];
     const log = new ToolLog();

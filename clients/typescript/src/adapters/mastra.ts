@@ -45,10 +45,11 @@
  *   sub-agent's answer and the caller goes on, or ends, as its model decides. A child the
  *   daemon refuses to start (a cap of a run above, a stopped ancestor) never runs: the
  *   caller's model reads `[Delegation Rejected]` and the guard's words.
- * - A sub-agent's calls are told apart from its caller's by that request context, which
- *   Mastra hands to the sub-agent's hooks (`context.requestContext`) and processors
- *   (`requestContext`) and to nothing else: the guard's hooks and processor route each
- *   call, step and usage to the run named there. A sub-agent must carry them, since
+ * - A sub-agent's calls are told apart from its caller's by that request context: it is
+ *   the one thing of this delegation's own that Mastra hands the sub-agent's hooks
+ *   (`context.requestContext`) and processors (`requestContext`), while the caller's
+ *   hooks and processors never see the sub-agent's calls. The guard's hooks and
+ *   processor route each call, step and usage to the run named there. A sub-agent must carry them, since
  *   Mastra passes it nothing of its caller's: build it with `MastraGuard.subAgent(config)`
  *   (the hooks, the processor as an input and an output processor — its
  *   `processOutputStep` reports the sub-agent's usage per step — and the delegation hooks
