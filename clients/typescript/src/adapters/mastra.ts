@@ -359,11 +359,11 @@ export class MastraGuard {
   /**
    * A sub-agent's config with the guard in: its calls gated in the child run of each
    * delegation to it (the hooks, after the config's own ones: a call they refuse is
-   * never asked), its steps stopped and warned (the
-   * processor, after its own input processors), its usage reported (the processor, after
-   * its own output processors), its own sub-agents its children (the delegation hooks,
-   * in its `defaultOptions`). For `new Agent(MastraGuard.subAgent({ … }))`, once: it
-   * follows whichever guarded run delegates to it.
+   * never asked), its steps stopped and warned (the processor, after its own input
+   * processors), its usage reported (the processor, after its own output processors),
+   * its own sub-agents its children (the delegation hooks, in its `defaultOptions`).
+   * For `new Agent(MastraGuard.subAgent({ … }))`, once: it follows whichever guarded run
+   * delegates to it.
    */
   static subAgent<C extends AnyAgentConfig>(config: C): C {
     const theirs = config.hooks;
