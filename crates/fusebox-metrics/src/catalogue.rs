@@ -259,6 +259,14 @@ pub const OTLP_SPANS: MetricDef = def(
     "Spans the OTLP receiver took in, by outcome: mapped, skipped (nothing to map), or the reason it refused one (dead-lettered); undecodable_batch counts refused requests.",
 );
 
+pub const OTLP_LOG_RECORDS: MetricDef = def(
+    "fusebox_otlp_log_records_total",
+    Counter,
+    &["outcome"],
+    false,
+    "Log records (coding agents' telemetry events) the OTLP receiver took in, by outcome: mapped, skipped (an event with nothing to map), or the reason it refused one (dead-lettered); undecodable_batch counts refused requests.",
+);
+
 /// Every metric, in exposition-independent order.
 pub const CATALOGUE: &[&MetricDef] = &[
     &EVENTS,
@@ -292,6 +300,7 @@ pub const CATALOGUE: &[&MetricDef] = &[
     &CLUSTER_PARTITIONS_OWNED,
     &CLUSTER_HANDOVERS,
     &OTLP_SPANS,
+    &OTLP_LOG_RECORDS,
 ];
 
 /// The catalogue entry whose exposition includes `series` (e.g. a histogram's `_bucket`).

@@ -27,6 +27,14 @@ impl Metrics {
             .inc();
     }
 
+    /// A log record the OTLP receiver took in, by `outcome` (as [`Metrics::otlp_span`];
+    /// the two share the bound on distinct outcomes).
+    pub fn otlp_log_record(&self, outcome: &str) {
+        self.otlp_log_records
+            .with_label_values(&[self.otlp_outcomes.bound(outcome)])
+            .inc();
+    }
+
     /// An event was refused as bad input, for `reason` (a short snake_case code).
     pub fn event_rejected(&self, reason: &str) {
         self.events_rejected

@@ -88,6 +88,7 @@ pub struct Metrics {
     pub(crate) cluster_changes: IntCounterVec,
     pub(crate) otlp_outcomes: Bounded,
     pub(crate) otlp_spans: IntCounterVec,
+    pub(crate) otlp_log_records: IntCounterVec,
 }
 
 impl Metrics {
@@ -142,6 +143,7 @@ impl Metrics {
             cluster_changes: b.counter_vec(&cat::CLUSTER_HANDOVERS)?,
             otlp_outcomes: Bounded::open(labels::OPEN_LABEL_CAP),
             otlp_spans: b.counter_vec(&cat::OTLP_SPANS)?,
+            otlp_log_records: b.counter_vec(&cat::OTLP_LOG_RECORDS)?,
             registry: b.registry,
         };
         metrics.init_series(version)?;
@@ -157,6 +159,9 @@ impl Metrics {
         // Present from the start, so a rate over the OTLP receiver's spans is 0, not absent.
         for outcome in ["mapped", "skipped"] {
             self.otlp_spans.with_label_values(&[outcome]).inc_by(0);
+            self.otlp_log_records
+                .with_label_values(&[outcome])
+                .inc_by(0);
         }
         for change in labels::PARTITION_CHANGES {
             self.cluster_changes.with_label_values(&[*change]).inc_by(0);

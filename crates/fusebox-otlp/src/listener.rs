@@ -1,14 +1,15 @@
-//! The OTLP/HTTP endpoint: `POST /v1/traces`, binary protobuf or JSON, with the answers
-//! the OTLP specification gives a receiver (1.5.0, "OTLP/HTTP"): 200 with
-//! `partial_success` naming the spans it refused, 400 for a body that does not decode,
+//! The OTLP/HTTP endpoint: `POST /v1/traces` (GenAI spans) and `POST /v1/logs` (the
+//! coding agents' telemetry events), binary protobuf or JSON, with the answers the OTLP
+//! specification gives a receiver (1.5.0, "OTLP/HTTP"): 200 with `partial_success`
+//! naming the spans or records it refused, 400 for a body that does not decode,
 //! 401 for a missing or unknown credential, 413 past the size bound (sent or
 //! decompressed), 415 for another content type or an encoding other than gzip, 503 when the events could not be
 //! stored (the exporter retries; the ids make the retry safe).
 //!
 //! It maps and forwards: each event is published to `fusebox.events.<tenant>.<run>` and
 //! its JetStream ack awaited before the answer, as `FuseboxClient::report` does, so a
-//! 200 means every mapped event is in the durable stream. Refused spans go to
-//! `fusebox.dlq.<tenant>` with their reason.
+//! 200 means every mapped event is in the durable stream. Refused spans and records go
+//! to `fusebox.dlq.<tenant>` with their reason.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,13 +24,18 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use fusebox_nats::subjects;
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use prost::Message;
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::map::{map_request, Rejected};
+use crate::logs::map_logs;
+use crate::map::{map_request, Mapped, Rejected};
 
 /// Who may send, and as which tenant.
 #[derive(Debug, Clone)]
@@ -55,6 +61,8 @@ pub struct OtlpOptions {
 pub trait OtlpCounter: Send + Sync {
     /// One span, by outcome: `mapped`, `skipped`, or the reason it was rejected.
     fn span(&self, outcome: &str);
+    /// One log record, by outcome, as for spans.
+    fn log_record(&self, outcome: &str);
     /// One dead letter published.
     fn dead_letter(&self);
 }
@@ -95,7 +103,8 @@ impl OtlpListener {
             counter,
         });
         let router = Router::new()
-            .route("/v1/traces", post(traces))
+            .route("/v1/traces", post(export::<ExportTraceServiceRequest>))
+            .route("/v1/logs", post(export::<ExportLogsServiceRequest>))
             .with_state(shared);
         Ok(OtlpListener { listener, router })
     }
@@ -180,7 +189,57 @@ fn tenant_of(credentials: &Credentials, headers: &HeaderMap) -> Option<String> {
     }
 }
 
-async fn traces(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+/// What differs between the signals: the request message, its mapping, its answer.
+trait Signal: Message + Default + DeserializeOwned + 'static {
+    /// The request message's name, for the 400 answer.
+    const MESSAGE: &'static str;
+    /// Where dead letters say the item came in.
+    const PATH: &'static str;
+    fn map(&self, tenant: &str, max_event_bytes: usize) -> Mapped;
+    fn count(counter: &dyn OtlpCounter, outcome: &str);
+    /// The 200 answer: `partial_success` naming what was refused, if anything was.
+    fn answer(encoding: Encoding, rejected: &[Rejected]) -> Response;
+}
+
+impl Signal for ExportTraceServiceRequest {
+    const MESSAGE: &'static str = "ExportTraceServiceRequest";
+    const PATH: &'static str = "otlp:/v1/traces";
+    fn map(&self, tenant: &str, max_event_bytes: usize) -> Mapped {
+        map_request(self, tenant, max_event_bytes)
+    }
+    fn count(counter: &dyn OtlpCounter, outcome: &str) {
+        counter.span(outcome);
+    }
+    fn answer(encoding: Encoding, rejected: &[Rejected]) -> Response {
+        let partial_success = (!rejected.is_empty()).then(|| ExportTracePartialSuccess {
+            rejected_spans: rejected.len() as i64,
+            error_message: summary(rejected, "span(s)"),
+        });
+        let answer = ExportTraceServiceResponse { partial_success };
+        encoded(StatusCode::OK, encoding, answer.encode_to_vec(), &answer)
+    }
+}
+
+impl Signal for ExportLogsServiceRequest {
+    const MESSAGE: &'static str = "ExportLogsServiceRequest";
+    const PATH: &'static str = "otlp:/v1/logs";
+    fn map(&self, tenant: &str, max_event_bytes: usize) -> Mapped {
+        map_logs(self, tenant, max_event_bytes)
+    }
+    fn count(counter: &dyn OtlpCounter, outcome: &str) {
+        counter.log_record(outcome);
+    }
+    fn answer(encoding: Encoding, rejected: &[Rejected]) -> Response {
+        let partial_success = (!rejected.is_empty()).then(|| ExportLogsPartialSuccess {
+            rejected_log_records: rejected.len() as i64,
+            error_message: summary(rejected, "log record(s)"),
+        });
+        let answer = ExportLogsServiceResponse { partial_success };
+        encoded(StatusCode::OK, encoding, answer.encode_to_vec(), &answer)
+    }
+}
+
+async fn export<S: Signal>(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let headers = request.headers().clone();
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -254,7 +313,7 @@ async fn traces(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 )
             }
             Err(err) => {
-                shared.counter.span("undecodable_batch");
+                S::count(shared.counter.as_ref(), "undecodable_batch");
                 return error(
                     StatusCode::BAD_REQUEST,
                     encoding,
@@ -266,25 +325,21 @@ async fn traces(State(shared): State<Arc<Shared>>, request: Request) -> Response
         body
     };
     let decoded = match encoding {
-        Encoding::Protobuf => {
-            ExportTraceServiceRequest::decode(body.as_ref()).map_err(|e| e.to_string())
-        }
-        Encoding::Json => {
-            serde_json::from_slice::<ExportTraceServiceRequest>(&body).map_err(|e| e.to_string())
-        }
+        Encoding::Protobuf => S::decode(body.as_ref()).map_err(|e| e.to_string()),
+        Encoding::Json => serde_json::from_slice::<S>(&body).map_err(|e| e.to_string()),
     };
     let request = match decoded {
         Ok(request) => request,
         Err(detail) => {
-            shared.counter.span("undecodable_batch");
+            S::count(shared.counter.as_ref(), "undecodable_batch");
             return error(
                 StatusCode::BAD_REQUEST,
                 encoding,
-                format!("not an OTLP ExportTraceServiceRequest: {detail}"),
+                format!("not an OTLP {}: {detail}", S::MESSAGE),
             );
         }
     };
-    let mapped = map_request(&request, &tenant, shared.options.max_event_bytes);
+    let mapped = request.map(&tenant, shared.options.max_event_bytes);
     if let Err(detail) = publish(&shared.js, &mapped.events).await {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -292,22 +347,18 @@ async fn traces(State(shared): State<Arc<Shared>>, request: Request) -> Response
             format!("events not stored, retry: {detail}"),
         );
     }
+    let counter = shared.counter.as_ref();
     for _ in 0..mapped.mapped_spans {
-        shared.counter.span("mapped");
+        S::count(counter, "mapped");
     }
     for _ in 0..mapped.skipped_spans {
-        shared.counter.span("skipped");
+        S::count(counter, "skipped");
     }
     for rejected in &mapped.rejected {
-        shared.counter.span(rejected.reason);
-        dead_letter(&shared, &tenant, rejected).await;
+        S::count(counter, rejected.reason);
+        dead_letter(&shared, &tenant, S::PATH, rejected).await;
     }
-    let partial_success = (!mapped.rejected.is_empty()).then(|| ExportTracePartialSuccess {
-        rejected_spans: mapped.rejected.len() as i64,
-        error_message: summary(&mapped.rejected),
-    });
-    let answer = ExportTraceServiceResponse { partial_success };
-    encoded(StatusCode::OK, encoding, answer.encode_to_vec(), &answer)
+    S::answer(encoding, &mapped.rejected)
 }
 
 /// The decompressed body, `None` past `limit` bytes: the bound holds for what is
@@ -343,9 +394,9 @@ async fn publish(js: &jetstream::Context, events: &[fusebox_core::Event]) -> Res
     Ok(())
 }
 
-/// A refused span on `fusebox.dlq.<tenant>`, in the daemon's dead-letter form (the
-/// subject it came in on, the error, what was refused).
-async fn dead_letter(shared: &Shared, tenant: &str, rejected: &Rejected) {
+/// A refused span or record on `fusebox.dlq.<tenant>`, in the daemon's dead-letter form
+/// (where it came in, the error, what was refused).
+async fn dead_letter(shared: &Shared, tenant: &str, path: &str, rejected: &Rejected) {
     let span = serde_json::json!({
         "name": rejected.span_name,
         "trace_id": rejected.trace_id,
@@ -353,7 +404,7 @@ async fn dead_letter(shared: &Shared, tenant: &str, rejected: &Rejected) {
         "run": rejected.run,
     });
     let letter = fusebox_nats::wire::DeadLetter {
-        subject: "otlp:/v1/traces".to_owned(),
+        subject: path.to_owned(),
         error: fusebox_nats::wire::WireError {
             reason: rejected.reason.to_owned(),
             message: rejected.detail.clone(),
@@ -373,7 +424,7 @@ async fn dead_letter(shared: &Shared, tenant: &str, rejected: &Rejected) {
 }
 
 /// The partial-success message: each reason with its count and a first example.
-fn summary(rejected: &[Rejected]) -> String {
+fn summary(rejected: &[Rejected], items: &str) -> String {
     let mut by_reason: Vec<(&str, usize, &str)> = Vec::new();
     for r in rejected {
         match by_reason
@@ -386,7 +437,7 @@ fn summary(rejected: &[Rejected]) -> String {
     }
     by_reason
         .iter()
-        .map(|(reason, n, example)| format!("{n} span(s) {reason} (e.g. {example})"))
+        .map(|(reason, n, example)| format!("{n} {items} {reason} (e.g. {example})"))
         .collect::<Vec<_>>()
         .join("; ")
 }

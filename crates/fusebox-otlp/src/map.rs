@@ -19,9 +19,9 @@ use fusebox_core::parse::{MAX_ID_LEN, MAX_RUN_LEN};
 use fusebox_core::{check_event, Event, EventBody};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::{status::StatusCode, Span};
-use serde_json::{Map, Value};
+
+use crate::attrs::{count_of, find, hex, json_text_or_value, str_of};
 
 /// Why a span was not mapped. Stable strings: metrics labels and dead letters use them.
 pub mod reason {
@@ -37,12 +37,13 @@ pub mod reason {
     pub const INVALID_EVENT: &str = "invalid_event";
 }
 
-/// A span that was not mapped, and why.
+/// A span or log record that was not mapped, and why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rejected {
     pub reason: &'static str,
     pub detail: String,
-    /// The span's name, trace id and span id (hex), for the dead letter.
+    /// The span's name (a log record's event name), trace id and span id (hex; empty
+    /// for a log record outside any span), for the dead letter.
     pub span_name: String,
     pub trace_id: String,
     pub span_id: String,
@@ -56,11 +57,87 @@ pub struct Mapped {
     /// The events, grouped by run in the order the runs first appear, each run's in time
     /// order: the order to publish them in.
     pub events: Vec<Event>,
-    /// Spans turned into events.
+    /// Spans (log records) turned into events.
     pub mapped_spans: usize,
-    /// Known GenAI spans with nothing to map (`invoke_agent` …).
+    /// Known shapes with nothing to map (`invoke_agent`, a user prompt event …).
     pub skipped_spans: usize,
     pub rejected: Vec<Rejected>,
+}
+
+/// What one span or log record maps to.
+pub(crate) enum Outcome {
+    /// The run and its events as (ts in ns, rank, event): the rank orders a call before
+    /// its result when both carry the same time.
+    Events(String, Vec<(u64, u8, Event)>),
+    Skipped,
+    Rejected(Rejected),
+}
+
+/// Collects outcomes and gives the events in the order to publish them.
+pub(crate) struct Staging {
+    max_event_bytes: usize,
+    mapped: Mapped,
+    // (run's first appearance, ts, rank, event): sorted in `finish`.
+    staged: Vec<(usize, u64, u8, Event)>,
+    runs: Vec<String>,
+}
+
+impl Staging {
+    pub(crate) fn new(max_event_bytes: usize) -> Self {
+        Staging {
+            max_event_bytes,
+            mapped: Mapped::default(),
+            staged: Vec::new(),
+            runs: Vec::new(),
+        }
+    }
+
+    /// Takes one outcome; `rejected` builds the refusal of an event that fails the
+    /// guard's own validation, naming its span or record.
+    pub(crate) fn add(
+        &mut self,
+        outcome: Outcome,
+        rejected: impl FnOnce(&'static str, String, Option<String>) -> Rejected,
+    ) {
+        match outcome {
+            Outcome::Events(run, events) => {
+                let bad = events
+                    .iter()
+                    .find_map(|(_, _, e)| check_event(e, self.max_event_bytes).err());
+                if let Some(err) = bad {
+                    self.mapped.rejected.push(rejected(
+                        reason::INVALID_EVENT,
+                        err.to_string(),
+                        Some(run),
+                    ));
+                    return;
+                }
+                let index = self.runs.iter().position(|r| *r == run).unwrap_or_else(|| {
+                    self.runs.push(run);
+                    self.runs.len() - 1
+                });
+                self.mapped.mapped_spans += 1;
+                self.staged.extend(
+                    events
+                        .into_iter()
+                        .map(|(ts, rank, event)| (index, ts, rank, event)),
+                );
+            }
+            Outcome::Skipped => self.mapped.skipped_spans += 1,
+            Outcome::Rejected(r) => self.mapped.rejected.push(r),
+        }
+    }
+
+    pub(crate) fn finish(mut self) -> Mapped {
+        // Exporters send spans in the order they *ended*: a tool span ends after the
+        // calls it made began. The guard reads a run in time order (a call before its
+        // result), so each run's events are put in time order; the id breaks ties
+        // deterministically.
+        self.staged
+            .sort_by(|a, b| (a.0, a.1, a.2, &a.3.id).cmp(&(b.0, b.1, b.2, &b.3.id)));
+        self.mapped.events = self.staged.into_iter().map(|(_, _, _, e)| e).collect();
+        self.mapped
+    }
 }
 
 const OP: &str = "gen_ai.operation.name";
@@ -92,62 +169,22 @@ pub fn map_request(
     tenant: &str,
     max_event_bytes: usize,
 ) -> Mapped {
-    let mut mapped = Mapped::default();
-    // (run's first appearance, ts, rank within the span, event): sorted below.
-    let mut staged: Vec<(usize, u64, u8, Event)> = Vec::new();
-    let mut runs: Vec<String> = Vec::new();
+    let mut staging = Staging::new(max_event_bytes);
     for resource_spans in &request.resource_spans {
         for scope_spans in &resource_spans.scope_spans {
             for span in &scope_spans.spans {
-                match map_span(span, tenant) {
-                    SpanOutcome::Events(run, events) => {
-                        let bad = events
-                            .iter()
-                            .find_map(|(_, _, e)| check_event(e, max_event_bytes).err());
-                        if let Some(err) = bad {
-                            mapped.rejected.push(rejected(
-                                span,
-                                reason::INVALID_EVENT,
-                                err.to_string(),
-                                Some(run),
-                            ));
-                            continue;
-                        }
-                        let index = runs.iter().position(|r| *r == run).unwrap_or_else(|| {
-                            runs.push(run);
-                            runs.len() - 1
-                        });
-                        mapped.mapped_spans += 1;
-                        staged.extend(
-                            events
-                                .into_iter()
-                                .map(|(ts, rank, event)| (index, ts, rank, event)),
-                        );
-                    }
-                    SpanOutcome::Skipped => mapped.skipped_spans += 1,
-                    SpanOutcome::Rejected(r) => mapped.rejected.push(r),
-                }
+                staging.add(map_span(span, tenant), |reason, detail, run| {
+                    rejected(span, reason, detail, run)
+                });
             }
         }
     }
-    // Exporters send spans in the order they *ended*: a tool span ends after the calls
-    // it made began. The guard reads a run in time order (a call before its result), so
-    // each run's events are put in time order; the id breaks ties deterministically.
-    staged.sort_by(|a, b| (a.0, a.1, a.2, &a.3.id).cmp(&(b.0, b.1, b.2, &b.3.id)));
-    mapped.events = staged.into_iter().map(|(_, _, _, e)| e).collect();
-    mapped
+    staging.finish()
 }
 
-enum SpanOutcome {
-    /// The run and its events as (ts in ns, rank, event).
-    Events(String, Vec<(u64, u8, Event)>),
-    Skipped,
-    Rejected(Rejected),
-}
-
-fn map_span(span: &Span, tenant: &str) -> SpanOutcome {
+fn map_span(span: &Span, tenant: &str) -> Outcome {
     if span.trace_id.len() != 16 || span.span_id.len() != 8 {
-        return SpanOutcome::Rejected(rejected(
+        return Outcome::Rejected(rejected(
             span,
             reason::BAD_IDS,
             format!(
@@ -160,7 +197,7 @@ fn map_span(span: &Span, tenant: &str) -> SpanOutcome {
     }
     let run = run_of(span);
     let Some(operation) = str_attr(span, OP) else {
-        return SpanOutcome::Rejected(rejected(
+        return Outcome::Rejected(rejected(
             span,
             reason::NO_OPERATION,
             format!("span {:?} has no `{OP}`: not a GenAI span", span.name),
@@ -185,7 +222,7 @@ fn map_span(span: &Span, tenant: &str) -> SpanOutcome {
     match operation {
         "execute_tool" => {
             let Some(tool) = str_attr(span, TOOL_NAME).filter(|t| !t.is_empty()) else {
-                return SpanOutcome::Rejected(rejected(
+                return Outcome::Rejected(rejected(
                     span,
                     reason::NO_TOOL_NAME,
                     format!("execute_tool span {:?} has no `{TOOL_NAME}`", span.name),
@@ -230,7 +267,7 @@ fn map_span(span: &Span, tenant: &str) -> SpanOutcome {
                     .map(|v| Output::inline_or_hash(json_text_or_value(v))),
                 progress: None,
             };
-            SpanOutcome::Events(
+            Outcome::Events(
                 run.clone(),
                 vec![
                     (
@@ -259,7 +296,7 @@ fn map_span(span: &Span, tenant: &str) -> SpanOutcome {
                 cost_usd: None,
                 valid: None,
             };
-            SpanOutcome::Events(
+            Outcome::Events(
                 run.clone(),
                 vec![(
                     span.end_time_unix_nano,
@@ -268,8 +305,8 @@ fn map_span(span: &Span, tenant: &str) -> SpanOutcome {
                 )],
             )
         }
-        op if STRUCTURAL_OPERATIONS.contains(&op) => SpanOutcome::Skipped,
-        other => SpanOutcome::Rejected(rejected(
+        op if STRUCTURAL_OPERATIONS.contains(&op) => Outcome::Skipped,
+        other => Outcome::Rejected(rejected(
             span,
             reason::UNKNOWN_OPERATION,
             format!(
@@ -348,72 +385,16 @@ fn exception_type(span: &Span) -> String {
         .unwrap_or_else(|| "error".to_owned())
 }
 
-fn find<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a Any> {
-    attributes
-        .iter()
-        .find(|kv| kv.key == key)
-        .and_then(|kv| kv.value.as_ref())
-        .and_then(|v| v.value.as_ref())
-}
-
 fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Any> {
     find(&span.attributes, key)
 }
 
 fn str_attr<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
-    match attr(span, key) {
-        Some(Any::StringValue(s)) => Some(s),
-        _ => None,
-    }
+    str_of(attr(span, key))
 }
 
-/// A count: an int, or a whole non-negative double or numeric string (some SDKs send
-/// numbers as text).
 fn int_attr(span: &Span, key: &str) -> Option<u64> {
-    match attr(span, key)? {
-        Any::IntValue(n) => u64::try_from(*n).ok(),
-        Any::DoubleValue(d) if *d >= 0.0 && d.fract() == 0.0 => Some(*d as u64),
-        Any::StringValue(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
-/// Arguments and results travel as JSON text (Pydantic AI) or as structured values:
-/// text that parses as JSON is that JSON, other text a string.
-fn json_text_or_value(value: &Any) -> Value {
-    match value {
-        Any::StringValue(s) => serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone())),
-        other => any_to_json(other),
-    }
-}
-
-fn any_to_json(value: &Any) -> Value {
-    match value {
-        Any::StringValue(s) => Value::String(s.clone()),
-        Any::BoolValue(b) => Value::Bool(*b),
-        Any::IntValue(n) => Value::from(*n),
-        Any::DoubleValue(d) => serde_json::Number::from_f64(*d).map_or(Value::Null, Value::Number),
-        Any::ArrayValue(a) => Value::Array(a.values.iter().map(any_value_to_json).collect()),
-        Any::KvlistValue(kv) => Value::Object(
-            kv.values
-                .iter()
-                .map(|kv| {
-                    (
-                        kv.key.clone(),
-                        kv.value.as_ref().map_or(Value::Null, any_value_to_json),
-                    )
-                })
-                .collect::<Map<_, _>>(),
-        ),
-        Any::BytesValue(b) => Value::String(hex(b)),
-        // OTLP 1.8's string table reference: meaningless without the dictionary.
-        #[allow(unreachable_patterns)]
-        _ => Value::Null,
-    }
-}
-
-fn any_value_to_json(value: &AnyValue) -> Value {
-    value.value.as_ref().map_or(Value::Null, any_to_json)
+    count_of(attr(span, key))
 }
 
 fn rejected(span: &Span, reason: &'static str, detail: String, run: Option<String>) -> Rejected {
@@ -425,8 +406,4 @@ fn rejected(span: &Span, reason: &'static str, detail: String, run: Option<Strin
         span_id: hex(&span.span_id),
         run,
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -135,3 +135,84 @@ fn run_ids_stay_in_the_guards_character_set_and_length() {
     assert_eq!(a.len(), 128);
     assert_ne!(a, b, "two long ids sharing a prefix stay two runs");
 }
+
+// -- Log records (the coding agents' own telemetry) ------------------------------------
+//
+// `fixtures/logs/<name>.otlp.json` (an OTLP/JSON `ExportLogsServiceRequest`, as an agent
+// exported it, trimmed) must map to `fixtures/logs/<name>.expected.jsonl`, in the same
+// line format as the spans' fixtures (`mapped` and `skipped` count records); the same
+// request sent as protobuf must map to the same lines. `FUSEBOX_BLESS=1` rewrites them.
+
+fn log_fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/logs");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("log fixtures dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.to_string_lossy().ends_with(".otlp.json"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no fixtures in {}", dir.display());
+    files
+}
+
+fn render_logs(request: &fusebox_otlp::ExportLogsServiceRequest) -> String {
+    let mapped = fusebox_otlp::map_logs(request, "acme", MAX_EVENT_BYTES);
+    let mut lines = Vec::new();
+    for event in &mapped.events {
+        let line = serde_json::to_string(event).expect("serialises");
+        parse_event(line.as_bytes()).unwrap_or_else(|e| panic!("daemon would refuse {line}: {e}"));
+        lines.push(line);
+    }
+    for r in &mapped.rejected {
+        lines.push(
+            json!({"rejected": r.reason, "event": r.span_name, "run": r.run, "detail": r.detail})
+                .to_string(),
+        );
+    }
+    lines.push(json!({"mapped": mapped.mapped_spans, "skipped": mapped.skipped_spans}).to_string());
+    lines.join("\n") + "\n"
+}
+
+#[test]
+fn log_fixtures_map_to_their_expected_events() {
+    for input in log_fixtures() {
+        let text = std::fs::read_to_string(&input).expect("read fixture");
+        let request: fusebox_otlp::ExportLogsServiceRequest =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", input.display()));
+        let got = render_logs(&request);
+        let expected_path = PathBuf::from(
+            input
+                .to_string_lossy()
+                .replace(".otlp.json", ".expected.jsonl"),
+        );
+        if std::env::var_os("FUSEBOX_BLESS").is_some() {
+            std::fs::write(&expected_path, &got).expect("bless");
+        }
+        let expected = std::fs::read_to_string(&expected_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
+        assert_eq!(got, expected, "{}", input.display());
+        let decoded =
+            fusebox_otlp::ExportLogsServiceRequest::decode(request.encode_to_vec().as_slice())
+                .expect("protobuf round trip");
+        assert_eq!(
+            render_logs(&decoded),
+            expected,
+            "{} as protobuf",
+            input.display()
+        );
+        // A re-sent batch maps to the same ids, and no two events share one.
+        let ids = |r: &fusebox_otlp::ExportLogsServiceRequest| {
+            fusebox_otlp::map_logs(r, "acme", MAX_EVENT_BYTES)
+                .events
+                .iter()
+                .map(|e| (e.run.clone(), e.id.clone()))
+                .collect::<Vec<_>>()
+        };
+        let all = ids(&request);
+        assert_eq!(all, ids(&decoded));
+        let mut unique = all.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), all.len(), "{}: ids collide", input.display());
+    }
+}

@@ -49,6 +49,9 @@ impl fusebox_otlp::OtlpCounter for OtlpMetrics {
     fn span(&self, outcome: &str) {
         self.0.otlp_span(outcome);
     }
+    fn log_record(&self, outcome: &str) {
+        self.0.otlp_log_record(outcome);
+    }
     fn dead_letter(&self) {
         self.0.dlq_message();
     }
