@@ -1,0 +1,262 @@
+"""Codex CLI's own OpenTelemetry telemetry as an event source (issue 46, docs/otel.md
+"Codex CLI's telemetry"): the real Codex CLI (`@openai/codex` 0.171.0, pinned in
+tests/npm) runs `codex exec` offline against the scripted Responses API, with no hook
+and the `[otel]` block the docs tell a user to paste into ~/.codex/config.toml: its log
+exporter (`otlp-http`, binary protobuf) pointed at fuseboxd's OTLP receiver, with the
+receiver's bearer token in its headers (the token names the tenant). Passive watching:
+every call runs; the guard's stop is on the kill switch and on the operator's page
+(`fusebox run TENANT/RUN --json`).
+
+Then the rollout that same run wrote is imported (`fusebox replay --from codex`, the
+events and decisions `whatif --from codex` compares under two policies) and must decide
+every call and result as the telemetry path did. Both name the run after the session id
+and each call by the hook's ids (`cx-<call id>-call`), so the comparison is event by
+event. What only one side carries — the telemetry a model turn per response and no
+session end, the rollout a `run_finished` at its end — does not change a call's
+decision; the docs' table says what differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from support.agent_runs import run_status
+from support.coding_agents import Workspace
+from support.fake_model_api import FakeResponses, Turn, say
+from support.guard import RUNAWAY_EXECUTIONS, free_port, run_history
+from support.stack import Stack, start_stack
+
+TENANT = "codex-otel"
+TOKEN = "codex-otlp-token-3d9e"
+#: Calls the scripted model makes before it gives up.
+PATIENCE = 10
+#: Distinct commands of the legitimate session.
+PAGES = 12
+
+#: event id → (action, reason)
+Decisions = dict[str, tuple[str, str | None]]
+
+
+@dataclass(frozen=True)
+class Receiver:
+    stack: Stack
+    endpoint: str  # http://127.0.0.1:<port>
+
+
+@pytest.fixture(scope="module")
+def receiver(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
+    """The suite's test config plus `[otlp]` on loopback with a bearer token for TENANT."""
+    port = free_port()
+    config = tmp_path_factory.mktemp("codex-otlp") / "fusebox.toml"
+    shipped = stack.config.read_text()
+    off = '[otlp]\nlisten = ""\n'
+    assert off in shipped, "the test config carries the shipped [otlp] section, off"
+    credentials = f'\n[otlp.credentials]\n"{TOKEN}" = "{TENANT}"\n'
+    on = f'[otlp]\nlisten = "127.0.0.1:{port}"\n'
+    config.write_text(shipped.replace(off, on) + credentials)
+    with start_stack("--config", str(config)) as running:
+        yield Receiver(running, f"http://127.0.0.1:{port}")
+
+
+def otel_block(receiver: Receiver) -> str:
+    """The `[otel]` block docs/otel.md tells a user to paste, and one line of the test's
+    own: Codex's default metrics exporter (Statsig, off this machine) is switched off so
+    nothing leaves loopback."""
+    return f"""[otel]
+metrics_exporter = "none"
+
+[otel.exporter.otlp-http]
+endpoint = "{receiver.endpoint}/v1/logs"
+protocol = "binary"
+headers = {{ "Authorization" = "Bearer {TOKEN}" }}
+"""
+
+
+def run_codex(ws: Workspace, receiver: Receiver, respond: Callable[[int], Turn]) -> str:
+    """`codex exec` on the scripted API with its telemetry sent to the receiver; the
+    session's id (the run's). Codex exports what is left when it exits and waits for the
+    answer: when it has exited, every record's events are in the daemon's stream."""
+    with FakeResponses(respond=respond) as api:
+        done = ws.codex(api, otel_block(receiver))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return ws.codex_session()
+
+
+def summary(receiver: Receiver, run: str) -> dict[str, Any]:
+    """`fusebox run TENANT/RUN --json`'s summary (the operator's page); a run not seen
+    yet has applied nothing."""
+    try:
+        status = run_status(receiver.stack, TENANT, run)
+    except subprocess.CalledProcessError as err:
+        if "unknown run" in err.stderr or "no run" in err.stderr:
+            return {"events": 0}
+        raise
+    found: dict[str, Any] = status["summary"]
+    return found
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Polls `check()` until it is truthy: the daemon applies passive events as it pulls
+    them from the stream, after the receiver's answer."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def telemetry_decisions(receiver: Receiver, run: str) -> Decisions:
+    """Each tool_call's and tool_result's decision as the daemon applied it, by event id."""
+    return {
+        entry["event"]["id"]: (entry["decision"]["action"], entry["decision"].get("reason"))
+        for entry in run_history(receiver.stack, TENANT, run)
+        if entry["event"]["type"] in ("tool_call", "tool_result")
+    }
+
+
+def imported_decisions(stack: Stack, sessions: Path) -> dict[str, Decisions]:
+    """`fusebox replay --from codex SESSIONS`: each call's and result's decision, by run
+    and event id."""
+    done = subprocess.run(
+        [str(stack.bin("fusebox")), "replay", "--from", "codex", "--tenant", TENANT, str(sessions)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    runs: dict[str, Decisions] = {}
+    for line in done.stdout.splitlines():
+        decision = json.loads(line)
+        event_id: str = decision.get("event_id", "")
+        if event_id.endswith(("-call", "-result")):
+            runs.setdefault(decision["run"], {})[event_id] = (
+                decision["action"],
+                decision.get("reason"),
+            )
+    return runs
+
+
+def refused_records(receiver: Receiver) -> dict[str, float]:
+    """The receiver's log records by outcome (`fusebox_otlp_log_records_total`), those it
+    refused: every record Codex sends is mapped or skipped, none dead-lettered."""
+    with urllib.request.urlopen(f"{receiver.stack.metrics_url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("fusebox_otlp_log_records_total{"):
+            labels, value = line.rsplit(" ", 1)
+            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
+            counts[outcome] = float(value)
+    assert counts.get("mapped", 0) > 0, counts
+    return {k: v for k, v in counts.items() if k not in ("mapped", "skipped") and v}
+
+
+async def stops_of(nats_url: str, run: str, timeout: float) -> list[dict[str, Any]]:
+    """The kill switch as a late subscriber reads it (the stop is kept in a stream)."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        got: list[dict[str, Any]] = []
+        sub = await js.subscribe(f"fusebox.stop.{TENANT}.{run}", ordered_consumer=True)
+        try:
+            msg = await sub.next_msg(timeout=timeout)
+            got.append(json.loads(msg.data))
+        except nats.errors.TimeoutError:
+            pass
+        await sub.unsubscribe()
+        return got
+    finally:
+        await nc.close()
+
+
+def test_a_runaway_loop_seen_through_telemetry_is_stopped_and_the_import_agrees(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    ws = Workspace(tmp_path)
+    # The same check, the same answer, again and again: a runaway.
+    check = ws.command("cat status.txt || echo running")
+    session = run_codex(ws, receiver, lambda n: check if n < PATIENCE else say("gave up"))
+    # Passive: nothing stood between the agent and its tools; every call ran.
+    assert ws.executions() == PATIENCE
+
+    state = wait_for(
+        lambda: (s := summary(receiver, session)).get("terminal_state") and s, "the run's stop"
+    )
+    assert state["terminal_state"] == "STOPPED_LOOP_GUARD", state
+    assert state["reason"] == "consecutive_blocks", state
+    stops = asyncio.run(stops_of(receiver.stack.nats_url, session, timeout=5))
+    assert stops, "the stop is published on the kill switch"
+    assert stops[0]["report"]["terminal_state"] == "STOPPED_LOOP_GUARD", stops[0]
+
+    # Every call and result is applied, the ones after the stop too.
+    live = wait_for(
+        lambda: (d := telemetry_decisions(receiver, session)) and len(d) == 2 * PATIENCE and d,
+        "all calls and results applied",
+    )
+    calls = [live[f"cx-call_{n}-call"] for n in call_numbers(live)]
+    # Recognised as the hook recognises it (the same command, hashed as the hook hashes
+    # it, the same output): run as often as the hook would let it, warned, refused
+    # twice, and the refusals in a row end the run; the calls after it are the stop's.
+    assert calls[:6] == [
+        ("execute", None),
+        ("execute", None),
+        ("warn", "same_call_repeat"),
+        ("block", "same_call_repeat"),
+        ("block", "same_call_repeat"),
+        ("stop", "consecutive_blocks"),
+    ], live
+    assert sum(a in ("execute", "warn") for a, _ in calls) == RUNAWAY_EXECUTIONS
+    assert all(action == "stop" for action, _ in calls[6:]), calls
+    # The session's own rollout, imported, is decided the same way, event by event.
+    assert imported_decisions(receiver.stack, ws.home / ".codex" / "sessions") == {session: live}
+    assert refused_records(receiver) == {}
+
+
+def test_a_legitimate_session_seen_through_telemetry_is_untouched(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    ws = Workspace(tmp_path)
+    session = run_codex(
+        ws, receiver, lambda n: ws.command(f"echo page {n + 1}") if n < PAGES else say("done")
+    )
+    assert ws.executions() == PAGES
+
+    # The session's start, the prompt, 12 calls and their results, 13 model turns (one
+    # per response, the closing one included).
+    expected = 2 + 2 * PAGES + PAGES + 1
+    state = wait_for(
+        lambda: (s := summary(receiver, session))["events"] >= expected and s,
+        "all events applied",
+    )
+    assert state["events"] == expected, state
+    assert state.get("terminal_state") is None, state
+    assert state.get("calls_refused", 0) == 0, state
+    live = telemetry_decisions(receiver, session)
+    assert len(live) == 2 * PAGES, live
+    assert set(live.values()) == {("execute", None), ("continue", None)}, live
+    assert not asyncio.run(stops_of(receiver.stack.nats_url, session, timeout=1))
+    assert imported_decisions(receiver.stack, ws.home / ".codex" / "sessions") == {session: live}
+    assert refused_records(receiver) == {}
+
+
+def call_numbers(decisions: Decisions) -> list[int]:
+    """The calls' numbers (`cx-call_<n>-call`), in the order the model made them."""
+    return sorted(
+        int(event_id.removeprefix("cx-call_").removesuffix("-call"))
+        for event_id in decisions
+        if event_id.endswith("-call")
+    )
