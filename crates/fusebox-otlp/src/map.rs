@@ -1,18 +1,24 @@
 //! OTLP spans → fusebox passive events. Pure: no I/O, no clock; the same request always
 //! maps to the same events with the same ids.
 //!
-//! The shapes understood are the OpenTelemetry GenAI semantic conventions (Development
-//! status) as Pydantic AI 2.66 emits them (instrumentation format 5, the default); the
-//! table in `docs/otel.md` is the contract. A span is classified by
-//! `gen_ai.operation.name`:
+//! Two conventions are understood; the tables in `docs/otel.md` are the contract:
 //!
-//! - `execute_tool` → a `tool_call` at the span's start and a `tool_result` at its end;
-//! - `chat`, `text_completion`, `generate_content` → a `model_turn` at its end (usage
-//!   from `gen_ai.usage.*`);
-//! - `invoke_agent`, `create_agent`, `invoke_workflow`, `embeddings` → nothing to map
-//!   (structure, not steps): counted as skipped;
-//! - anything else, or a span without the attribute → rejected with a reason, for the
-//!   dead-letter subject and the OTLP `partial_success` answer: nothing vanishes silently.
+//! - the OpenTelemetry GenAI semantic conventions (Development status) as Pydantic AI
+//!   2.66 emits them (instrumentation format 5, the default), classified by
+//!   `gen_ai.operation.name`: `execute_tool` → a `tool_call` at the span's start and a
+//!   `tool_result` at its end; `chat`, `text_completion`, `generate_content` → a
+//!   `model_turn` at its end (usage from `gen_ai.usage.*`); `invoke_agent`,
+//!   `create_agent`, `invoke_workflow`, `embeddings` → nothing to map (structure, not
+//!   steps): counted as skipped;
+//! - OpenInference (`openinference-semantic-conventions` 0.1.42, as
+//!   `openinference-instrumentation-openai-agents` 2.6.0 emits it), classified by
+//!   `openinference.span.kind` when the span has no `gen_ai.operation.name`: `TOOL` →
+//!   call and result (`tool.name`, `input.value`, `output.value`), `LLM` → a model turn
+//!   (`llm.token_count.*`, `llm.finish_reason`), `AGENT`, `CHAIN` and the other kinds
+//!   of structure → skipped.
+//!
+//! Anything else, or a span with neither attribute, is rejected with a reason, for the
+//! dead-letter subject and the OTLP `partial_success` answer: nothing vanishes silently.
 
 use fusebox_core::event::{Args, ModelTurn, Output, ResultKind, ToolCall, ToolResult, Usage};
 use fusebox_core::parse::{MAX_ID_LEN, MAX_RUN_LEN};
@@ -25,11 +31,12 @@ use crate::attrs::{count_of, find, hex, json_text_or_value, str_of};
 
 /// Why a span was not mapped. Stable strings: metrics labels and dead letters use them.
 pub mod reason {
-    /// The span has no `gen_ai.operation.name`: not a GenAI span.
+    /// The span has neither `gen_ai.operation.name` nor `openinference.span.kind`: not
+    /// a GenAI or OpenInference span.
     pub const NO_OPERATION: &str = "no_operation";
-    /// A `gen_ai.operation.name` this mapping does not know.
+    /// A `gen_ai.operation.name` or `openinference.span.kind` this mapping does not know.
     pub const UNKNOWN_OPERATION: &str = "unknown_operation";
-    /// An `execute_tool` span without `gen_ai.tool.name`.
+    /// A tool span (`execute_tool`, `TOOL`) without its tool's name.
     pub const NO_TOOL_NAME: &str = "no_tool_name";
     /// A span without a valid trace id or span id (ids are what dedup rests on).
     pub const BAD_IDS: &str = "bad_ids";
@@ -112,10 +119,7 @@ impl Staging {
                     ));
                     return;
                 }
-                let index = self.runs.iter().position(|r| *r == run).unwrap_or_else(|| {
-                    self.runs.push(run);
-                    self.runs.len() - 1
-                });
+                let index = self.reserve(&run);
                 self.mapped.mapped_spans += 1;
                 self.staged.extend(
                     events
@@ -126,6 +130,14 @@ impl Staging {
             Outcome::Skipped => self.mapped.skipped_spans += 1,
             Outcome::Rejected(r) => self.mapped.rejected.push(r),
         }
+    }
+
+    /// Gives `run` its place in the publishing order, if it has none yet.
+    pub(crate) fn reserve(&mut self, run: &str) -> usize {
+        self.runs.iter().position(|r| r == run).unwrap_or_else(|| {
+            self.runs.push(run.to_owned());
+            self.runs.len() - 1
+        })
     }
 
     pub(crate) fn finish(mut self) -> Mapped {
@@ -141,17 +153,8 @@ impl Staging {
 }
 
 const OP: &str = "gen_ai.operation.name";
-const TOOL_NAME: &str = "gen_ai.tool.name";
-const TOOL_CALL_ID: &str = "gen_ai.tool.call.id";
-const TOOL_ARGS: &str = "gen_ai.tool.call.arguments";
-const TOOL_RESULT: &str = "gen_ai.tool.call.result";
 const CONVERSATION: &str = "gen_ai.conversation.id";
 const SESSION: &str = "session.id";
-const INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
-const OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
-const CACHE_READ: &str = "gen_ai.usage.cache_read.input_tokens";
-const CACHE_CREATION: &str = "gen_ai.usage.cache_creation.input_tokens";
-const FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
 
 const MODEL_OPERATIONS: [&str; 3] = ["chat", "text_completion", "generate_content"];
 const STRUCTURAL_OPERATIONS: [&str; 4] = [
@@ -161,6 +164,103 @@ const STRUCTURAL_OPERATIONS: [&str; 4] = [
     "embeddings",
 ];
 
+/// OpenInference's span kind (`openinference.span.kind`), read when a span has no
+/// `gen_ai.operation.name`.
+const OI_KIND: &str = "openinference.span.kind";
+/// OpenInference kinds that are structure, not steps: an agent, a chain of steps, a
+/// retrieval, an embedding, a reranking, a guardrail's or evaluator's check, a prompt
+/// template, a routing decision. `UNKNOWN` is not among them: the instrumentation could
+/// not tell, so neither can the receiver.
+const OI_STRUCTURAL: [&str; 9] = [
+    "AGENT",
+    "CHAIN",
+    "RETRIEVER",
+    "EMBEDDING",
+    "RERANKER",
+    "GUARDRAIL",
+    "EVALUATOR",
+    "PROMPT",
+    "DECISION",
+];
+
+/// Where a convention keeps what the mapping reads.
+struct Names {
+    /// The attribute that classified the span, for the messages.
+    classified_by: &'static str,
+    tool_name: &'static str,
+    /// The call's id, first present wins (else the span id).
+    call_ids: &'static [&'static str],
+    args: &'static str,
+    result: &'static str,
+    input_tokens: &'static str,
+    output_tokens: &'static str,
+    cache_read: &'static str,
+    cache_creation: &'static str,
+    /// A list (GenAI) or one string (OpenInference).
+    finish_reason: &'static str,
+}
+
+const GEN_AI: Names = Names {
+    classified_by: OP,
+    tool_name: "gen_ai.tool.name",
+    call_ids: &["gen_ai.tool.call.id"],
+    args: "gen_ai.tool.call.arguments",
+    result: "gen_ai.tool.call.result",
+    input_tokens: "gen_ai.usage.input_tokens",
+    output_tokens: "gen_ai.usage.output_tokens",
+    cache_read: "gen_ai.usage.cache_read.input_tokens",
+    cache_creation: "gen_ai.usage.cache_creation.input_tokens",
+    finish_reason: "gen_ai.response.finish_reasons",
+};
+
+/// OpenInference: a `TOOL` span's arguments are its `input.value` (`tool.parameters` is
+/// the tool's JSON schema, its definition, not the call's arguments), its result its
+/// `output.value`; `tool_call.id` (else `tool.id`, "the id of the result of the tool
+/// call") names the call when the instrumentation records it (openai-agents 2.6.0 does
+/// not: the span id then).
+const OPEN_INFERENCE: Names = Names {
+    classified_by: OI_KIND,
+    tool_name: "tool.name",
+    call_ids: &["tool_call.id", "tool.id"],
+    args: "input.value",
+    result: "output.value",
+    input_tokens: "llm.token_count.prompt",
+    output_tokens: "llm.token_count.completion",
+    cache_read: "llm.token_count.prompt_details.cache_read",
+    cache_creation: "llm.token_count.prompt_details.cache_write",
+    finish_reason: "llm.finish_reason",
+};
+
+/// What a span is, whichever convention said so.
+enum Shape<'a> {
+    Tool,
+    Model,
+    Structure,
+    Unknown(&'a str),
+}
+
+/// The span's convention and shape: `gen_ai.operation.name` first, then
+/// `openinference.span.kind` (upper case in the conventions; read in any case).
+fn classify(span: &Span) -> Option<(&'static Names, Shape<'_>)> {
+    if let Some(op) = str_attr(span, OP) {
+        let shape = match op {
+            "execute_tool" => Shape::Tool,
+            op if MODEL_OPERATIONS.contains(&op) => Shape::Model,
+            op if STRUCTURAL_OPERATIONS.contains(&op) => Shape::Structure,
+            other => Shape::Unknown(other),
+        };
+        return Some((&GEN_AI, shape));
+    }
+    let kind = str_attr(span, OI_KIND)?;
+    let shape = match kind.to_ascii_uppercase().as_str() {
+        "TOOL" => Shape::Tool,
+        "LLM" => Shape::Model,
+        upper if OI_STRUCTURAL.contains(&upper) => Shape::Structure,
+        _ => Shape::Unknown(kind),
+    };
+    Some((&OPEN_INFERENCE, shape))
+}
+
 /// Maps every span of `request` for `tenant`. `max_event_bytes` is the daemon's bound:
 /// an event past it is rejected here, with its span named, rather than dead-lettered
 /// later without one.
@@ -169,15 +269,18 @@ pub fn map_request(
     tenant: &str,
     max_event_bytes: usize,
 ) -> Mapped {
+    let spans = || {
+        request
+            .resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .flat_map(|s| &s.spans)
+    };
     let mut staging = Staging::new(max_event_bytes);
-    for resource_spans in &request.resource_spans {
-        for scope_spans in &resource_spans.scope_spans {
-            for span in &scope_spans.spans {
-                staging.add(map_span(span, tenant), |reason, detail, run| {
-                    rejected(span, reason, detail, run)
-                });
-            }
-        }
+    for span in spans() {
+        staging.add(map_span(span, tenant), |reason, detail, run| {
+            rejected(span, reason, detail, run)
+        });
     }
     staging.finish()
 }
@@ -195,12 +298,21 @@ fn map_span(span: &Span, tenant: &str) -> Outcome {
             None,
         ));
     }
+    // Gemini CLI's own spans (`llm_call`, `tool_call`, `schedule_tool_calls` …, sent to
+    // the same endpoint as its log records): the records carry the same calls and turns
+    // and are mapped (`logs::gemini_cli`); mapping these too would count each twice.
+    if str_attr(span, "gen_ai.agent.name") == Some("gemini-cli") {
+        return Outcome::Skipped;
+    }
     let run = run_of(span);
-    let Some(operation) = str_attr(span, OP) else {
+    let Some((names, shape)) = classify(span) else {
         return Outcome::Rejected(rejected(
             span,
             reason::NO_OPERATION,
-            format!("span {:?} has no `{OP}`: not a GenAI span", span.name),
+            format!(
+                "span {:?} has no `{OP}` and no `{OI_KIND}`: not a GenAI or OpenInference span",
+                span.name
+            ),
             Some(run),
         ));
     };
@@ -219,20 +331,24 @@ fn map_span(span: &Span, tenant: &str) -> Outcome {
         ts_ms: ts_ns / 1_000_000,
         body,
     };
-    match operation {
-        "execute_tool" => {
-            let Some(tool) = str_attr(span, TOOL_NAME).filter(|t| !t.is_empty()) else {
+    match shape {
+        Shape::Tool => {
+            let Some(tool) = str_attr(span, names.tool_name).filter(|t| !t.is_empty()) else {
                 return Outcome::Rejected(rejected(
                     span,
                     reason::NO_TOOL_NAME,
-                    format!("execute_tool span {:?} has no `{TOOL_NAME}`", span.name),
+                    format!("tool span {:?} has no `{}`", span.name, names.tool_name),
                     Some(run),
                 ));
             };
-            let call_id = str_attr(span, TOOL_CALL_ID)
-                .filter(|id| !id.is_empty() && id.len() <= MAX_ID_LEN)
+            let call_id = names
+                .call_ids
+                .iter()
+                .find_map(|key| {
+                    str_attr(span, key).filter(|id| !id.is_empty() && id.len() <= MAX_ID_LEN)
+                })
                 .map_or_else(|| span_id.clone(), str::to_owned);
-            let args = match attr(span, TOOL_ARGS) {
+            let args = match attr(span, names.args) {
                 Some(value) => Args::inline_or_hash(json_text_or_value(value)),
                 // Content capture off: no arguments travel. A hash unique to the span
                 // keeps the call countable (steps, budgets, errors) without making every
@@ -263,7 +379,7 @@ fn map_span(span: &Span, tenant: &str) -> Outcome {
                 code,
                 retry_after_ms: None,
                 terminal: None,
-                output: attr(span, TOOL_RESULT)
+                output: attr(span, names.result)
                     .map(|v| Output::inline_or_hash(json_text_or_value(v))),
                 progress: None,
             };
@@ -283,15 +399,15 @@ fn map_span(span: &Span, tenant: &str) -> Outcome {
                 ],
             )
         }
-        op if MODEL_OPERATIONS.contains(&op) => {
+        Shape::Model => {
             let usage = Usage {
-                input_tokens: int_attr(span, INPUT_TOKENS),
-                output_tokens: int_attr(span, OUTPUT_TOKENS),
-                cache_creation_input_tokens: int_attr(span, CACHE_CREATION),
-                cache_read_input_tokens: int_attr(span, CACHE_READ),
+                input_tokens: int_attr(span, names.input_tokens),
+                output_tokens: int_attr(span, names.output_tokens),
+                cache_creation_input_tokens: int_attr(span, names.cache_creation),
+                cache_read_input_tokens: int_attr(span, names.cache_read),
             };
             let turn = ModelTurn {
-                stop_reason: stop_reason(span),
+                stop_reason: stop_reason(span, names.finish_reason),
                 usage: (usage != Usage::default()).then_some(usage),
                 cost_usd: None,
                 valid: None,
@@ -305,28 +421,33 @@ fn map_span(span: &Span, tenant: &str) -> Outcome {
                 )],
             )
         }
-        op if STRUCTURAL_OPERATIONS.contains(&op) => Outcome::Skipped,
-        other => Outcome::Rejected(rejected(
+        Shape::Structure => Outcome::Skipped,
+        Shape::Unknown(other) => Outcome::Rejected(rejected(
             span,
             reason::UNKNOWN_OPERATION,
             format!(
-                "span {:?}: `{OP}` = {other:?} is not a shape this receiver maps",
-                span.name
+                "span {:?}: `{}` = {other:?} is not a shape this receiver maps",
+                span.name, names.classified_by
             ),
             Some(run),
         )),
     }
 }
 
-/// The run a span belongs to: its `gen_ai.conversation.id` (one per agent run in
-/// Pydantic AI; a session's when the application sets it), else the general
-/// conventions' `session.id` (what instrumentations without the GenAI attribute set),
-/// else its trace.
+/// The run a span belongs to: its named run ([`named_run`]), else its trace.
 fn run_of(span: &Span) -> String {
+    named_run(span).unwrap_or_else(|| format!("otlp-{}", hex(&span.trace_id)))
+}
+
+/// The run a span names: its `gen_ai.conversation.id` (one per agent run in Pydantic
+/// AI; a session's when the application sets it), else the general conventions' and
+/// OpenInference's `session.id` (what instrumentations without the GenAI attribute set;
+/// OpenInference's `using_session`).
+fn named_run(span: &Span) -> Option<String> {
     [CONVERSATION, SESSION]
         .iter()
         .find_map(|key| str_attr(span, key).filter(|id| !id.is_empty()))
-        .map_or_else(|| format!("otlp-{}", hex(&span.trace_id)), run_token)
+        .map(run_token)
 }
 
 /// A run id within the guard's character set and length: other characters become `_`,
@@ -352,8 +473,8 @@ pub fn run_token(raw: &str) -> String {
 
 /// OpenTelemetry's finish reasons in the guard's vocabulary (guard contract §2); others
 /// pass through as they are (any string is allowed), an absent one is `unspecified`.
-fn stop_reason(span: &Span) -> String {
-    let first = match attr(span, FINISH_REASONS) {
+fn stop_reason(span: &Span, key: &str) -> String {
+    let first = match attr(span, key) {
         Some(Any::ArrayValue(array)) => array.values.first().and_then(|v| match &v.value {
             Some(Any::StringValue(s)) => Some(s.as_str()),
             _ => None,
