@@ -22,6 +22,7 @@ use crate::attrs::{bool_of, count_of, find, hex, str_of};
 use crate::map::{Mapped, Outcome, Rejected, Staging};
 
 mod codex;
+mod gemini_cli;
 
 /// Why a log record was not mapped (beside [`crate::map::reason`]'s shared ones).
 pub mod reason {
@@ -68,6 +69,8 @@ fn map_record(record: &Record<'_>) -> Outcome {
     #[allow(clippy::match_single_binding)]
     match agent {
         "codex" => codex::map_record(record),
+        "gemini_cli" => gemini_cli::map_record(record),
+        "gen_ai" if gemini_cli::emitted_by_gemini_cli(record) => gemini_cli::map_record(record),
         _ => Outcome::Rejected(record.rejected(
             reason::UNKNOWN_EVENT,
             format!("event {name:?} is not one this receiver maps"),
