@@ -31,6 +31,16 @@ pub(crate) fn count_of(value: Option<&Any>) -> Option<u64> {
     }
 }
 
+/// A number: an int, a double, or numeric text.
+pub(crate) fn number_of(value: Option<&Any>) -> Option<f64> {
+    match value? {
+        Any::IntValue(n) => Some(*n as f64),
+        Any::DoubleValue(d) => Some(*d),
+        Any::StringValue(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
 /// A flag: a bool, or the text `true` / `false`.
 pub(crate) fn bool_of(value: Option<&Any>) -> Option<bool> {
     match value? {

@@ -147,7 +147,16 @@ impl Staging {
         // deterministically.
         self.staged
             .sort_by(|a, b| (a.0, a.1, a.2, &a.3.id).cmp(&(b.0, b.1, b.2, &b.3.id)));
-        self.mapped.events = self.staged.into_iter().map(|(_, _, _, e)| e).collect();
+        // One event per id and run: a mapping may open a run with each record of it
+        // (Claude Code's sub-agents: no record says one started), and the daemon would
+        // drop every copy after the first anyway.
+        let mut seen = std::collections::HashSet::new();
+        self.mapped.events = self
+            .staged
+            .into_iter()
+            .map(|(_, _, _, e)| e)
+            .filter(|e| seen.insert((e.run.clone(), e.id.clone())))
+            .collect();
         self.mapped
     }
 }

@@ -18,9 +18,10 @@ use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::logs::v1::LogRecord;
 use prost::Message;
 
-use crate::attrs::{bool_of, count_of, find, hex, str_of};
+use crate::attrs::{bool_of, count_of, find, hex, number_of, str_of};
 use crate::map::{Mapped, Outcome, Rejected, Staging};
 
+mod claude_code;
 mod codex;
 mod gemini_cli;
 
@@ -68,6 +69,7 @@ fn map_record(record: &Record<'_>) -> Outcome {
     let agent = name.split_once('.').map_or("", |(prefix, _)| prefix);
     #[allow(clippy::match_single_binding)]
     match agent {
+        "claude_code" => claude_code::map_record(record),
         "codex" => codex::map_record(record),
         "gemini_cli" => gemini_cli::map_record(record),
         "gen_ai" if gemini_cli::emitted_by_gemini_cli(record) => gemini_cli::map_record(record),
@@ -96,16 +98,23 @@ pub(crate) struct Record<'a> {
 
 impl<'a> Record<'a> {
     fn new(log: &'a LogRecord, resource: &'a [KeyValue], tenant: &'a str) -> Self {
+        let body = match log.body.as_ref().and_then(|b| b.value.as_ref()) {
+            Some(Any::StringValue(s)) if !s.is_empty() && !s.contains(' ') => Some(s.as_str()),
+            _ => None,
+        };
         let name = Some(log.event_name.as_str())
             // Not a name with a space: Rust's `tracing` bridge sets `event_name` to the
             // call site (`event otel/src/tool_result.rs:54`, Codex CLI 0.171) and the
             // name itself in the `event.name` attribute.
             .filter(|n| !n.is_empty() && !n.contains(' '))
             .or_else(|| str_of(find(&log.attributes, "event.name")))
-            .or_else(|| match log.body.as_ref().and_then(|b| b.value.as_ref()) {
-                Some(Any::StringValue(s)) if !s.is_empty() && !s.contains(' ') => Some(s),
-                _ => None,
-            });
+            // Claude Code's `event.name` is the bare name (`tool_result`) and its body the
+            // whole one (`claude_code.tool_result`): the body, which names the agent.
+            .map(|name| match body {
+                Some(whole) if !name.contains('.') && whole.ends_with(&format!(".{name}")) => whole,
+                _ => name,
+            })
+            .or(body);
         let digest = fusebox_core::event::hex_sha256(&log.encode_to_vec());
         Record {
             name,
@@ -128,6 +137,10 @@ impl<'a> Record<'a> {
 
     pub(crate) fn count(&self, key: &str) -> Option<u64> {
         count_of(self.attr(key))
+    }
+
+    pub(crate) fn number(&self, key: &str) -> Option<f64> {
+        number_of(self.attr(key))
     }
 
     pub(crate) fn flag(&self, key: &str) -> Option<bool> {
