@@ -251,7 +251,9 @@ pub(crate) fn spawn_reader(
         Input::Files(files) => read_and_admit(files, rules, batches, spent).map(|()| None),
         Input::History(import) => {
             // The hook's own check bounds its events (fusebox-hook's `checked`), as live.
-            crate::history::read_and_admit(import, batches, spent).map(Some)
+            // OTLP files are bounded as the daemon's receiver bounds them.
+            crate::history::read_and_admit_bounded(import, rules.max_event_bytes, batches, spent)
+                .map(Some)
         }
     })
 }

@@ -19,6 +19,7 @@
 pub mod claude_code;
 pub mod codex;
 pub mod gemini_cli;
+pub mod otlp;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -40,6 +41,9 @@ pub enum Agent {
     Codex,
     /// Gemini CLI's chats: `~/.gemini/tmp/<project>/chats/session-*.jsonl`.
     GeminiCli,
+    /// OTLP/JSON files an OpenTelemetry Collector's `file` exporter wrote (one export
+    /// request per line), mapped as fuseboxd's OTLP receiver maps them. No default path.
+    Otlp,
 }
 
 impl Agent {
@@ -48,6 +52,7 @@ impl Agent {
             Agent::ClaudeCode => "claude-code",
             Agent::Codex => "codex",
             Agent::GeminiCli => "gemini-cli",
+            Agent::Otlp => "otlp",
         }
     }
 
@@ -57,6 +62,7 @@ impl Agent {
             Agent::ClaudeCode => claude_code::default_dir(),
             Agent::Codex => codex::default_dir(),
             Agent::GeminiCli => gemini_cli::default_dir(),
+            Agent::Otlp => None,
         }
     }
 }
@@ -73,6 +79,9 @@ pub struct Import {
 impl Import {
     pub fn describe(&self) -> String {
         let paths: Vec<String> = self.paths.iter().map(|p| p.display().to_string()).collect();
+        if self.agent == Agent::Otlp {
+            return format!("otlp files in {}", paths.join(" "));
+        }
         format!("{} sessions in {}", self.agent.name(), paths.join(" "))
     }
 }
@@ -102,11 +111,14 @@ impl FromArgs {
             return Ok(crate::replay::Input::Files(files.to_vec()));
         };
         let paths = if files.is_empty() {
-            let default = agent.default_path().ok_or_else(|| {
-                format!(
+            let default = agent.default_path().ok_or_else(|| match agent {
+                Agent::Otlp => {
+                    "--from otlp: name the collector's files, or directories of them".to_owned()
+                }
+                _ => format!(
                     "--from {}: no HOME to find its sessions in; name the path",
                     agent.name()
-                )
+                ),
             })?;
             vec![default]
         } else {
@@ -144,6 +156,8 @@ pub struct ImportSummary {
     /// Results of calls a PreToolUse hook refused (the call never ran, so the live hook
     /// sent no result), and results whose call is not in the file.
     pub skipped_results: u64,
+    /// `--from otlp`: requests, spans and records, refusals by reason, runs.
+    pub otlp: otlp::Counts,
     /// How long reading took (the applier's pace included: the reader waits on it).
     pub seconds: f64,
 }
@@ -151,6 +165,9 @@ pub struct ImportSummary {
 impl ImportSummary {
     /// One paragraph, what a person reads before any decision.
     pub fn text(&self, agent: Agent) -> String {
+        if agent == Agent::Otlp {
+            return otlp::text(self);
+        }
         let ignored: u64 = self.ignored.values().sum();
         let mut kinds: Vec<(&String, &u64)> = self.ignored.iter().collect();
         kinds.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
@@ -207,6 +224,8 @@ pub(crate) trait SessionReader {
 
 fn reader_for(agent: Agent, tenant: &str, file: &Path) -> Box<dyn SessionReader> {
     match agent {
+        // Its own reader, `otlp::read_and_admit`: requests are decoded in parallel.
+        Agent::Otlp => unreachable!("--from otlp is read by otlp::read_and_admit"),
         Agent::ClaudeCode => Box::new(claude_code::Reader::new(tenant, file)),
         Agent::Codex => Box::new(codex::Reader::new(tenant)),
         Agent::GeminiCli => Box::new(gemini_cli::Reader::new(tenant)),
@@ -230,8 +249,13 @@ pub fn session_files(agent: Agent, paths: &[PathBuf]) -> io::Result<Vec<PathBuf>
     // One file named twice (a path and a symlink to it) is one session, read once.
     let mut seen = std::collections::HashSet::new();
     files.retain(|file| seen.insert(std::fs::canonicalize(file).unwrap_or_else(|_| file.clone())));
-    let mut keyed: Vec<(String, PathBuf)> =
-        files.into_iter().map(|file| (began(&file), file)).collect();
+    let mut keyed: Vec<(String, PathBuf)> = files
+        .into_iter()
+        .map(|file| match agent {
+            Agent::Otlp => (otlp::began(&file), file),
+            _ => (began(&file), file),
+        })
+        .collect();
     keyed.sort();
     Ok(keyed.into_iter().map(|(_, file)| file).collect())
 }
@@ -253,6 +277,7 @@ fn walk(agent: Agent, dir: &Path, files: &mut Vec<PathBuf>) -> io::Result<()> {
             Agent::ClaudeCode => claude_code::is_session_file(&path),
             Agent::Codex => codex::is_session_file(&path),
             Agent::GeminiCli => gemini_cli::is_session_file(&path),
+            Agent::Otlp => otlp::is_otlp_file(&path),
         } {
             files.push(path);
         }
@@ -304,11 +329,31 @@ const BATCH: usize = 1024;
 /// `replay::read_and_admit`'s sibling for an agent's history: reads every session file
 /// in order, maps its lines to the hook's events, admits them through a sequencer and
 /// sends them in batches. Returns what it read.
+#[cfg(test)]
 pub(crate) fn read_and_admit(
     import: Import,
     batches: mpsc::SyncSender<Admitted>,
     spent: mpsc::Receiver<Vec<Event>>,
 ) -> io::Result<ImportSummary> {
+    read_and_admit_bounded(
+        import,
+        fusebox_core::parse::DEFAULT_MAX_EVENT_BYTES,
+        batches,
+        spent,
+    )
+}
+
+/// [`read_and_admit`] with the configured `[guard] max_event_bytes`, the bound the
+/// daemon's OTLP receiver refuses an event past (the hooks bound their own events).
+pub(crate) fn read_and_admit_bounded(
+    import: Import,
+    max_event_bytes: usize,
+    batches: mpsc::SyncSender<Admitted>,
+    spent: mpsc::Receiver<Vec<Event>>,
+) -> io::Result<ImportSummary> {
+    if import.agent == Agent::Otlp {
+        return otlp::read_and_admit(import, max_event_bytes, batches, spent);
+    }
     let started = std::time::Instant::now();
     let files = session_files(import.agent, &import.paths)?;
     let mut summary = ImportSummary {
