@@ -7,10 +7,17 @@
 //! session, found through the lineages of the sub-agents (`lineages.rs`, for a
 //! sub-agent's own sub-agents), and the run, a child of its parent's run (`routes.rs`),
 //! asked on the session's tree's subject.
+//!
+//! `copilot -p` fires sessionEnd each time the main agent's turn ends, and goes on when
+//! a background sub-agent is still to finish (its notice becomes the main agent's next
+//! prompt): after an end the daemon completed, the session's next hook opens the
+//! session's next run, `<session>-2`, and goes on there, as a resumed session does.
 
 use std::process::ExitCode;
 
+use fusebox_core::Action;
 use fusebox_hook::copilot_cli::{self, HookEvent, Outcome, Payload, Whose, PROTOCOL};
+use fusebox_hook::protocol::Step;
 use serde_json::json;
 
 use super::call_books::CallBooks;
@@ -57,7 +64,22 @@ pub fn hook(hook: &Hook, event: &str) -> ExitCode {
         }
         _ => (payload.session_id.clone(), None),
     };
-    let session_run = hook.runs().current(tenant, &session);
+    let runs = hook.runs();
+    // A session that goes on after an end it saw completed goes on in its next run (a
+    // resumed one by its run's status, below; its end again is its old run's end).
+    let went_on = match payload.event() {
+        HookEvent::SessionStart => {
+            if let Err(e) = runs.forget_end(tenant, &session) {
+                eprintln!("fusebox: cannot forget the end of session {session}: {e}");
+            }
+            None
+        }
+        HookEvent::SessionEnd => None,
+        _ => runs.went_on(tenant, &session),
+    };
+    let session_run = went_on
+        .clone()
+        .unwrap_or_else(|| runs.current(tenant, &session));
     let agents = hook.sub_agents();
     let moment = match payload.event() {
         HookEvent::SubagentStart => Moment::SubAgentStart,
@@ -138,9 +160,38 @@ pub fn hook(hook: &Hook, event: &str) -> ExitCode {
     if events.is_empty() {
         return reply.send(Answer::json(json!({})));
     }
+    if let Some(next) = &went_on {
+        let start = PROTOCOL.event(
+            Step::SessionStart,
+            &hook.operations,
+            tenant,
+            next,
+            &hook.agent,
+            now_ms(),
+        );
+        events.insert(0, start);
+    }
     let resumed = payload.resumes().then_some(payload.session_id.as_str());
-    let gates = hook.ask_in_order(&mut events, resumed, Some(&route.session_run));
-    route.settle(&agents, tenant, &events, &gates);
+    let mut gates = hook.ask_in_order(&mut events, resumed, Some(&route.session_run));
+    let opened = went_on.is_some().then(|| gates.remove(0));
+    if let (Some(next), Some(fusebox_client::Gate::Decided(_))) = (&went_on, &opened) {
+        if let Err(e) = runs.moved_on(tenant, &session, next) {
+            eprintln!("fusebox: cannot record the session's next run {next}: {e}");
+        }
+    }
+    if gates.is_empty() {
+        // The next run could not be opened: that failure is the answer.
+        let outcome = hook.outcome(opened.as_ref().expect("a gate at least"));
+        log_failure(&payload.hook_event_name, &events[0].id, &outcome);
+        return reply.send(Answer::json(copilot_cli::answer_as(
+            payload.event(),
+            &outcome,
+            whose,
+        )));
+    }
+    // The payload's own events, after the next run's start.
+    let events = &events[usize::from(went_on.is_some())..];
+    route.settle(&agents, tenant, events, &gates);
     let last = gates.len() - 1;
     let outcome = hook.outcome(&gates[last]);
     log_failure(&payload.hook_event_name, &events[last].id, &outcome);
@@ -155,6 +206,12 @@ pub fn hook(hook: &Hook, event: &str) -> ExitCode {
     if moment == Moment::SessionEnd && route.sub_agent.is_none() {
         if let Err(e) = lineages.forget(tenant, &session) {
             eprintln!("fusebox: cannot forget the sub-agents of {session}: {e}");
+        }
+        let completed = matches!(&outcome, Outcome::Decided(d) if d.action == Action::Complete);
+        if completed {
+            if let Err(e) = runs.ended(tenant, &session, &route.session_run) {
+                eprintln!("fusebox: cannot note the end of {}: {e}", route.session_run);
+            }
         }
     }
     // A sub-agent the guard stopped: its parent reads the stop with its last words.
