@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -97,8 +98,8 @@ def session_of(done_stderr: str, done_stdout: str) -> str:
     return found.group(1)
 
 
-def sessions(stack: Stack, tenant: str) -> list[str]:
-    """The open runs of `tenant` that are no sub-agent's."""
+def sessions(stack: Stack, tenant: str, open_: bool = True) -> list[str]:
+    """The open (or closed) runs of `tenant` that are no sub-agent's."""
     listed = subprocess.run(
         [str(stack.bin("fusebox")), "runs", "--json", "--nats-url", stack.nats_url],
         capture_output=True,
@@ -110,7 +111,7 @@ def sessions(stack: Stack, tenant: str) -> list[str]:
     return [
         row["run"]
         for row in rows
-        if row.get("tenant") == tenant and row.get("open") and len(row["run"]) == 36
+        if row.get("tenant") == tenant and row.get("open") == open_ and len(row["run"]) == 36
     ]
 
 
@@ -207,6 +208,52 @@ def test_a_background_sub_agent_is_a_child_run_too(stack: Stack, ws: Workspace) 
     assert row["terminal_state"] == "COMPLETED", row
     main = node(stack, TENANT, session)
     assert [tool for tool, _ in main.calls] == ["task", "read_agent", "bash"], main
+
+
+def test_a_session_that_goes_on_after_its_end_goes_on_in_its_next_run(
+    stack: Stack, ws: Workspace
+) -> None:
+    # The main agent launches a background sub-agent and ends its turn at once: `copilot
+    # -p` fires sessionEnd (the session's run is completed), waits for the sub-agent,
+    # submits its notice as a prompt (and reads the sub-agent itself), and the main agent
+    # takes another turn. What the session does after its end goes on in its next run,
+    # `<session>-2`, whose child the sub-agent is then. The sub-agent's first request is
+    # answered once the first end closed the session's run.
+    tenant = f"{TENANT}-{ws.root.name}"[:60]
+    notified: list[bool] = []
+
+    def respond_to(body: dict[str, Any]) -> Turn:
+        n = results(body)
+        if whose(body) == "sub":
+            if n == 0:
+                while not sessions(stack, tenant, open_=False):
+                    time.sleep(0.1)
+            return run(ws, "sub", f"echo sub {n}") if n < 2 else say("checked")
+        if n == 0:
+            return delegate(mode="background")
+        users = [m for m in body["messages"] if m.get("role") == "user"]
+        if "<system_notification>" not in json.dumps(users):
+            return say("waiting for the checker")
+        if not notified:
+            notified.append(True)
+            return run(ws, "main", "echo main")
+        return say("done")
+
+    session, _ = guarded(stack, ws, respond_to, tenant)
+
+    assert executed(ws) == ["sub", "sub", "main"]
+    first = node(stack, tenant, session)
+    assert first.calls == [("task", "execute")], first
+    assert run_status(stack, tenant, session)["summary"]["terminal_state"] == "COMPLETED"
+    went_on = f"{session}-2"
+    second = node(stack, tenant, went_on)
+    assert (second.parent, second.agent) == (None, "copilot-cli"), second
+    assert second.calls == [("bash", "execute")], second
+    [row] = children(stack, tenant, went_on)
+    sub = node(stack, tenant, row["run"])
+    assert (sub.parent, sub.calls) == (went_on, [("bash", "execute")] * 2), sub
+    summary = run_status(stack, tenant, went_on)["summary"]
+    assert summary["terminal_state"] == "COMPLETED", summary
 
 
 def test_a_looping_sub_agent_is_stopped_alone_and_the_main_agent_goes_on(
