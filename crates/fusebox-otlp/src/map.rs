@@ -19,8 +19,16 @@
 //!
 //! Anything else, or a span with neither attribute, is rejected with a reason, for the
 //! dead-letter subject and the OTLP `partial_success` answer: nothing vanishes silently.
+//!
+//! A run nested in another run's span (a sub-agent called from a tool) starts with a
+//! `run_started` naming that run as its parent when the request holds the spans between
+//! them ([`nesting`]); otherwise it is a root, as every run was before.
 
-use fusebox_core::event::{Args, ModelTurn, Output, ResultKind, ToolCall, ToolResult, Usage};
+use std::collections::{BTreeMap, HashMap};
+
+use fusebox_core::event::{
+    Args, ModelTurn, Output, ResultKind, RunStarted, ToolCall, ToolResult, Usage,
+};
 use fusebox_core::parse::{MAX_ID_LEN, MAX_RUN_LEN};
 use fusebox_core::{check_event, Event, EventBody};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -138,6 +146,21 @@ impl Staging {
             self.runs.push(run.to_owned());
             self.runs.len() - 1
         })
+    }
+
+    /// A run's `run_started`, first of its run's events; dropped for a run with no
+    /// events in this request (it may have had some before: too late to start it), or
+    /// one the guard would refuse.
+    pub(crate) fn start(&mut self, event: Event) {
+        let Some(index) = self.runs.iter().position(|r| *r == event.run) else {
+            return;
+        };
+        if !self.staged.iter().any(|(i, ..)| *i == index)
+            || check_event(&event, self.max_event_bytes).is_err()
+        {
+            return;
+        }
+        self.staged.push((index, 0, 0, event));
     }
 
     pub(crate) fn finish(mut self) -> Mapped {
@@ -285,13 +308,162 @@ pub fn map_request(
             .flat_map(|r| &r.scope_spans)
             .flat_map(|s| &s.spans)
     };
+    let starts = nesting(spans());
     let mut staging = Staging::new(max_event_bytes);
     for span in spans() {
-        staging.add(map_span(span, tenant), |reason, detail, run| {
+        let outcome = map_span(span, tenant);
+        if let Outcome::Events(run, _) = &outcome {
+            // A parent's events are published before its child's start: the guard must
+            // know the parent when the child names it.
+            reserve_tree(&mut staging, run, &starts, 0);
+        }
+        staging.add(outcome, |reason, detail, run| {
             rejected(span, reason, detail, run)
         });
     }
+    for (run, start) in &starts {
+        staging.start(run_started(tenant, run, start));
+    }
     staging.finish()
+}
+
+/// Gives `run` its place in the publishing order after its ancestors'.
+fn reserve_tree(staging: &mut Staging, run: &str, starts: &BTreeMap<String, Start>, depth: u8) {
+    // The nesting is acyclic by construction only within one request's spans; the
+    // bound keeps a malformed request (spans naming each other as parents) finite.
+    if depth > 32 {
+        return;
+    }
+    if let Some(start) = starts.get(run) {
+        reserve_tree(staging, &start.parent, starts, depth + 1);
+    }
+    staging.reserve(run);
+}
+
+/// A run found nested in another run's span.
+#[derive(Debug, Clone, PartialEq)]
+struct Start {
+    /// The run whose span encloses this run's outermost span.
+    parent: String,
+    /// This run's outermost span in the parent's (the id of the `run_started`).
+    span_id: String,
+    /// The time the `run_started` carries: that span's start.
+    start_ns: u64,
+}
+
+/// A span in a request: its trace id and span id.
+type SpanKey<'a> = (&'a [u8], &'a [u8]);
+
+/// What a run's outermost spans say about where it runs.
+enum Evidence {
+    /// Inside a span of another run.
+    Nested(String, String, u64),
+    /// At the top of its trace (no parent span, or only spans of no run above it).
+    Root,
+}
+
+/// The runs of this request nested in another run's span: a span whose run is named
+/// (`gen_ai.conversation.id` or `session.id`, not the trace fallback) and whose parent
+/// span, or the nearest ancestor with a named run, belongs to another run. Read from
+/// this request's spans only: exporters send a span when it *ends*, so the spans that
+/// enclose a sub-agent (its own agent span, the parent's tool span) reach the receiver
+/// after the sub-agent's steps unless the same batch carries them all. A run is given
+/// a parent only when every one of its outermost spans seen here says the same parent
+/// and none says it is at the top of its trace; a chain broken by a span not in the
+/// request says nothing. Never a guess from the trace alone: two runs of one trace may
+/// be siblings.
+fn nesting<'a>(spans: impl Iterator<Item = &'a Span>) -> BTreeMap<String, Start> {
+    // (trace id, span id) → (the span's named run, its parent span id).
+    let mut index: HashMap<SpanKey<'_>, (Option<String>, &[u8])> = HashMap::new();
+    let mut named = Vec::new();
+    for span in spans {
+        if span.trace_id.len() != 16 || span.span_id.len() != 8 {
+            continue;
+        }
+        let run = named_run(span);
+        if let Some(run) = &run {
+            named.push((span, run.clone()));
+        }
+        index.insert(
+            (&span.trace_id, &span.span_id),
+            (run, span.parent_span_id.as_slice()),
+        );
+    }
+    let mut evidence: BTreeMap<String, Vec<Evidence>> = BTreeMap::new();
+    for (span, run) in named {
+        let mut parent = span.parent_span_id.as_slice();
+        let mut steps = 0;
+        let found = loop {
+            if parent.is_empty() || parent.iter().all(|b| *b == 0) {
+                break Some(Evidence::Root);
+            }
+            steps += 1;
+            let Some((above, grand)) = index.get(&(span.trace_id.as_slice(), parent)) else {
+                break None; // not in this request: says nothing
+            };
+            match above {
+                Some(above) if *above == run => break None, // inside its own run
+                Some(above) => {
+                    break Some(Evidence::Nested(
+                        above.clone(),
+                        hex(&span.span_id),
+                        span.start_time_unix_nano,
+                    ))
+                }
+                None if steps < 64 => parent = grand,
+                None => break None,
+            }
+        };
+        if let Some(found) = found {
+            evidence.entry(run).or_default().push(found);
+        }
+    }
+    let mut starts = BTreeMap::new();
+    for (run, said) in evidence {
+        let mut start: Option<Start> = None;
+        let mut sound = true;
+        for e in said {
+            match e {
+                Evidence::Root => sound = false,
+                Evidence::Nested(parent, span_id, start_ns) => match &mut start {
+                    Some(s) if s.parent != parent => sound = false,
+                    Some(s) => {
+                        if (start_ns, &span_id) < (s.start_ns, &s.span_id) {
+                            s.span_id = span_id;
+                            s.start_ns = start_ns;
+                        }
+                    }
+                    None => {
+                        start = Some(Start {
+                            parent,
+                            span_id,
+                            start_ns,
+                        })
+                    }
+                },
+            }
+        }
+        if let (true, Some(start)) = (sound, start) {
+            starts.insert(run, start);
+        }
+    }
+    starts
+}
+
+/// The `run_started` of a run found nested in its parent's span.
+fn run_started(tenant: &str, run: &str, start: &Start) -> Event {
+    Event {
+        v: 1,
+        id: format!("otlp-{}-s", start.span_id),
+        tenant: tenant.to_owned(),
+        run: run.to_owned(),
+        seq: None,
+        ts_ms: start.start_ns / 1_000_000,
+        body: EventBody::RunStarted(RunStarted {
+            parent: Some(start.parent.clone()),
+            ..RunStarted::default()
+        }),
+    }
 }
 
 fn map_span(span: &Span, tenant: &str) -> Outcome {

@@ -216,3 +216,58 @@ fn log_fixtures_map_to_their_expected_events() {
         assert_eq!(unique.len(), all.len(), "{}: ids collide", input.display());
     }
 }
+
+// -- Sub-agents: the run's parent ------------------------------------------------------
+
+fn delegation() -> ExportTraceServiceRequest {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/pydantic_ai_delegation.otlp.json"),
+    )
+    .expect("fixture");
+    serde_json::from_str(&text).expect("decodes")
+}
+
+fn starts(request: &ExportTraceServiceRequest) -> Vec<(String, Option<String>)> {
+    map_request(request, "acme", MAX_EVENT_BYTES)
+        .events
+        .iter()
+        .filter_map(|e| match &e.body {
+            fusebox_core::EventBody::RunStarted(s) => Some((e.run.clone(), s.parent.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_sub_agents_parent_does_not_depend_on_the_order_of_spans() {
+    let mut request = delegation();
+    let want = vec![("pai-researcher-1".to_owned(), Some("pai-lead".to_owned()))];
+    assert_eq!(starts(&request), want);
+    request.resource_spans[0].scope_spans[0].spans.reverse();
+    assert_eq!(starts(&request), want);
+}
+
+#[test]
+fn a_sub_agent_exported_before_the_spans_around_it_stays_a_root() {
+    // As a slow sub-agent is exported: its steps in one batch, its own agent span and the
+    // lead's tool span (which end after them) in the next. The first batch cannot say
+    // where it ran; the second names the parent too late (the run has events already)
+    // and has none of the sub-agent's events to start: no `run_started` in either.
+    let request = delegation();
+    let spans = &request.resource_spans[0].scope_spans[0].spans;
+    let boundary = spans
+        .iter()
+        .position(|s| s.name == "invoke_agent researcher")
+        .expect("the researcher's agent span");
+    let (mut first, mut second) = (request.clone(), request.clone());
+    first.resource_spans[0].scope_spans[0].spans = spans[..boundary].to_vec();
+    second.resource_spans[0].scope_spans[0].spans = spans[boundary..].to_vec();
+    let first_mapped = map_request(&first, "acme", MAX_EVENT_BYTES);
+    assert!(first_mapped
+        .events
+        .iter()
+        .any(|e| e.run == "pai-researcher-1"));
+    assert_eq!(starts(&first), vec![]);
+    assert_eq!(starts(&second), vec![]);
+}

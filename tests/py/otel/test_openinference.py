@@ -4,12 +4,15 @@
 OTLP/HTTP exporter to a real fuseboxd with its `[otlp]` receiver on. No LLM, no network:
 the SDK's Responses model with the real `openai` client talks to a scripted Responses
 API on loopback (`support.fake_model_api.FakeResponses`: its `LLM` spans carry token
-counts). Runs are named with OpenInference's `using_session` (`session.id`)."""
+counts), or the SDK's own `ScriptedModel` plays the model (no `LLM` span). Runs are
+named with OpenInference's `using_session` (`session.id`); a sub-agent run inside the
+lead's tool call under a session of its own starts as the lead's child."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from agents import (
@@ -19,6 +22,7 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 from openai import AsyncOpenAI
 from openinference.instrumentation import using_session
 from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
@@ -131,4 +135,86 @@ def test_a_legitimate_run_is_untouched(
     assert counters["calls_refused"] == 0, counters
     assert counters["model_turns"] == RUNAWAY + 1, counters
     assert counters["tokens"] == (100 + 10) * (RUNAWAY + 1), counters
+    assert not asyncio.run(stops_of(receiver.stack.nats_url, run_id, timeout=1))
+
+
+# --- sub-agents: the lead's tool runs a researcher under a session of its own -----------
+
+
+def playing(turns: list[list[tuple[str, dict[str, Any]]]]) -> ScriptedModel:
+    """A model asking for `turns[i]`'s calls on its i-th turn, then answering `done`."""
+
+    def respond(call: Any) -> Any:
+        items = call.input if isinstance(call.input, list) else []
+        turn = sum(1 for i in items if _as_dict(i).get("type") == "function_call")
+        if turn < len(turns):
+            return [function_call(n, a, call_id=f"call_{turn}_{n}") for n, a in turns[turn]]
+        return [assistant_message("done")]
+
+    return ScriptedModel([ModelStep.respond(respond) for _ in range(len(turns) + 1)])
+
+
+def _as_dict(item: Any) -> dict[str, Any]:
+    found: dict[str, Any] = item if isinstance(item, dict) else item.model_dump()
+    return found
+
+
+@function_tool
+def search(query: str) -> str:
+    """Search the web."""
+    return f"results for {query}: nothing new" if query == "same" else f"page about {query}"
+
+
+def researcher(turns: list[list[tuple[str, dict[str, Any]]]]) -> Agent[Any]:
+    return Agent(name="researcher", model=playing(turns), tools=[search])
+
+
+def run(agent: Agent[Any], session: str, provider: TracerProvider) -> str:
+    """One run under `session`, its spans exported before this returns."""
+
+    async def go() -> str:
+        with using_session(session):
+            result = await Runner.run(agent, "go", max_turns=2 * RUNAWAY)
+        return str(result.final_output)
+
+    output = asyncio.run(go())
+    assert provider.force_flush(10_000)
+    return output
+
+
+def test_a_sub_agent_in_the_leads_tool_call_is_its_child_and_stopped_alone(
+    receiver: Receiver, traced: TracerProvider, run_id: str
+) -> None:
+    child = f"{run_id}-researcher"
+    looping = researcher([[("search", {"query": "same"})]] * RUNAWAY)
+
+    @function_tool
+    async def research(topic: str) -> str:
+        """Delegate research to the researcher."""
+        with using_session(child):
+            result = await Runner.run(looping, topic, max_turns=2 * RUNAWAY)
+        return str(result.final_output)
+
+    lead = Agent(name="lead", model=playing([[("research", {"topic": "tokyo"})]]), tools=[research])
+    assert run(lead, run_id, traced) == "done"
+
+    # The child's spans, its agent span, and the lead's tool span around it came in one
+    # export: the child's run started naming the lead.
+    state = wait_for(
+        lambda: (s := status(receiver, child)).get("summary", {}).get("terminal_state") and s,
+        "the child's stop",
+    )
+    assert state["summary"]["terminal_state"] == "STOPPED_LOOP_GUARD", state
+    assert state["tree"]["parent"] == run_id, state["tree"]
+    stops = asyncio.run(stops_of(receiver.stack.nats_url, child, timeout=5))
+    assert stops and stops[0]["report"]["terminal_state"] == "STOPPED_LOOP_GUARD", stops
+
+    # The lead's one delegation (call and result) applied, the lead still open: a
+    # child's stop does not stop its parent.
+    lead_state = wait_for(
+        lambda: (s := status(receiver, run_id)).get("summary", {}).get("events", 0) >= 2 and s,
+        "the lead's events",
+    )
+    assert lead_state["summary"].get("terminal_state") is None, lead_state
+    assert [c["run"] for c in lead_state["tree"]["children"]] == [child], lead_state["tree"]
     assert not asyncio.run(stops_of(receiver.stack.nats_url, run_id, timeout=1))

@@ -37,6 +37,7 @@ from support.otlp import (
     TOKEN,
     Receiver,
     receiver,
+    status,
     stops_of,
     summary,
     tracer_provider,
@@ -133,6 +134,51 @@ def test_a_legitimate_session_is_untouched(
     assert state["events"] == 37, state
     assert state.get("terminal_state") is None, state
     assert state.get("calls_refused", 0) == 0, state
+    assert not asyncio.run(stops_of(receiver.stack.nats_url, run_id, timeout=1))
+
+
+def test_a_delegated_agent_is_the_leads_child_and_stopped_alone(
+    receiver: Receiver, run_id: str
+) -> None:
+    """Pydantic AI agent delegation: the lead's tool runs a researcher under its own
+    conversation id. Spans are sent as they end, the researcher's before the lead's tool
+    span around them; a batch that holds them all (a short run at the default schedule;
+    here `force_flush`) says where the researcher ran: its run starts naming the lead."""
+    provider = tracer_provider(receiver.url, schedule_delay_millis=600_000)
+    child = f"{run_id}-researcher"
+    researcher = scripted_agent([{"q": "same"}] * 12, provider)
+
+    def lead_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[ToolCallPart("research", {"topic": "tokyo"}, "r0")])
+
+    lead: Agent[None, str] = Agent(FunctionModel(lead_model), name="lead")
+    lead.instrument = InstrumentationSettings(tracer_provider=provider)
+
+    @lead.tool_plain
+    async def research(topic: str) -> str:
+        return (await researcher.run(topic, conversation_id=child)).output
+
+    assert lead.run_sync("weather report", conversation_id=run_id).output == "done"
+    assert provider.force_flush(10_000)
+    provider.shutdown()
+
+    state = wait_for(
+        lambda: (s := status(receiver, child)).get("summary", {}).get("terminal_state") and s,
+        "the researcher's stop",
+    )
+    assert state["summary"]["terminal_state"] == "STOPPED_LOOP_GUARD", state["summary"]
+    assert state["tree"]["parent"] == run_id, state["tree"]
+    assert asyncio.run(stops_of(receiver.stack.nats_url, child, timeout=5))
+    # The lead's two model turns and its one delegation applied; the lead still open.
+    lead_state = wait_for(
+        lambda: (s := status(receiver, run_id)).get("summary", {}).get("events", 0) >= 4 and s,
+        "the lead's events",
+    )
+    assert lead_state["summary"]["events"] == 4, lead_state["summary"]
+    assert lead_state["summary"].get("terminal_state") is None, lead_state["summary"]
+    assert [c["run"] for c in lead_state["tree"]["children"]] == [child], lead_state["tree"]
     assert not asyncio.run(stops_of(receiver.stack.nats_url, run_id, timeout=1))
 
 
