@@ -81,23 +81,17 @@ pub(crate) fn map_record(record: &Record<'_>) -> Outcome {
     let event = |suffix: &str, ts_ns: u64, body: EventBody| record.event(&run, suffix, ts_ns, body);
     match name {
         "gemini_cli.config" => {
-            let mut start = event(
-                "s",
-                ts,
-                EventBody::RunStarted(RunStarted {
-                    agent: Some(AGENT.to_owned()),
-                    tools: None,
-                    policy: None,
-                    parent: None,
-                }),
-            );
-            // The hook's id for the session's start: watched by both, started once.
-            start.id = format!("{}-session-start", PROTOCOL.prefix);
-            Outcome::Events(run.clone(), vec![(ts, 0, start)])
+            Outcome::Events(run.clone(), vec![(ts, 0, session_start(record, &run, ts))])
         }
+        // A prompt opens the session too: `gemini_cli.config` is written once per process,
+        // so a session begun in it later (`/clear`) has none, nor has one whose start
+        // went unseen. The copies of the start are dropped (one id).
         "gemini_cli.user_prompt" => Outcome::Events(
             run.clone(),
-            vec![(ts, 0, event("p", ts, EventBody::Prompt(Prompt {})))],
+            vec![
+                (ts, 0, session_start(record, &run, ts)),
+                (ts, 1, event("p", ts, EventBody::Prompt(Prompt {}))),
+            ],
         ),
         "gemini_cli.tool_call" => tool_call(record, &run, ts),
         "gemini_cli.api_response" => Outcome::Events(
@@ -132,6 +126,24 @@ pub(crate) fn map_record(record: &Record<'_>) -> Outcome {
         }
         _ => Outcome::Skipped,
     }
+}
+
+/// The session's `run_started`, with the hook's id for it (`gm-session-start`): a session
+/// watched by both, or opened by several records, is started once.
+fn session_start(record: &Record<'_>, run: &str, ts: u64) -> fusebox_core::Event {
+    let mut start = record.event(
+        run,
+        "s",
+        ts,
+        EventBody::RunStarted(RunStarted {
+            agent: Some(AGENT.to_owned()),
+            tools: None,
+            policy: None,
+            parent: None,
+        }),
+    );
+    start.id = format!("{}-session-start", PROTOCOL.prefix);
+    start
 }
 
 /// What Gemini CLI says of a call a BeforeTool hook denied: it never ran, and the hook
@@ -366,6 +378,41 @@ mod tests {
             events[0].ts_ms, 1_796_427_780_408,
             "the call began duration_ms earlier"
         );
+    }
+
+    #[test]
+    fn a_prompt_opens_its_session_as_the_hook_does() {
+        // `/clear` begins a session with no `gemini_cli.config` record of its own.
+        let log = LogRecord {
+            time_unix_nano: 1_796_427_780_160_000_000,
+            attributes: vec![
+                kv("session.id", text("5c3e0a59-0000-4000-8000-000000000001")),
+                kv("event.name", text("gemini_cli.user_prompt")),
+                kv(
+                    "prompt_id",
+                    text("5c3e0a59-0000-4000-8000-000000000001########1"),
+                ),
+            ],
+            ..Default::default()
+        };
+        let events = mapped(&log);
+        let kinds: Vec<_> = events
+            .iter()
+            .map(|e| (e.id.split('-').next().unwrap_or(""), &e.body))
+            .map(|(prefix, body)| match body {
+                EventBody::RunStarted(start) => (prefix.to_owned(), start.agent.clone()),
+                EventBody::Prompt(_) => (prefix.to_owned(), None),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("gm".to_owned(), Some(AGENT.to_owned())),
+                ("otlp".to_owned(), None)
+            ]
+        );
+        assert_eq!(events[0].id, "gm-session-start");
     }
 
     #[test]
