@@ -300,7 +300,7 @@ pub(crate) fn read_and_admit(
                         .unwrap_or_default(),
                 );
             }
-            let mut input = match open(file)? {
+            let mut input = match open(file, bar.clone())? {
                 Ok(text) => BufReader::with_capacity(1 << 16, text),
                 Err(why) => {
                     // Binary framings reported, not misread line by line.
@@ -327,9 +327,6 @@ pub(crate) fn read_and_admit(
                 number += 1;
                 apply.summary.lines += 1;
                 apply.summary.bytes += read as u64;
-                if let Some(bar) = &bar {
-                    bar.inc(read as u64);
-                }
                 if chunk.text[from_byte..].iter().all(u8::is_ascii_whitespace) {
                     chunk.text.truncate(from_byte);
                     continue;
@@ -458,11 +455,32 @@ pub fn is_otlp_file(path: &Path) -> bool {
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
+/// The file's bytes as read, counted on the progress bar (whose total is the files'
+/// sizes, compressed or not).
+struct Counted {
+    file: File,
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read(buf)?;
+        if let Some(bar) = &self.bar {
+            bar.inc(n as u64);
+        }
+        Ok(n)
+    }
+}
+
 /// The file's text: decompressed when it is gzip. `Ok(Err(why))` for a file that is not
 /// OTLP/JSON lines (the exporter's zstd or proto framing): reported, not read.
-pub(crate) fn open(file: &Path) -> io::Result<Result<Box<dyn Read + Send>, String>> {
+fn open(
+    file: &Path,
+    bar: Option<indicatif::ProgressBar>,
+) -> io::Result<Result<Box<dyn Read + Send>, String>> {
     let handle = File::open(file)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
+    let handle = Counted { file: handle, bar };
     let mut head = [0u8; 8];
     let mut peek = BufReader::with_capacity(1 << 16, handle);
     let got = {
@@ -497,7 +515,7 @@ pub(crate) fn open(file: &Path) -> io::Result<Result<Box<dyn Read + Send>, Strin
 /// modification time after every such key, as [`super::began`].
 pub(crate) fn began(file: &Path) -> String {
     let mut first = Vec::new();
-    if let Ok(Ok(text)) = open(file) {
+    if let Ok(Ok(text)) = open(file, None) {
         let _ = BufReader::new(text.take(4 << 20)).read_until(b'\n', &mut first);
     }
     let compact: Vec<u8> = first.iter().copied().filter(|b| *b != b' ').collect();
