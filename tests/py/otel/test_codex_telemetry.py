@@ -68,7 +68,7 @@ def receiver(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield Receiver(running, f"http://127.0.0.1:{port}")
 
 
-def otel_block(receiver: Receiver) -> str:
+def otel_block(receiver: Receiver, protocol: str = "binary") -> str:
     """The `[otel]` block docs/otel.md tells a user to paste, and one line of the test's
     own: Codex's default metrics exporter (Statsig, off this machine) is switched off so
     nothing leaves loopback."""
@@ -77,17 +77,19 @@ metrics_exporter = "none"
 
 [otel.exporter.otlp-http]
 endpoint = "{receiver.endpoint}/v1/logs"
-protocol = "binary"
+protocol = "{protocol}"
 headers = {{ "Authorization" = "Bearer {TOKEN}" }}
 """
 
 
-def run_codex(ws: Workspace, receiver: Receiver, respond: Callable[[int], Turn]) -> str:
+def run_codex(
+    ws: Workspace, receiver: Receiver, respond: Callable[[int], Turn], protocol: str = "binary"
+) -> str:
     """`codex exec` on the scripted API with its telemetry sent to the receiver; the
     session's id (the run's). Codex exports what is left when it exits and waits for the
     answer: when it has exited, every record's events are in the daemon's stream."""
     with FakeResponses(respond=respond) as api:
-        done = ws.codex(api, otel_block(receiver))
+        done = ws.codex(api, otel_block(receiver, protocol))
     assert done.returncode == 0, done.stderr[-3000:]
     return ws.codex_session()
 
@@ -226,12 +228,16 @@ def test_a_runaway_loop_seen_through_telemetry_is_stopped_and_the_import_agrees(
     assert refused_records(receiver) == {}
 
 
+@pytest.mark.parametrize("protocol", ["binary", "json"])
 def test_a_legitimate_session_seen_through_telemetry_is_untouched(
-    receiver: Receiver, tmp_path: Path
+    receiver: Receiver, tmp_path: Path, protocol: str
 ) -> None:
     ws = Workspace(tmp_path)
     session = run_codex(
-        ws, receiver, lambda n: ws.command(f"echo page {n + 1}") if n < PAGES else say("done")
+        ws,
+        receiver,
+        lambda n: ws.command(f"echo page {n + 1}") if n < PAGES else say("done"),
+        protocol,
     )
     assert ws.executions() == PAGES
 
