@@ -11,8 +11,10 @@
 //! arguments for a shell command (`Bash` with `{"command": …}`, where the telemetry, as
 //! the rollout, says `exec_command` with `{"cmd": …}`) and the hook's form of its output
 //! (the command's own lines, in one order). So the arguments hash as the hook's do (a
-//! repeat is recognised), and a session watched by both the hook and its telemetry has
-//! each call applied once (the daemon's dedup drops the second copy).
+//! repeat is recognised), and a call both the hook and the telemetry send is applied
+//! once (the daemon's dedup drops the second copy). Not the prompt: the record names no
+//! turn, so its `prompt` has an id of its own and would start the task a second time
+//! (docs/otel.md: send one of the two for a session).
 //!
 //! - `codex.conversation_starts` → `run_started` (`agent = "codex"`: Codex's tool
 //!   knowledge and `[agents.codex.policy]` apply), the hook's SessionStart;
