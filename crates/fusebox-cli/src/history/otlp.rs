@@ -20,10 +20,11 @@
 //! been read to its end is over, and `tune` calibrates on finished runs. No decision of
 //! the run's own events changes.
 //!
-//! Files may be gzip-compressed (`.gz`, as archived collector output usually is; found
-//! by the gzip magic, whatever the name). The file exporter's own `compression: zstd`
-//! (off by default) and `format: proto` write binary frames: such a file is reported
-//! and skipped, never misread line by line.
+//! Files may be compressed, told by their first bytes whatever their name: gzip (as
+//! archived collector output usually is), and the file exporter's own `compression:
+//! zstd` in both its forms (each request a frame after its length, its default; one
+//! stream of lines, its native-compression gate). `format: proto` (binary frames that do
+//! not say their signal) is reported and skipped, never misread line by line.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -36,6 +37,7 @@ use fusebox_core::{Event, EventBody, Sequencer};
 use fusebox_otlp::{
     map_logs, map_request, ExportLogsServiceRequest, ExportTraceServiceRequest, Mapped,
 };
+use ruzstd::decoding::{FrameDecoder, StreamingDecoder};
 use serde::de::IgnoredAny;
 
 use super::{Agent, Import, ImportSummary};
@@ -60,7 +62,7 @@ pub struct Counts {
     /// the first one's detail as an example.
     pub refused: BTreeMap<&'static str, (u64, String)>,
     pub model_turns: u64,
-    /// Files not read: binary (zstd, proto) or not OTLP/JSON from the start.
+    /// Files not read: binary (`format: proto`) or not OTLP/JSON from the start.
     pub unread_files: u64,
     /// The runs seen, in the order they first appear, each with its last event's time.
     runs: Vec<(String, u64)>,
@@ -320,7 +322,20 @@ pub(crate) fn read_and_admit(
             let mut number = 0u64;
             loop {
                 let from_byte = chunk.text.len();
-                let read = input.read_until(b'\n', &mut chunk.text)?;
+                let read = match input.read_until(b'\n', &mut chunk.text) {
+                    Ok(read) => read,
+                    Err(err) => {
+                        // A compressed file cut short or damaged: what came before is
+                        // read, the rest of the file cannot be found again.
+                        chunk.text.truncate(from_byte);
+                        apply.summary.bad_lines += 1;
+                        let place = format!("{}:{}", file.display(), number + 1);
+                        apply.batch.rejected.push(format!(
+                            "{place}: unreadable, the rest of the file skipped: {err}"
+                        ));
+                        break;
+                    }
+                };
                 if read == 0 {
                     break;
                 }
@@ -446,7 +461,10 @@ pub fn is_otlp_file(path: &Path) -> bool {
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
         return false;
     };
-    let name = name.strip_suffix(".gz").unwrap_or(name);
+    let name = name
+        .strip_suffix(".gz")
+        .or_else(|| name.strip_suffix(".zst"))
+        .unwrap_or(name);
     [".json", ".jsonl", ".ndjson"]
         .iter()
         .any(|ext| name.ends_with(ext))
@@ -472,8 +490,8 @@ impl Read for Counted {
     }
 }
 
-/// The file's text: decompressed when it is gzip. `Ok(Err(why))` for a file that is not
-/// OTLP/JSON lines (the exporter's zstd or proto framing): reported, not read.
+/// The file's text as lines: decompressed when it is gzip or zstd. `Ok(Err(why))` for a
+/// file that is not OTLP/JSON lines (the exporter's proto format): reported, not read.
 fn open(
     file: &Path,
     bar: Option<indicatif::ProgressBar>,
@@ -493,12 +511,22 @@ fn open(
     if head.starts_with(&GZIP_MAGIC) {
         return Ok(Ok(Box::new(flate2::bufread::MultiGzDecoder::new(peek))));
     }
-    if head.starts_with(&ZSTD_MAGIC) || head.get(4..8) == Some(&ZSTD_MAGIC[..]) {
-        return Ok(Err(
-            "zstd-compressed (the file exporter's `compression: zstd`): not read; export \
-             without compression, or gzip the files"
-                .to_owned(),
-        ));
+    if head.starts_with(&ZSTD_MAGIC) {
+        // The exporter's native compression (a feature gate): one stream of lines, a
+        // frame per flush.
+        return Ok(Ok(Box::new(ZstdStream {
+            source: Some(peek),
+            frame: None,
+        })));
+    }
+    if head.get(4..8) == Some(&ZSTD_MAGIC[..]) {
+        // Its default form of `compression: zstd`: each request a frame of its own after
+        // its length.
+        return Ok(Ok(Box::new(ZstdFramed {
+            source: peek,
+            out: Vec::new(),
+            at: 0,
+        })));
     }
     match head.iter().find(|b| !b.is_ascii_whitespace()) {
         None | Some(b'{') => Ok(Ok(Box::new(peek))),
@@ -507,6 +535,81 @@ fn open(
              export with `format: json`"
                 .to_owned(),
         )),
+    }
+}
+
+/// A zstd stream of frames one after the other, as one text.
+struct ZstdStream<R: BufRead> {
+    source: Option<R>,
+    frame: Option<StreamingDecoder<R, FrameDecoder>>,
+}
+
+impl<R: BufRead> Read for ZstdStream<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if let Some(frame) = &mut self.frame {
+                let n = frame.read(buf)?;
+                if n > 0 || buf.is_empty() {
+                    return Ok(n);
+                }
+                self.source = self.frame.take().map(StreamingDecoder::into_inner);
+            }
+            let Some(mut source) = self.source.take() else {
+                return Ok(0);
+            };
+            if source.fill_buf()?.is_empty() {
+                return Ok(0);
+            }
+            let frame = StreamingDecoder::new(source)
+                .map_err(|e| io::Error::other(format!("not a zstd frame: {e}")))?;
+            self.frame = Some(frame);
+        }
+    }
+}
+
+/// The largest request frame read (the exporter splits nothing below its rotation size,
+/// 100 MiB by default).
+const MAX_FRAME: usize = 1 << 30;
+
+/// Length-prefixed zstd frames (a big-endian u32, then the frame), each request's
+/// JSON given as one line.
+struct ZstdFramed<R: BufRead> {
+    source: R,
+    out: Vec<u8>,
+    at: usize,
+}
+
+impl<R: BufRead> Read for ZstdFramed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.at == self.out.len() {
+            if self.source.fill_buf()?.is_empty() {
+                return Ok(0);
+            }
+            let mut length = [0u8; 4];
+            self.source.read_exact(&mut length)?;
+            let length = u32::from_be_bytes(length) as usize;
+            if length > MAX_FRAME {
+                return Err(io::Error::other(format!(
+                    "a zstd frame of {length} bytes: not the file exporter's framing"
+                )));
+            }
+            let mut frame = vec![0u8; length];
+            self.source.read_exact(&mut frame)?;
+            self.out.clear();
+            self.at = 0;
+            // An oversized request is written as several frames, one after the other.
+            let mut input = &frame[..];
+            while !input.is_empty() {
+                StreamingDecoder::new(&mut input)
+                    .map_err(|e| io::Error::other(format!("not a zstd frame: {e}")))?
+                    .read_to_end(&mut self.out)?;
+            }
+            self.out.push(b'\n');
+        }
+        let n = buf.len().min(self.out.len() - self.at);
+        buf[..n].copy_from_slice(&self.out[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
     }
 }
 
@@ -608,7 +711,7 @@ mod tests {
     //! decision under the default policy; `FUSEBOX_BLESS=1` rewrites it.
 
     use std::io::Write;
-    use std::path::{Path, PathBuf};
+    use std::path::PathBuf;
     use std::sync::mpsc;
 
     use fusebox_core::{Engine, PolicySet, Sequencer};
@@ -730,37 +833,71 @@ mod tests {
     }
 
     #[test]
-    fn gzip_is_read_through_and_binary_framings_are_reported_not_misread() {
+    fn compressed_files_are_read_through_and_damaged_or_binary_ones_reported() {
         let dir = tempfile::tempdir().unwrap();
-        let plain = std::fs::read(fixtures().join("collector.jsonl")).unwrap();
+        let plain = fixtures().join("collector.jsonl");
         let gz = dir.path().join("traces.json.gz");
         let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        encoder.write_all(&plain).unwrap();
+        encoder.write_all(&std::fs::read(&plain).unwrap()).unwrap();
         std::fs::write(&gz, encoder.finish().unwrap()).unwrap();
-        // The exporter's zstd framing (a length, then a zstd frame) and its proto format.
-        let zst = dir.path().join("traces-zstd.json");
-        std::fs::write(&zst, [0, 0, 0, 9, 0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0, 0]).unwrap();
+        // The file exporter's `compression: zstd`, both forms, written by the zstd CLI
+        // (frames with checksums): each request a frame after its length (big-endian
+        // u32), and the native form, one stream of lines in two frames (two flushes).
+        let framed = fixtures().join("collector.framed.zst");
+        let stream = fixtures().join("collector.stream.jsonl.zst");
+        let (_, expected, expected_rejected, _) = import(vec![plain.clone()]);
+        for file in [&gz, &framed, &stream] {
+            let (summary, events, rejected, _) = import(vec![file.clone()]);
+            assert_eq!(decided(&events), decided(&expected), "{}", file.display());
+            assert_eq!(summary.lines, 26);
+            // The truncated last request, named by its place in this file.
+            let plain_place = format!("{}:", plain.display());
+            let place = format!("{}:", file.display());
+            assert_eq!(
+                rejected,
+                expected_rejected
+                    .iter()
+                    .map(|r| r.replace(&plain_place, &place))
+                    .collect::<Vec<_>>()
+            );
+        }
+
+        // A frame that is not zstd after its length, a truncated gzip file, and the
+        // exporter's proto format.
+        let damaged = dir.path().join("traces-zstd.json");
+        std::fs::write(
+            &damaged,
+            [0, 0, 0, 9, 0x28, 0xb5, 0x2f, 0xfd, 9, 9, 9, 9, 9],
+        )
+        .unwrap();
+        let cut = dir.path().join("cut.json.gz");
+        let whole = std::fs::read(&gz).unwrap();
+        std::fs::write(&cut, &whole[..whole.len() / 2]).unwrap();
         let proto = dir.path().join("traces-proto.json");
         std::fs::write(&proto, [0, 0, 0, 3, 0x0a, 0x01, 0x00]).unwrap();
         // Not a file a directory is searched for.
         std::fs::write(dir.path().join("notes.txt"), "hello").unwrap();
-
+        std::fs::remove_file(&gz).unwrap();
         let (summary, events, rejected, _) = import(vec![dir.path().to_path_buf()]);
-        assert_eq!(decided(&events), decided(&import(vec![fixtures()]).1));
         assert_eq!(summary.files, 3);
-        assert_eq!(summary.otlp.unread_files, 2);
-        let said = |file: &Path, what: &str| {
-            let prefix = format!("{}: {what}", file.display());
+        assert_eq!(summary.otlp.unread_files, 1);
+        let said = |what: String| {
             assert!(
-                rejected.iter().any(|r| r.starts_with(&prefix)),
-                "{prefix} in {rejected:?}"
+                rejected.iter().any(|r| r.starts_with(&what)),
+                "{what} in {rejected:?}"
             );
         };
-        said(&zst, "zstd-compressed");
-        said(&proto, "not OTLP/JSON lines");
+        said(format!("{}: not OTLP/JSON lines", proto.display()));
+        said(format!(
+            "{}:1: unreadable, the rest of the file skipped: not a zstd frame",
+            damaged.display()
+        ));
+        said(format!("{}:", cut.display()));
+        // What came before the cut is read.
+        assert!(!events.is_empty());
         assert!(summary
             .text(Agent::Otlp)
-            .contains("in 3 files (2 not read)"));
+            .contains("in 3 files (1 not read)"));
     }
 
     #[test]
