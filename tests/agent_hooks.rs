@@ -481,5 +481,8 @@ async fn opencode_sub_agents_events_name_the_root_sessions_run_on_the_wire() {
     let own = format!("fusebox.gate.{TENANT}.ses_root");
     let a = format!("fusebox.gate.{TENANT}.ses_root.ses_a");
     let b = format!("fusebox.gate.{TENANT}.ses_root.ses_b");
-    assert_eq!(subjects, [&own, &own, &a, &a, &b, &b, &a].map(String::as_str));
+    assert_eq!(
+        subjects,
+        [&own, &own, &a, &a, &b, &b, &a].map(String::as_str)
+    );
 }

@@ -183,7 +183,14 @@ fn tenant_of(credentials: &Credentials, headers: &HeaderMap) -> Option<String> {
         Credentials::Fixed(tenant) => Some(tenant.clone()),
         Credentials::Tokens(tokens) => {
             let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-            let token = value.strip_prefix("Bearer ")?.trim();
+            // `OTEL_EXPORTER_OTLP_HEADERS` is percent-encoded by the specification, and
+            // some SDKs send it without decoding it (OpenTelemetry JS 0.208, in Claude
+            // Code 2.1.327): `Bearer%20<token>` arrives as written. Both forms are the
+            // same credential, so one line of set-up works for every exporter.
+            let token = value
+                .strip_prefix("Bearer ")
+                .or_else(|| value.strip_prefix("Bearer%20"))?
+                .trim();
             tokens.get(token).cloned()
         }
     }

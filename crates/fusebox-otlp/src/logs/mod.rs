@@ -59,12 +59,14 @@ pub fn map_logs(
 
 fn map_record(record: &Record<'_>) -> Outcome {
     let Some(name) = record.name else {
-        return Outcome::Rejected(record.rejected(
-            reason::NO_EVENT_NAME,
-            "a log record with no event name (`event_name`, `event.name` or a text body)"
-                .to_owned(),
-            None,
-        ));
+        return Outcome::Rejected(
+            record.rejected(
+                reason::NO_EVENT_NAME,
+                "a log record with no event name (`event_name`, `event.name` or a text body)"
+                    .to_owned(),
+                None,
+            ),
+        );
     };
     let agent = name.split_once('.').map_or("", |(prefix, _)| prefix);
     #[allow(clippy::match_single_binding)]
