@@ -21,23 +21,26 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import nats
 import pytest
-from support.agent_runs import run_status
 from support.coding_agents import Workspace
 from support.fake_model_api import FakeResponses, Turn, say
-from support.guard import RUNAWAY_EXECUTIONS, free_port, run_history
-from support.stack import Stack, start_stack
+from support.guard import RUNAWAY_EXECUTIONS, run_history
+from support.otlp import (
+    TENANT,
+    TOKEN,
+    Receiver,
+    receiving,
+    status,
+    stops_of,
+    summary,
+    wait_for,
+)
+from support.stack import Stack
 
-TENANT = "codex-otel"
-TOKEN = "codex-otlp-token-3d9e"
 #: Calls the scripted model makes before it gives up.
 PATIENCE = 10
 #: Distinct commands of the legitimate session.
@@ -47,25 +50,16 @@ PAGES = 12
 Decisions = dict[str, tuple[str, str | None]]
 
 
-@dataclass(frozen=True)
-class Receiver:
-    stack: Stack
-    endpoint: str  # http://127.0.0.1:<port>
-
-
 @pytest.fixture(scope="module")
 def receiver(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
-    """The suite's test config plus `[otlp]` on loopback with a bearer token for TENANT."""
-    port = free_port()
-    config = tmp_path_factory.mktemp("codex-otlp") / "fusebox.toml"
-    shipped = stack.config.read_text()
-    off = '[otlp]\nlisten = ""\n'
-    assert off in shipped, "the test config carries the shipped [otlp] section, off"
-    credentials = f'\n[otlp.credentials]\n"{TOKEN}" = "{TENANT}"\n'
-    on = f'[otlp]\nlisten = "127.0.0.1:{port}"\n'
-    config.write_text(shipped.replace(off, on) + credentials)
-    with start_stack("--config", str(config)) as running:
-        yield Receiver(running, f"http://127.0.0.1:{port}")
+    """A daemon with `[otlp]` on loopback and a bearer token for TENANT."""
+    with receiving(stack, tmp_path_factory, 4 * 1024 * 1024) as running:
+        yield running
+
+
+def endpoint(receiver: Receiver) -> str:
+    """The receiver's base URL (Codex posts to the endpoint exactly as given)."""
+    return receiver.url.removesuffix("/v1/traces")
 
 
 def otel_block(receiver: Receiver, protocol: str = "binary") -> str:
@@ -76,7 +70,7 @@ def otel_block(receiver: Receiver, protocol: str = "binary") -> str:
 metrics_exporter = "none"
 
 [otel.exporter.otlp-http]
-endpoint = "{receiver.endpoint}/v1/logs"
+endpoint = "{endpoint(receiver)}/v1/logs"
 protocol = "{protocol}"
 headers = {{ "Authorization" = "Bearer {TOKEN}" }}
 """
@@ -92,32 +86,6 @@ def run_codex(
         done = ws.codex(api, otel_block(receiver, protocol))
     assert done.returncode == 0, done.stderr[-3000:]
     return ws.codex_session()
-
-
-def summary(receiver: Receiver, run: str) -> dict[str, Any]:
-    """`fusebox run TENANT/RUN --json`'s summary (the operator's page); a run not seen
-    yet has applied nothing."""
-    try:
-        status = run_status(receiver.stack, TENANT, run)
-    except subprocess.CalledProcessError as err:
-        if "unknown run" in err.stderr or "no run" in err.stderr:
-            return {"events": 0}
-        raise
-    found: dict[str, Any] = status["summary"]
-    return found
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """Polls `check()` until it is truthy: the daemon applies passive events as it pulls
-    them from the stream, after the receiver's answer."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def telemetry_decisions(receiver: Receiver, run: str) -> Decisions:
@@ -165,24 +133,6 @@ def refused_records(receiver: Receiver) -> dict[str, float]:
             counts[outcome] = float(value)
     assert counts.get("mapped", 0) > 0, counts
     return {k: v for k, v in counts.items() if k not in ("mapped", "skipped") and v}
-
-
-async def stops_of(nats_url: str, run: str, timeout: float) -> list[dict[str, Any]]:
-    """The kill switch as a late subscriber reads it (the stop is kept in a stream)."""
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        got: list[dict[str, Any]] = []
-        sub = await js.subscribe(f"fusebox.stop.{TENANT}.{run}", ordered_consumer=True)
-        try:
-            msg = await sub.next_msg(timeout=timeout)
-            got.append(json.loads(msg.data))
-        except nats.errors.TimeoutError:
-            pass
-        await sub.unsubscribe()
-        return got
-    finally:
-        await nc.close()
 
 
 def test_a_runaway_loop_seen_through_telemetry_is_stopped_and_the_import_agrees(
@@ -250,7 +200,8 @@ def test_a_legitimate_session_seen_through_telemetry_is_untouched(
     )
     assert state["events"] == expected, state
     assert state.get("terminal_state") is None, state
-    assert state.get("calls_refused", 0) == 0, state
+    counters = status(receiver, session)["counters"]
+    assert (counters["steps"], counters["calls_refused"]) == (PAGES, 0), counters
     live = telemetry_decisions(receiver, session)
     assert len(live) == 2 * PAGES, live
     assert set(live.values()) == {("execute", None), ("continue", None)}, live

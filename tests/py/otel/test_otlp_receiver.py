@@ -133,7 +133,8 @@ def test_a_legitimate_session_is_untouched(
     )
     assert state["events"] == 37, state
     assert state.get("terminal_state") is None, state
-    assert state.get("calls_refused", 0) == 0, state
+    counters = status(receiver, run_id)["counters"]
+    assert (counters["steps"], counters["calls_refused"]) == (12, 0), counters
     assert not asyncio.run(stops_of(receiver.stack.nats_url, run_id, timeout=1))
 
 
