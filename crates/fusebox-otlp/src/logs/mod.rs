@@ -69,7 +69,6 @@ fn map_record(record: &Record<'_>) -> Outcome {
         );
     };
     let agent = name.split_once('.').map_or("", |(prefix, _)| prefix);
-    #[allow(clippy::match_single_binding)]
     match agent {
         "claude_code" => claude_code::map_record(record),
         "codex" => codex::map_record(record),
