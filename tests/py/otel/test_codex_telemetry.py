@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.agent_runs import run_status
 from support.coding_agents import Workspace
 from support.fake_model_api import FakeResponses, Turn, say
 from support.guard import RUNAWAY_EXECUTIONS, run_history
@@ -33,6 +34,7 @@ from support.otlp import (
     TENANT,
     TOKEN,
     Receiver,
+    operators_page,
     receiving,
     status,
     stops_of,
@@ -153,6 +155,10 @@ def test_a_runaway_loop_seen_through_telemetry_is_stopped_and_the_import_agrees(
     stops = asyncio.run(stops_of(receiver.stack.nats_url, session, timeout=5))
     assert stops, "the stop is published on the kill switch"
     assert stops[0]["report"]["terminal_state"] == "STOPPED_LOOP_GUARD", stops[0]
+    # The operator's page for the run: its state and the stop's own words.
+    page = operators_page(receiver.stack, TENANT, session)
+    stop_message = run_status(receiver.stack, TENANT, session)["stop_message"]
+    assert "STOPPED_LOOP_GUARD" in page and stop_message in page, page[-3000:]
 
     # Every call and result is applied, the ones after the stop too.
     live = wait_for(

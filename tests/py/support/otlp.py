@@ -3,10 +3,12 @@ the receiver fixture, an exporter pointed at it, a run's summary, its kill switc
 
 from __future__ import annotations
 
+import html
 import json
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ __all__ = [
     "TENANT",
     "TOKEN",
     "Receiver",
+    "operators_page",
     "receiver",
     "receiving",
     "status",
@@ -143,3 +146,32 @@ async def stops_of(nats_url: str, run: str, timeout: float) -> list[dict[str, An
         return got
     finally:
         await nc.close()
+
+
+def operators_page(stack: Stack, tenant: str, run: str) -> str:
+    """The run's page as the person on call opens it: `fusebox ui` against the stack's
+    NATS, the page for TENANT/RUN fetched once, its text (tags kept, entities decoded)."""
+    port = free_port()
+    ui = subprocess.Popen(
+        [
+            str(stack.bin("fusebox")),
+            "ui",
+            "--nats-url",
+            stack.nats_url,
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert ui.stdout is not None
+        started = ui.stdout.readline()
+        assert started.startswith("fusebox ui: http"), started
+        url = f"http://127.0.0.1:{port}/runs/{tenant}/{run}"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return html.unescape(answer.read().decode())
+    finally:
+        ui.terminate()
+        ui.wait(10)
