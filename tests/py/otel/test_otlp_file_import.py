@@ -9,37 +9,22 @@ it live; `whatif` and `tune` take the same import."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from support.agent_runs import run_status
-from support.collector_file import CollectorTee, metrics_line, scripted_agent
+from support.collector_file import CollectorTee, metrics_line
 from support.guard import run_history
+from support.otlp import Receiver, free_port, scripted_agent, wait_for
 from support.stack import Stack, start_stack
 
 TENANT = "otlpfile"
-
-
-@dataclass(frozen=True)
-class Receiver:
-    stack: Stack
-    url: str  # http://127.0.0.1:<port>/v1/traces
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
@@ -55,19 +40,6 @@ def receiver(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     config.write_text(shipped.replace(off, on))
     with start_stack("--config", str(config)) as running:
         yield Receiver(running, f"http://127.0.0.1:{port}/v1/traces")
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """Polls `check()` until it returns something truthy (the daemon applies passive
-    events asynchronously)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 Decisions = dict[str, tuple[str, str | None]]

@@ -39,6 +39,7 @@ from support.otlp import (
     Receiver,
     operators_page,
     receiver,
+    scripted_agent,
     status,
     stops_of,
     summary,
@@ -47,27 +48,6 @@ from support.otlp import (
 )
 
 __all__ = ["receiver"]  # the module's fixture, shared with the other OTLP suites
-
-
-def scripted_agent(calls: list[dict[str, Any]], provider: TracerProvider) -> Agent[None, str]:
-    """An agent whose model asks for `search(**calls[i])` on its i-th turn, then answers."""
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        turn = sum(1 for m in messages if isinstance(m, ModelResponse))
-        if turn < len(calls):
-            return ModelResponse(
-                parts=[ToolCallPart("search", calls[turn], tool_call_id=f"c{turn}")]
-            )
-        return ModelResponse(parts=[TextPart("done")])
-
-    agent: Agent[None, str] = Agent(FunctionModel(model), name="researcher")
-    agent.instrument = InstrumentationSettings(tracer_provider=provider)
-
-    @agent.tool_plain
-    def search(q: str) -> str:
-        return f"results for {q}: nothing new" if q == "same" else f"page about {q}"
-
-    return agent
 
 
 def post(url: str, body: bytes, content_type: str, **headers: str) -> tuple[int, bytes, str]:

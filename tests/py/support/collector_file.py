@@ -38,9 +38,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, ToolCallPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.models.instrumented import InstrumentationSettings
+
+from .otlp import scripted_agent
 
 ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -99,28 +98,6 @@ class CollectorTee(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True
-
-
-def scripted_agent(calls: list[dict[str, Any]], provider: TracerProvider) -> Agent[None, str]:
-    """An agent whose model asks for `search(**calls[i])` on its i-th turn, then answers
-    (tests/py/otel/test_otlp_receiver.py's)."""
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        turn = sum(1 for m in messages if isinstance(m, ModelResponse))
-        if turn < len(calls):
-            return ModelResponse(
-                parts=[ToolCallPart("search", calls[turn], tool_call_id=f"c{turn}")]
-            )
-        return ModelResponse(parts=[TextPart("done")])
-
-    agent: Agent[None, str] = Agent(FunctionModel(model), name="researcher")
-    agent.instrument = InstrumentationSettings(tracer_provider=provider)
-
-    @agent.tool_plain
-    def search(q: str) -> str:
-        return f"results for {q}: nothing new" if q == "same" else f"page about {q}"
-
-    return agent
 
 
 def write_fixture(path: Path) -> None:

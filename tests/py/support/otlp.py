@@ -20,6 +20,9 @@ from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.instrumented import InstrumentationSettings
 
 from .agent_runs import run_status
 from .stack import Stack, start_stack
@@ -29,9 +32,11 @@ __all__ = [
     "TENANT",
     "TOKEN",
     "Receiver",
+    "free_port",
     "operators_page",
     "receiver",
     "receiving",
+    "scripted_agent",
     "status",
     "stops_of",
     "summary",
@@ -175,3 +180,26 @@ def operators_page(stack: Stack, tenant: str, run: str) -> str:
     finally:
         ui.terminate()
         ui.wait(10)
+
+
+def scripted_agent(calls: list[dict[str, Any]], provider: TracerProvider) -> Agent[None, str]:
+    """A Pydantic AI agent instrumented into `provider`, whose model (`FunctionModel`: no
+    LLM) asks for `search(**calls[i])` on its i-th turn, then answers; the search's answer
+    is the same every time for `{"q": "same"}` (a loop), new for anything else."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if turn < len(calls):
+            return ModelResponse(
+                parts=[ToolCallPart("search", calls[turn], tool_call_id=f"c{turn}")]
+            )
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model), name="researcher")
+    agent.instrument = InstrumentationSettings(tracer_provider=provider)
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        return f"results for {q}: nothing new" if q == "same" else f"page about {q}"
+
+    return agent
