@@ -25,7 +25,15 @@ from support.agent_runs import run_status
 from support.claude_code import fusebox, run_claude
 from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
 from support.guard import run_history
-from support.otlp import TENANT, TOKEN, Receiver, operators_page, receiving, stops_of, wait_for
+from support.otlp import (
+    TENANT,
+    TOKEN,
+    Receiver,
+    assert_stopped_where_seen,
+    receiving,
+    stops_of,
+    wait_for,
+)
 from support.stack import Stack
 
 #: The same status check, answered the same every time: the runaway loop.
@@ -178,14 +186,8 @@ def test_a_runaway_session_is_stopped_and_its_transcript_agrees(
     actions = [live[f"cc-{id}-call"][0] for id in ran]
     assert actions[:3] == ["execute", "execute", "warn"], actions
     assert "stop" in actions, actions
-    # What the operator's page shows: the stop and its report.
     assert status["report"]["terminal_state"] == "STOPPED_LOOP_GUARD", status["report"]
-    stops = asyncio.run(stops_of(receiver.stack.nats_url, session, timeout=5))
-    assert stops and stops[0]["report"]["terminal_state"] == "STOPPED_LOOP_GUARD", stops
-    # The operator's page for the run: its state and the stop's own words.
-    page = operators_page(receiver.stack, TENANT, session)
-    stop_message = run_status(receiver.stack, TENANT, session)["stop_message"]
-    assert "STOPPED_LOOP_GUARD" in page and stop_message in page, page[-3000:]
+    assert_stopped_where_seen(receiver, session)
 
     # The transcript of the same session, imported: the same runs, the same ids, and
     # the same decision for every call and result.

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.agent_runs import run_status
 from support.coding_agents import Workspace
 from support.fake_model_api import FakeGemini, Turn, say
 from support.guard import run_history
@@ -31,7 +30,7 @@ from support.otlp import (
     TENANT,
     TOKEN,
     Receiver,
-    operators_page,
+    assert_stopped_where_seen,
     receiving,
     stops_of,
     summary,
@@ -151,17 +150,7 @@ def test_a_runaway_loop_seen_through_telemetry_is_stopped_and_the_import_agrees(
     # Passive: nothing stood between the agent and its tools; every call ran.
     assert ws.executions() == PATIENCE
 
-    state = wait_for(
-        lambda: (s := summary(receiver, session)).get("terminal_state") and s, "the run's stop"
-    )
-    assert state["terminal_state"] == "STOPPED_LOOP_GUARD", state
-    stops = asyncio.run(stops_of(receiver.stack.nats_url, session, timeout=5))
-    assert stops, "the stop is published on the kill switch"
-    assert stops[0]["report"]["terminal_state"] == "STOPPED_LOOP_GUARD", stops[0]
-    # The operator's page for the run: its state and the stop's own words.
-    page = operators_page(receiver.stack, TENANT, session)
-    stop_message = run_status(receiver.stack, TENANT, session)["stop_message"]
-    assert "STOPPED_LOOP_GUARD" in page and stop_message in page, page[-3000:]
+    state = assert_stopped_where_seen(receiver, session)
 
     # Gemini CLI flushes its telemetry before it exits: every call is there.
     live = wait_for(

@@ -3,6 +3,7 @@ the receiver fixture, an exporter pointed at it, a run's summary, its kill switc
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import socket
@@ -32,6 +33,7 @@ __all__ = [
     "TENANT",
     "TOKEN",
     "Receiver",
+    "assert_stopped_where_seen",
     "free_port",
     "operators_page",
     "receiver",
@@ -203,3 +205,21 @@ def scripted_agent(calls: list[dict[str, Any]], provider: TracerProvider) -> Age
         return f"results for {q}: nothing new" if q == "same" else f"page about {q}"
 
     return agent
+
+
+def assert_stopped_where_seen(receiver: Receiver, run: str) -> dict[str, Any]:
+    """Waits for the run's stop and checks it where it is seen: the run's state
+    (`STOPPED_LOOP_GUARD`), the kill switch (for whoever listens, as passive mode can
+    only publish the stop), and the operator's page (the state and the stop's own
+    words). The run's summary."""
+    state: dict[str, Any] = wait_for(
+        lambda: (s := summary(receiver, run)).get("terminal_state") and s, "the run's stop"
+    )
+    assert state["terminal_state"] == "STOPPED_LOOP_GUARD", state
+    stops = asyncio.run(stops_of(receiver.stack.nats_url, run, timeout=5))
+    assert stops, "the stop is published on the kill switch"
+    assert stops[0]["report"]["terminal_state"] == "STOPPED_LOOP_GUARD", stops[0]
+    page = operators_page(receiver.stack, TENANT, run)
+    stop_message = run_status(receiver.stack, TENANT, run)["stop_message"]
+    assert "STOPPED_LOOP_GUARD" in page and stop_message in page, page[-3000:]
+    return state
