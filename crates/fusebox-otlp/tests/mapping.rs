@@ -3,19 +3,25 @@
 //! one line per event as the daemon receives it, then one `{"rejected":…}` line per
 //! refused span, then a `{"mapped":…,"skipped":…}` count. The same request sent as
 //! protobuf must map to the same lines. `FUSEBOX_BLESS=1` rewrites the expected files
-//! (read the diff before committing it).
+//! (read the diff before committing it). The log records' fixtures (`fixtures/logs/`)
+//! go through the same harness.
 
 use std::path::{Path, PathBuf};
 
 use fusebox_core::parse_event;
-use fusebox_otlp::{map_request, ExportTraceServiceRequest};
+use fusebox_otlp::{map_logs, map_request, ExportLogsServiceRequest, ExportTraceServiceRequest};
+use fusebox_otlp::{Mapped, Rejected};
 use prost::Message;
-use serde_json::json;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
 
 const MAX_EVENT_BYTES: usize = 1 << 20;
 
-fn fixtures() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+/// The `*.otlp.json` fixtures of `tests/<dir>`, in name order.
+fn fixtures_in(dir: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("fixtures dir")
         .map(|e| e.expect("entry").path())
@@ -26,8 +32,9 @@ fn fixtures() -> Vec<PathBuf> {
     files
 }
 
-fn render(request: &ExportTraceServiceRequest) -> String {
-    let mapped = map_request(request, "acme", MAX_EVENT_BYTES);
+/// What a request maps to, one line each: the events (each one the daemon accepts),
+/// the refusals (`refused` names the span or record), the counts.
+fn render(mapped: &Mapped, refused: fn(&Rejected) -> (&'static str, Value)) -> String {
     let mut lines = Vec::new();
     for event in &mapped.events {
         let line = serde_json::to_string(event).expect("serialises");
@@ -36,22 +43,27 @@ fn render(request: &ExportTraceServiceRequest) -> String {
         lines.push(line);
     }
     for r in &mapped.rejected {
-        lines.push(
-            json!({"rejected": r.reason, "span_id": r.span_id, "run": r.run, "detail": r.detail})
-                .to_string(),
-        );
+        let (key, which) = refused(r);
+        let mut line = json!({"rejected": r.reason, "run": r.run, "detail": r.detail});
+        line[key] = which;
+        lines.push(line.to_string());
     }
     lines.push(json!({"mapped": mapped.mapped_spans, "skipped": mapped.skipped_spans}).to_string());
     lines.join("\n") + "\n"
 }
 
-#[test]
-fn fixtures_map_to_their_expected_events() {
-    for input in fixtures() {
+/// Every fixture of `dir` maps to its `.expected.jsonl`, also sent as protobuf; a
+/// re-sent batch maps to the same ids, and no two events share one.
+fn check_fixtures<R: Message + Default + DeserializeOwned>(
+    dir: &str,
+    map: fn(&R) -> Mapped,
+    refused: fn(&Rejected) -> (&'static str, Value),
+) {
+    for input in fixtures_in(dir) {
         let text = std::fs::read_to_string(&input).expect("read fixture");
-        let request: ExportTraceServiceRequest =
+        let request: R =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", input.display()));
-        let got = render(&request);
+        let got = render(&map(&request), refused);
         let expected_path = PathBuf::from(
             input
                 .to_string_lossy()
@@ -65,38 +77,38 @@ fn fixtures_map_to_their_expected_events() {
         assert_eq!(got, expected, "{}", input.display());
 
         // The binary encoding of the same request maps identically.
-        let decoded = ExportTraceServiceRequest::decode(request.encode_to_vec().as_slice())
-            .expect("protobuf round trip");
+        let decoded = R::decode(request.encode_to_vec().as_slice()).expect("protobuf round trip");
         assert_eq!(
-            render(&decoded),
+            render(&map(&decoded), refused),
             expected,
             "{} as protobuf",
             input.display()
         );
-    }
-}
-
-#[test]
-fn a_resent_batch_maps_to_the_same_ids() {
-    // The exporter retries a batch it got no answer for: the ids (the JetStream dedup
-    // key) must not depend on anything but the spans.
-    for input in fixtures() {
-        let text = std::fs::read_to_string(&input).expect("read fixture");
-        let request: ExportTraceServiceRequest = serde_json::from_str(&text).expect("decodes");
-        let ids = |r: &ExportTraceServiceRequest| {
-            map_request(r, "acme", MAX_EVENT_BYTES)
+        // The exporter retries a batch it got no answer for: the ids (the JetStream dedup
+        // key) must not depend on anything but what the batch carries.
+        let ids = |r: &R| {
+            map(r)
                 .events
                 .iter()
                 .map(|e| (e.run.clone(), e.id.clone()))
                 .collect::<Vec<_>>()
         };
-        assert_eq!(ids(&request), ids(&request.clone()));
         let all = ids(&request);
+        assert_eq!(all, ids(&decoded));
         let mut unique = all.clone();
         unique.sort();
         unique.dedup();
         assert_eq!(unique.len(), all.len(), "{}: ids collide", input.display());
     }
+}
+
+fn map_spans(request: &ExportTraceServiceRequest) -> Mapped {
+    map_request(request, "acme", MAX_EVENT_BYTES)
+}
+
+#[test]
+fn fixtures_map_to_their_expected_events() {
+    check_fixtures("fixtures", map_spans, |r| ("span_id", json!(r.span_id)));
 }
 
 #[test]
@@ -143,78 +155,15 @@ fn run_ids_stay_in_the_guards_character_set_and_length() {
 // line format as the spans' fixtures (`mapped` and `skipped` count records); the same
 // request sent as protobuf must map to the same lines. `FUSEBOX_BLESS=1` rewrites them.
 
-fn log_fixtures() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/logs");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("log fixtures dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.to_string_lossy().ends_with(".otlp.json"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no fixtures in {}", dir.display());
-    files
-}
-
-fn render_logs(request: &fusebox_otlp::ExportLogsServiceRequest) -> String {
-    let mapped = fusebox_otlp::map_logs(request, "acme", MAX_EVENT_BYTES);
-    let mut lines = Vec::new();
-    for event in &mapped.events {
-        let line = serde_json::to_string(event).expect("serialises");
-        parse_event(line.as_bytes()).unwrap_or_else(|e| panic!("daemon would refuse {line}: {e}"));
-        lines.push(line);
-    }
-    for r in &mapped.rejected {
-        lines.push(
-            json!({"rejected": r.reason, "event": r.span_name, "run": r.run, "detail": r.detail})
-                .to_string(),
-        );
-    }
-    lines.push(json!({"mapped": mapped.mapped_spans, "skipped": mapped.skipped_spans}).to_string());
-    lines.join("\n") + "\n"
+fn map_records(request: &ExportLogsServiceRequest) -> Mapped {
+    map_logs(request, "acme", MAX_EVENT_BYTES)
 }
 
 #[test]
 fn log_fixtures_map_to_their_expected_events() {
-    for input in log_fixtures() {
-        let text = std::fs::read_to_string(&input).expect("read fixture");
-        let request: fusebox_otlp::ExportLogsServiceRequest =
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", input.display()));
-        let got = render_logs(&request);
-        let expected_path = PathBuf::from(
-            input
-                .to_string_lossy()
-                .replace(".otlp.json", ".expected.jsonl"),
-        );
-        if std::env::var_os("FUSEBOX_BLESS").is_some() {
-            std::fs::write(&expected_path, &got).expect("bless");
-        }
-        let expected = std::fs::read_to_string(&expected_path)
-            .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
-        assert_eq!(got, expected, "{}", input.display());
-        let decoded =
-            fusebox_otlp::ExportLogsServiceRequest::decode(request.encode_to_vec().as_slice())
-                .expect("protobuf round trip");
-        assert_eq!(
-            render_logs(&decoded),
-            expected,
-            "{} as protobuf",
-            input.display()
-        );
-        // A re-sent batch maps to the same ids, and no two events share one.
-        let ids = |r: &fusebox_otlp::ExportLogsServiceRequest| {
-            fusebox_otlp::map_logs(r, "acme", MAX_EVENT_BYTES)
-                .events
-                .iter()
-                .map(|e| (e.run.clone(), e.id.clone()))
-                .collect::<Vec<_>>()
-        };
-        let all = ids(&request);
-        assert_eq!(all, ids(&decoded));
-        let mut unique = all.clone();
-        unique.sort();
-        unique.dedup();
-        assert_eq!(unique.len(), all.len(), "{}: ids collide", input.display());
-    }
+    check_fixtures("fixtures/logs", map_records, |r| {
+        ("event", json!(r.span_name))
+    });
 }
 
 // -- Sub-agents: the run's parent ------------------------------------------------------
