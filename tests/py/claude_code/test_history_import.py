@@ -20,6 +20,7 @@ import pytest
 from support.claude_code import fusebox, run_claude
 from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
 from support.guard import RUNAWAY_EXECUTIONS, TENANT, run_history
+from support.history import Decision, by_id, replay_from
 from support.stack import Stack
 
 
@@ -80,43 +81,6 @@ def live_decisions(stack: Stack, run: str) -> dict[str, tuple[str, str | None]]:
         if event["type"] in ("tool_call", "tool_result"):
             decided[event["id"]] = (decision["action"], decision.get("reason"))
     return decided
-
-
-def imported_decisions(
-    stack: Stack, projects: Path, sessions: int = 2
-) -> dict[str, dict[str, tuple[str, str | None]]]:
-    """`fusebox replay --from claude-code PROJECTS`: each call's and result's decision,
-    by run and event id. Only tool_call / tool_result events have ids ending so."""
-    done = subprocess.run(
-        [
-            str(stack.bin("fusebox")),
-            "replay",
-            "--from",
-            "claude-code",
-            "--tenant",
-            TENANT,
-            str(projects),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    # The person's summary comes first on stderr, before the per-run lines.
-    assert done.stderr.startswith(f"claude-code: {sessions} sessions in {sessions} files"), (
-        done.stderr
-    )
-    runs: dict[str, dict[str, tuple[str, str | None]]] = {}
-    for line in done.stdout.splitlines():
-        decision = json.loads(line)
-        event_id = decision.get("event_id", "")
-        if event_id.endswith(("-call", "-result")):
-            runs.setdefault(decision["run"], {})[event_id] = (
-                decision["action"],
-                decision.get("reason"),
-            )
-    return runs
 
 
 @pytest.fixture
@@ -240,3 +204,12 @@ def test_a_sub_agents_transcript_is_its_own_child_run_as_live(stack: Stack, home
     assert ("stop", "consecutive_blocks") in live[child].values(), live[child]
     assert "warn" in [a for a, _ in live[session].values()], live[session]
     assert imported == live
+
+
+def imported_decisions(
+    stack: Stack, projects: Path, sessions: int = 2
+) -> dict[str, dict[str, Decision]]:
+    """`fusebox replay --from claude-code PROJECTS`: each call's and result's decision,
+    by run and event id; the person's summary first on stderr."""
+    summary = f"claude-code: {sessions} sessions in {sessions} files"
+    return by_id(replay_from(stack, "claude-code", TENANT, projects, summary=summary))

@@ -11,8 +11,6 @@ the rollout but not in the daemon's log, and the import must answer each of them
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 from support.coding_agents import Workspace, printed_block
 from support.fake_model_api import FakeResponses, Turn, say
 from support.guard import RUNAWAY_EXECUTIONS, run_history
+from support.history import by_id, replay_from
 from support.stack import Stack
 
 TENANT = "pytest-codex-history"
@@ -37,30 +36,6 @@ def live_decisions(stack: Stack, run: str) -> Decisions:
         if event["type"] in ("tool_call", "tool_result"):
             decided[event["id"]] = (decision["action"], decision.get("reason"))
     return decided
-
-
-def imported_decisions(stack: Stack, sessions: Path) -> dict[str, Decisions]:
-    """`fusebox replay --from codex SESSIONS`: each call's and result's decision, by run
-    and event id."""
-    done = subprocess.run(
-        [str(stack.bin("fusebox")), "replay", "--from", "codex", "--tenant", TENANT, str(sessions)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.startswith("codex: 1 sessions in 1 files"), done.stderr
-    runs: dict[str, Decisions] = {}
-    for line in done.stdout.splitlines():
-        decision = json.loads(line)
-        event_id = decision.get("event_id", "")
-        if event_id.endswith(("-call", "-result")):
-            runs.setdefault(decision["run"], {})[event_id] = (
-                decision["action"],
-                decision.get("reason"),
-            )
-    return runs
 
 
 def calls_then_give_up(turn: Callable[[int], Turn], calls: int) -> Callable[[int], Turn]:
@@ -101,3 +76,11 @@ def test_an_imported_rollout_gets_the_decisions_the_hook_gated_run_got(
         assert len(after) == PATIENCE - RUNAWAY_EXECUTIONS - 3, after
     else:
         assert after == {} and len(live) == 24, live
+
+
+def imported_decisions(stack: Stack, sessions: Path) -> dict[str, Decisions]:
+    """`fusebox replay --from codex SESSIONS`: each call's and result's decision, by run
+    and event id."""
+    return by_id(
+        replay_from(stack, "codex", TENANT, sessions, summary="codex: 1 sessions in 1 files")
+    )

@@ -9,8 +9,6 @@ import numbers them so too).
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 from support.coding_agents import Workspace, printed_block
 from support.fake_model_api import FakeGemini, Turn, say
 from support.guard import RUNAWAY_EXECUTIONS, run_history
+from support.history import by_id, replay_from
 from support.stack import Stack
 
 TENANT = "pytest-gemini-history"
@@ -35,31 +34,6 @@ def live_decisions(stack: Stack, run: str) -> Decisions:
         if event["type"] in ("tool_call", "tool_result"):
             decided[event["id"]] = (decision["action"], decision.get("reason"))
     return decided
-
-
-def imported_decisions(stack: Stack, chats: Path) -> dict[str, Decisions]:
-    """`fusebox replay --from gemini-cli CHATS`: each call's and result's decision, by run
-    and event id."""
-    args = ["replay", "--from", "gemini-cli", "--tenant", TENANT, str(chats)]
-    done = subprocess.run(
-        [str(stack.bin("fusebox")), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.startswith("gemini-cli: 1 sessions in 1 files"), done.stderr
-    runs: dict[str, Decisions] = {}
-    for line in done.stdout.splitlines():
-        decision = json.loads(line)
-        event_id = decision.get("event_id", "")
-        if event_id.endswith(("-call", "-result")):
-            runs.setdefault(decision["run"], {})[event_id] = (
-                decision["action"],
-                decision.get("reason"),
-            )
-    return runs
 
 
 def calls_then_give_up(turn: Callable[[int], Turn], calls: int) -> Callable[[int], Turn]:
@@ -92,3 +66,10 @@ def test_an_imported_chat_gets_the_decisions_the_hook_gated_run_got(
         assert len(ran) == RUNAWAY_EXECUTIONS and ("stop", "consecutive_blocks") in live.values()
     else:
         assert len(ran) == 12 and len(live) == 24, live
+
+
+def imported_decisions(stack: Stack, chats: Path) -> dict[str, Decisions]:
+    """`fusebox replay --from gemini-cli CHATS`: each call's and result's decision, by run
+    and event id."""
+    summary = "gemini-cli: 1 sessions in 1 files"
+    return by_id(replay_from(stack, "gemini-cli", TENANT, chats, summary=summary))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from support.agent_runs import run_status
 from support.claude_code import fusebox, run_claude
 from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
 from support.guard import run_history
+from support.history import Decision, by_id, replay_from
 from support.otlp import (
     TENANT,
     TOKEN,
@@ -135,37 +135,6 @@ def all_applied(stack: Stack, run: str, ran: list[str]) -> dict[str, tuple[str, 
 
     found: dict[str, tuple[str, str | None]] = wait_for(check, f"{run}'s calls and results")
     return found
-
-
-def imported(stack: Stack, projects: Path) -> dict[str, dict[str, tuple[str, str | None]]]:
-    """`fusebox replay --from claude-code PROJECTS`: each call's and result's decision,
-    by run and event id."""
-    done = subprocess.run(
-        [
-            str(stack.bin("fusebox")),
-            "replay",
-            "--from",
-            "claude-code",
-            "--tenant",
-            TENANT,
-            str(projects),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    runs: dict[str, dict[str, tuple[str, str | None]]] = {}
-    for line in done.stdout.splitlines():
-        decision = json.loads(line)
-        event_id = decision.get("event_id", "")
-        if event_id.endswith(("-call", "-result")):
-            runs.setdefault(decision["run"], {})[event_id] = (
-                decision["action"],
-                decision.get("reason"),
-            )
-    return runs
 
 
 def test_a_runaway_session_is_stopped_and_its_transcript_agrees(
@@ -320,3 +289,9 @@ def test_a_sub_agents_loop_stops_its_own_run_named_as_the_hook_names_it(
         return {id: ("execute", None) if d == WARNED else d for id, d in decided.items()}
 
     assert unwarned(telemetry) == unwarned(hooked)
+
+
+def imported(stack: Stack, projects: Path) -> dict[str, dict[str, Decision]]:
+    """`fusebox replay --from claude-code PROJECTS`: each call's and result's decision,
+    by run and event id."""
+    return by_id(replay_from(stack, "claude-code", TENANT, projects))

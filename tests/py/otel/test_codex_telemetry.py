@@ -19,8 +19,6 @@ decision; the docs' table says what differs.
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ import pytest
 from support.coding_agents import Workspace
 from support.fake_model_api import FakeResponses, Turn, say
 from support.guard import RUNAWAY_EXECUTIONS, run_history
+from support.history import by_id, replay_from
 from support.otlp import (
     TENANT,
     TOKEN,
@@ -96,29 +95,6 @@ def telemetry_decisions(receiver: Receiver, run: str) -> Decisions:
         for entry in run_history(receiver.stack, TENANT, run)
         if entry["event"]["type"] in ("tool_call", "tool_result")
     }
-
-
-def imported_decisions(stack: Stack, sessions: Path) -> dict[str, Decisions]:
-    """`fusebox replay --from codex SESSIONS`: each call's and result's decision, by run
-    and event id."""
-    done = subprocess.run(
-        [str(stack.bin("fusebox")), "replay", "--from", "codex", "--tenant", TENANT, str(sessions)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    runs: dict[str, Decisions] = {}
-    for line in done.stdout.splitlines():
-        decision = json.loads(line)
-        event_id: str = decision.get("event_id", "")
-        if event_id.endswith(("-call", "-result")):
-            runs.setdefault(decision["run"], {})[event_id] = (
-                decision["action"],
-                decision.get("reason"),
-            )
-    return runs
 
 
 def refused_records(receiver: Receiver) -> dict[str, float]:
@@ -212,3 +188,9 @@ def call_numbers(decisions: Decisions) -> list[int]:
         for event_id in decisions
         if event_id.endswith("-call")
     )
+
+
+def imported_decisions(stack: Stack, sessions: Path) -> dict[str, Decisions]:
+    """`fusebox replay --from codex SESSIONS`: each call's and result's decision, by run
+    and event id."""
+    return by_id(replay_from(stack, "codex", TENANT, sessions))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 from support.coding_agents import Workspace
 from support.fake_model_api import FakeGemini, Turn, say
 from support.guard import run_history
+from support.history import replay_from
 from support.otlp import (
     TENANT,
     TOKEN,
@@ -93,37 +93,6 @@ def telemetry_decisions(receiver: Receiver, run: str) -> Decisions:
         for entry in run_history(receiver.stack, TENANT, run)
         if entry["event"]["type"] in ("tool_call", "tool_result")
     ]
-
-
-def imported_decisions(stack: Stack, chat: Path) -> dict[str, Decisions]:
-    """`fusebox replay --from gemini-cli CHAT`: each call's and result's decision, by run,
-    in order."""
-    done = subprocess.run(
-        [
-            str(stack.bin("fusebox")),
-            "replay",
-            "--from",
-            "gemini-cli",
-            "--tenant",
-            TENANT,
-            str(chat),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    runs: dict[str, Decisions] = {}
-    for line in done.stdout.splitlines():
-        decision = json.loads(line)
-        event_id: str = decision.get("event_id", "")
-        kind = {"-call": "tool_call", "-result": "tool_result"}.get(event_id[event_id.rfind("-") :])
-        if kind:
-            runs.setdefault(decision["run"], []).append(
-                (kind, decision["action"], decision.get("reason"))
-            )
-    return runs
 
 
 def otlp_outcomes(receiver: Receiver) -> dict[str, set[str]]:
@@ -201,3 +170,15 @@ def test_a_legitimate_session_seen_through_telemetry_is_untouched(
         "fusebox_otlp_spans_total": {"skipped"},
     }
     assert imported_decisions(receiver.stack, chat_file(ws)) == {session: live}
+
+
+def imported_decisions(stack: Stack, chat: Path) -> dict[str, Decisions]:
+    """`fusebox replay --from gemini-cli CHAT`: each call's and result's decision, by run,
+    in order (the telemetry's event ids are not the chat's)."""
+    kind = {"call": "tool_call", "result": "tool_result"}
+    return {
+        run: [
+            (kind[event_id.rsplit("-", 1)[1]], action, reason) for event_id, action, reason in rows
+        ]
+        for run, rows in replay_from(stack, "gemini-cli", TENANT, chat).items()
+    }
