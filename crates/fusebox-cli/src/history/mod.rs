@@ -310,6 +310,25 @@ pub(crate) fn began(file: &Path) -> String {
     format!("~{modified:020}")
 }
 
+/// An import's files, its summary with their count, and a progress bar over their
+/// bytes (when there are enough of them and stderr is a terminal).
+pub(crate) fn start_import(
+    agent: Agent,
+    paths: &[PathBuf],
+) -> io::Result<(Vec<PathBuf>, ImportSummary, Option<ProgressBar>)> {
+    let files = session_files(agent, paths)?;
+    let summary = ImportSummary {
+        files: files.len() as u64,
+        ..ImportSummary::default()
+    };
+    let total: u64 = files
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum();
+    Ok((files, summary, progress_bar(total)))
+}
+
 fn progress_bar(bytes: u64) -> Option<ProgressBar> {
     if bytes < 8 << 20 || !io::stderr().is_terminal() {
         return None;
@@ -355,17 +374,7 @@ pub(crate) fn read_and_admit_bounded(
         return otlp::read_and_admit(import, max_event_bytes, batches, spent);
     }
     let started = std::time::Instant::now();
-    let files = session_files(import.agent, &import.paths)?;
-    let mut summary = ImportSummary {
-        files: files.len() as u64,
-        ..ImportSummary::default()
-    };
-    let total: u64 = files
-        .iter()
-        .filter_map(|f| std::fs::metadata(f).ok())
-        .map(|m| m.len())
-        .sum();
-    let bar = progress_bar(total);
+    let (files, mut summary, bar) = start_import(import.agent, &import.paths)?;
     let mut sequencer = Sequencer::default();
     let mut batch = Admitted::default();
     let mut events = Vec::new();

@@ -230,17 +230,7 @@ pub(crate) fn read_and_admit(
     spent: mpsc::Receiver<Vec<Event>>,
 ) -> io::Result<ImportSummary> {
     let started = std::time::Instant::now();
-    let files = super::session_files(Agent::Otlp, &import.paths)?;
-    let mut summary = ImportSummary {
-        files: files.len() as u64,
-        ..ImportSummary::default()
-    };
-    let total: u64 = files
-        .iter()
-        .filter_map(|f| std::fs::metadata(f).ok())
-        .map(|m| m.len())
-        .sum();
-    let bar = super::progress_bar(total);
+    let (files, mut summary, bar) = super::start_import(Agent::Otlp, &import.paths)?;
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
     let tenant = import.tenant.as_str();
     let mut apply = Apply {
