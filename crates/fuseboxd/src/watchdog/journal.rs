@@ -408,10 +408,16 @@ mod tests {
     fn step(journal: &Journal, n: u64, live: &mut std::collections::BTreeMap<u64, Fact>) {
         let fact = launched(n);
         let gone = n.checked_sub(LIVE).map(termination);
-        let mut entries = vec![Entry::Fact { fact: &fact }];
+        // The launch last: it is the kill test's progress mark (a restarted child goes on
+        // after the last launch journaled), and a SIGKILL can tear an append at a page
+        // boundary, keeping a prefix of its lines. A prefix without the launch is done
+        // again (its termination counted twice, which the test allows); a launch kept
+        // without the termination before it would never be done again.
+        let mut entries = Vec::new();
         if let Some(t) = &gone {
             entries.push(Entry::Termination { termination: t });
         }
+        entries.push(Entry::Fact { fact: &fact });
         journal
             .append_then(&entries, || {
                 live.insert(n, fact.clone());
