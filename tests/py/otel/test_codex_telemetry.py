@@ -19,7 +19,6 @@ decision; the docs' table says what differs.
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from support.otlp import (
     TOKEN,
     Receiver,
     assert_stopped_where_seen,
+    receiver_outcomes,
     receiving,
     status,
     stops_of,
@@ -95,21 +95,6 @@ def telemetry_decisions(receiver: Receiver, run: str) -> Decisions:
         for entry in run_history(receiver.stack, TENANT, run)
         if entry["event"]["type"] in ("tool_call", "tool_result")
     }
-
-
-def refused_records(receiver: Receiver) -> dict[str, float]:
-    """The receiver's log records by outcome (`fusebox_otlp_log_records_total`), those it
-    refused: every record Codex sends is mapped or skipped, none dead-lettered."""
-    with urllib.request.urlopen(f"{receiver.stack.metrics_url}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    counts: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("fusebox_otlp_log_records_total{"):
-            labels, value = line.rsplit(" ", 1)
-            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
-            counts[outcome] = float(value)
-    assert counts.get("mapped", 0) > 0, counts
-    return {k: v for k, v in counts.items() if k not in ("mapped", "skipped") and v}
 
 
 def test_a_runaway_loop_seen_through_telemetry_is_stopped_and_the_import_agrees(
@@ -194,3 +179,11 @@ def imported_decisions(stack: Stack, sessions: Path) -> dict[str, Decisions]:
     """`fusebox replay --from codex SESSIONS`: each call's and result's decision, by run
     and event id."""
     return by_id(replay_from(stack, "codex", TENANT, sessions))
+
+
+def refused_records(receiver: Receiver) -> dict[str, float]:
+    """The log records the receiver refused, by reason: every record Codex sends is
+    mapped or skipped, none dead-lettered."""
+    counts = receiver_outcomes(receiver)["fusebox_otlp_log_records_total"]
+    assert counts.get("mapped", 0) > 0, counts
+    return {k: v for k, v in counts.items() if k not in ("mapped", "skipped") and v}

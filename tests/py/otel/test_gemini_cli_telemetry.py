@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from support.otlp import (
     TOKEN,
     Receiver,
     assert_stopped_where_seen,
+    receiver_outcomes,
     receiving,
     stops_of,
     summary,
@@ -93,20 +93,6 @@ def telemetry_decisions(receiver: Receiver, run: str) -> Decisions:
         for entry in run_history(receiver.stack, TENANT, run)
         if entry["event"]["type"] in ("tool_call", "tool_result")
     ]
-
-
-def otlp_outcomes(receiver: Receiver) -> dict[str, set[str]]:
-    """The outcomes the receiver counted at least once, by metric
-    (`fusebox_otlp_*_total{outcome}`)."""
-    with urllib.request.urlopen(f"{receiver.stack.metrics_url}/metrics", timeout=10) as page:
-        text = page.read().decode()
-    found: dict[str, set[str]] = {}
-    for line in text.splitlines():
-        name, _, labels = line.partition('{outcome="')
-        counted = float(line.rsplit(" ", 1)[-1]) > 0 if name != line else False
-        if counted and name in ("fusebox_otlp_log_records_total", "fusebox_otlp_spans_total"):
-            found.setdefault(name, set()).add(labels.split('"')[0])
-    return found
 
 
 def test_a_runaway_loop_seen_through_telemetry_is_stopped_and_the_import_agrees(
@@ -181,4 +167,13 @@ def imported_decisions(stack: Stack, chat: Path) -> dict[str, Decisions]:
             (kind[event_id.rsplit("-", 1)[1]], action, reason) for event_id, action, reason in rows
         ]
         for run, rows in replay_from(stack, "gemini-cli", TENANT, chat).items()
+    }
+
+
+def otlp_outcomes(receiver: Receiver) -> dict[str, set[str]]:
+    """The outcomes the receiver counted at least once, by metric."""
+    return {
+        metric: {outcome for outcome, n in counts.items() if n > 0}
+        for metric, counts in receiver_outcomes(receiver).items()
+        if any(n > 0 for n in counts.values())
     }

@@ -37,6 +37,7 @@ __all__ = [
     "free_port",
     "operators_page",
     "receiver",
+    "receiver_outcomes",
     "receiving",
     "scripted_agent",
     "status",
@@ -223,3 +224,17 @@ def assert_stopped_where_seen(receiver: Receiver, run: str) -> dict[str, Any]:
     stop_message = run_status(receiver.stack, TENANT, run)["stop_message"]
     assert "STOPPED_LOOP_GUARD" in page and stop_message in page, page[-3000:]
     return state
+
+
+def receiver_outcomes(receiver: Receiver) -> dict[str, dict[str, float]]:
+    """What the receiver counted, from the daemon's /metrics: by metric
+    (`fusebox_otlp_spans_total`, `fusebox_otlp_log_records_total`), each outcome's count
+    (`mapped`, `skipped`, or the reason a span or record was refused)."""
+    with urllib.request.urlopen(f"{receiver.stack.metrics_url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        name, _, labels = line.partition('{outcome="')
+        if labels and name in ("fusebox_otlp_spans_total", "fusebox_otlp_log_records_total"):
+            found.setdefault(name, {})[labels.split('"')[0]] = float(line.rsplit(" ", 1)[-1])
+    return found
