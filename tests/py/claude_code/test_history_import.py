@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from support.claude_code import fusebox, run_claude
 from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
-from support.guard import RUNAWAY_EXECUTIONS, TENANT, run_history
-from support.history import Decision, by_id, replay_from
+from support.guard import RUNAWAY_EXECUTIONS, TENANT
+from support.history import Decision, applied_by_id, by_id, replay_from
 from support.stack import Stack
 
 
@@ -72,15 +72,9 @@ def legitimate(home: Home) -> FakeAnthropic:
 RAN = ("execute", "warn")
 
 
-def live_decisions(stack: Stack, run: str) -> dict[str, tuple[str, str | None]]:
-    """Each tool_call's and tool_result's decision as the daemon applied it, by event
-    id."""
-    decided: dict[str, tuple[str, str | None]] = {}
-    for entry in run_history(stack, TENANT, run):
-        event, decision = entry["event"], entry["decision"]
-        if event["type"] in ("tool_call", "tool_result"):
-            decided[event["id"]] = (decision["action"], decision.get("reason"))
-    return decided
+def live_decisions(stack: Stack, run: str) -> dict[str, Decision]:
+    """Each tool_call's and tool_result's decision as the daemon applied it, by event id."""
+    return applied_by_id(stack, TENANT, run)
 
 
 @pytest.fixture

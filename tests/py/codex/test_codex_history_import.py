@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from support.coding_agents import Workspace, printed_block
 from support.fake_model_api import FakeResponses, Turn, say
-from support.guard import RUNAWAY_EXECUTIONS, run_history
-from support.history import by_id, replay_from
+from support.guard import RUNAWAY_EXECUTIONS
+from support.history import Decision, applied_by_id, by_id, replay_from
 from support.stack import Stack
 
 TENANT = "pytest-codex-history"
@@ -28,14 +28,9 @@ PATIENCE = 10
 Decisions = dict[str, tuple[str, str | None]]
 
 
-def live_decisions(stack: Stack, run: str) -> Decisions:
+def live_decisions(stack: Stack, run: str) -> dict[str, Decision]:
     """Each tool_call's and tool_result's decision as the daemon applied it, by event id."""
-    decided: Decisions = {}
-    for entry in run_history(stack, TENANT, run):
-        event, decision = entry["event"], entry["decision"]
-        if event["type"] in ("tool_call", "tool_result"):
-            decided[event["id"]] = (decision["action"], decision.get("reason"))
-    return decided
+    return applied_by_id(stack, TENANT, run)
 
 
 def calls_then_give_up(turn: Callable[[int], Turn], calls: int) -> Callable[[int], Turn]:

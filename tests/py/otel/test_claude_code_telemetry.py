@@ -24,7 +24,7 @@ from support.agent_runs import run_status
 from support.claude_code import fusebox, run_claude
 from support.fake_anthropic import FakeAnthropic, Turn, text, tool_use
 from support.guard import run_history
-from support.history import Decision, by_id, replay_from
+from support.history import Decision, applied_by_id, by_id, replay_from
 from support.otlp import (
     TENANT,
     TOKEN,
@@ -111,18 +111,13 @@ def run_session(
     return str(result["session_id"]), ran
 
 
-def decisions(stack: Stack, run: str) -> dict[str, tuple[str, str | None]]:
+def decisions(stack: Stack, run: str) -> dict[str, Decision]:
     """Each tool_call's and tool_result's decision as the daemon applied it, by event
     id; empty for a run the daemon has not seen yet."""
     try:
-        entries = run_history(stack, TENANT, run)
+        return applied_by_id(stack, TENANT, run)
     except AssertionError:
         return {}
-    return {
-        entry["event"]["id"]: (entry["decision"]["action"], entry["decision"].get("reason"))
-        for entry in entries
-        if entry["event"]["type"] in ("tool_call", "tool_result")
-    }
 
 
 def all_applied(stack: Stack, run: str, ran: list[str]) -> dict[str, tuple[str, str | None]]:

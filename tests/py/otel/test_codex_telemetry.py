@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from support.coding_agents import Workspace
 from support.fake_model_api import FakeResponses, Turn, say
-from support.guard import RUNAWAY_EXECUTIONS, run_history
-from support.history import by_id, replay_from
+from support.guard import RUNAWAY_EXECUTIONS
+from support.history import applied_by_id, by_id, replay_from
 from support.otlp import (
     TENANT,
     TOKEN,
@@ -90,11 +90,7 @@ def run_codex(
 
 def telemetry_decisions(receiver: Receiver, run: str) -> Decisions:
     """Each tool_call's and tool_result's decision as the daemon applied it, by event id."""
-    return {
-        entry["event"]["id"]: (entry["decision"]["action"], entry["decision"].get("reason"))
-        for entry in run_history(receiver.stack, TENANT, run)
-        if entry["event"]["type"] in ("tool_call", "tool_result")
-    }
+    return applied_by_id(receiver.stack, TENANT, run)
 
 
 def test_a_runaway_loop_seen_through_telemetry_is_stopped_and_the_import_agrees(

@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 from support.coding_agents import Workspace
 from support.fake_model_api import FakeGemini, Turn, say
-from support.guard import run_history
-from support.history import replay_from
+from support.history import applied, replay_from
 from support.otlp import (
     TENANT,
     TOKEN,
@@ -89,9 +88,7 @@ def chat_file(ws: Workspace) -> Path:
 def telemetry_decisions(receiver: Receiver, run: str) -> Decisions:
     """Each tool_call's and tool_result's decision as the daemon applied it, in order."""
     return [
-        (entry["event"]["type"], entry["decision"]["action"], entry["decision"].get("reason"))
-        for entry in run_history(receiver.stack, TENANT, run)
-        if entry["event"]["type"] in ("tool_call", "tool_result")
+        (kind, action, reason) for _, kind, action, reason in applied(receiver.stack, TENANT, run)
     ]
 
 

@@ -1,6 +1,7 @@
 """`fusebox replay --from AGENT` as the suites read it: an agent's own session files
-imported (docs/history.md), each call's and result's decision by run — what is compared
-with the decisions the live path (hook or telemetry) got for the same session."""
+imported (docs/history.md), each call's and result's decision by run — and the same
+read off the daemon's history of a run the live path (hook or telemetry) fed, what it is
+compared with."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import json
 import subprocess
 from pathlib import Path
 
+from .guard import run_history
 from .stack import Stack
 
-__all__ = ["Decision", "Replayed", "by_id", "replay_from"]
+__all__ = ["Decision", "Replayed", "applied", "applied_by_id", "by_id", "replay_from"]
 
 #: (action, reason)
 Decision = tuple[str, str | None]
@@ -55,4 +57,26 @@ def by_id(replayed: Replayed) -> dict[str, dict[str, Decision]]:
     return {
         run: {event_id: (action, reason) for event_id, action, reason in rows}
         for run, rows in replayed.items()
+    }
+
+
+def applied(stack: Stack, tenant: str, run: str) -> list[tuple[str, str, str, str | None]]:
+    """The run's calls' and results' decisions as the daemon applied them, in order:
+    (event id, event type, action, reason)."""
+    return [
+        (
+            entry["event"]["id"],
+            entry["event"]["type"],
+            entry["decision"]["action"],
+            entry["decision"].get("reason"),
+        )
+        for entry in run_history(stack, tenant, run)
+        if entry["event"]["type"] in ("tool_call", "tool_result")
+    ]
+
+
+def applied_by_id(stack: Stack, tenant: str, run: str) -> dict[str, Decision]:
+    """[`applied`] by event id."""
+    return {
+        event_id: (action, reason) for event_id, _, action, reason in applied(stack, tenant, run)
     }
