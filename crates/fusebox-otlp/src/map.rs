@@ -173,13 +173,18 @@ impl Staging {
         // One event per id and run: a mapping may open a run with each record of it
         // (Claude Code's sub-agents: no record says one started), and the daemon would
         // drop every copy after the first anyway.
-        let mut seen = std::collections::HashSet::new();
-        self.mapped.events = self
-            .staged
-            .into_iter()
-            .map(|(_, _, _, e)| e)
-            .filter(|e| seen.insert((e.run.clone(), e.id.clone())))
-            .collect();
+        // Borrowed keys: the receiver's hot path copies no id to find the copies.
+        let mut events: Vec<Event> = self.staged.into_iter().map(|(_, _, _, e)| e).collect();
+        let keep: Vec<bool> = {
+            let mut seen = std::collections::HashSet::with_capacity(events.len());
+            events
+                .iter()
+                .map(|e| seen.insert((e.run.as_str(), e.id.as_str())))
+                .collect()
+        };
+        let mut keep = keep.into_iter();
+        events.retain(|_| keep.next().unwrap_or(true));
+        self.mapped.events = events;
         self.mapped
     }
 }
